@@ -28,6 +28,10 @@ class PoolingDescriptor(CudnnObject):
         self.pad = _pair(pad, "pad")
         self.stride = _pair(self.window if stride is None else stride, "stride")
         self.nan = NanPropagation(_enum(_NAN, nan, "NaN propagation"))
+        # cuDNN accepts a negative pad, or one as wide as the window (windows made only of
+        # padding), and computes garbage with it: refuse both here.
+        if any(p < 0 or (w > 0 and p >= w) for p, w in zip(self.pad, self.window)):
+            raise ValueError(f"pooling pad {self.pad} must be >= 0 and smaller than the window {self.window}")
         _lib.call("cudnnSetPooling2dDescriptor", self.ptr, self.mode, self.nan, *self.window, *self.pad,
                   *self.stride, mode=self.mode.name, window=self.window, pad=self.pad, stride=self.stride)
 

@@ -1,0 +1,134 @@
+"""IDX datasets (MNIST, Fashion-MNIST, KMNIST, EMNIST): reading, validation, locating.
+
+The IDX format: a 4-byte magic (0, 0, type code, number of dims), one big-endian
+uint32 per dim, then the data. Images are type 0x08 (ubyte) with 3 dims, labels
+0x08 with 1 dim. Files may be gzipped (detected by content, not by name).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+
+SPLITS = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
+KNOWN = ("fashion-mnist", "mnist", "kmnist", "emnist")
+SYSTEM_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)   # Debian: apt-get install dataset-fashion-mnist
+_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
+          0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
+
+
+class DataError(ValueError):
+    """A dataset that is missing, truncated or corrupt; names the file and what is wrong."""
+
+
+def _open_bytes(path: Path) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            return gzip.decompress(raw)
+        except (OSError, EOFError, gzip.BadGzipFile) as e:
+            raise DataError(f"{path}: corrupt gzip data ({e})") from None
+    return raw
+
+
+def read_idx(path, *, ndim: int | None = None) -> np.ndarray:
+    """Read one IDX file (raw or gzipped), validating magic, dims and size."""
+    path = Path(path)
+    raw = _open_bytes(path)
+    if len(raw) < 4:
+        raise DataError(f"{path}: too short for an IDX header ({len(raw)} bytes)")
+    if raw[0] != 0 or raw[1] != 0 or raw[2] not in _TYPES:
+        raise DataError(f"{path}: bad IDX magic number {raw[:4].hex()} (want 0000 then a type code "
+                        f"and a dim count, e.g. 00000803 for images)")
+    dt, nd = np.dtype(_TYPES[raw[2]]), raw[3]
+    if ndim is not None and nd != ndim:
+        raise DataError(f"{path}: has {nd} dimensions, expected {ndim}")
+    if len(raw) < 4 + 4 * nd:
+        raise DataError(f"{path}: truncated header ({len(raw)} bytes)")
+    dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", nd, 4))
+    if any(d == 0 for d in dims):
+        raise DataError(f"{path}: a dimension is zero {dims}")
+    want = int(np.prod(dims)) * dt.itemsize
+    have = len(raw) - 4 - 4 * nd
+    if have != want:
+        what = "truncated" if have < want else "has trailing bytes"
+        raise DataError(f"{path}: {what}: header says {dims} ({want} data bytes), file has {have}")
+    return np.frombuffer(raw, dt, offset=4 + 4 * nd).reshape(dims)
+
+
+def _file(root: Path, stem: str) -> Path:
+    for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
+        p = root / name
+        if p.is_file():
+            return p
+    raise DataError(f"{root}: no {stem} or {stem}.gz")
+
+
+def load_split(root, split: str) -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 (N, 28, 28), labels uint8 (N,)) of 'train' or 'test' in root, validated."""
+    root = Path(root)
+    img_p, lab_p = (_file(root, s) for s in SPLITS[split])
+    images, labels = read_idx(img_p, ndim=3), read_idx(lab_p, ndim=1)
+    if images.dtype != np.uint8 or labels.dtype != np.uint8:
+        raise DataError(f"{img_p if images.dtype != np.uint8 else lab_p}: expected unsigned bytes (type 0x08)")
+    if images.shape[1:] != (28, 28):
+        raise DataError(f"{img_p}: images are {images.shape[1]}x{images.shape[2]}, LeNet takes 28x28")
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(f"{img_p} has {images.shape[0]} images but {lab_p} has {labels.shape[0]} labels")
+    if labels.max() >= 10:
+        raise DataError(f"{lab_p}: labels must be in 0..9, found {int(labels.max())}")
+    return images, labels
+
+
+def candidates(data_dir=None) -> list[Path]:
+    """Where a dataset is looked for, in order."""
+    if data_dir is not None:
+        return [Path(data_dir)]
+    out = []
+    if os.environ.get("LENET_DATA"):
+        out.append(Path(os.environ["LENET_DATA"]))
+    out += [Path("data") / name for name in KNOWN]
+    out += list(SYSTEM_DIRS)
+    return out
+
+
+def _complete(root: Path) -> bool:
+    try:
+        for pair in SPLITS.values():
+            for stem in pair:
+                _file(root, stem)
+        return True
+    except DataError:
+        return False
+
+
+def find_dataset(data_dir=None) -> Path | None:
+    """The first directory holding all four IDX files; None if none does (or data_dir lacks them)."""
+    for root in candidates(data_dir):
+        if root.is_dir() and _complete(root):
+            return root
+    return None
+
+
+def not_found_message(data_dir=None) -> str:
+    where = ", ".join(str(p) for p in candidates(data_dir))
+    return (f"no IDX dataset found (looked in: {where}); get Fashion-MNIST with "
+            f"'apt-get install dataset-fashion-mnist' or put the four IDX files in ./data/fashion-mnist "
+            f"or a directory named by --data-dir or $LENET_DATA")
+
+
+def pixel_stats(images: np.ndarray) -> tuple[float, float]:
+    """Mean and standard deviation of pixels / 255 over a uint8 image set (via a histogram)."""
+    hist = np.bincount(images.reshape(-1), minlength=256).astype(np.float64)
+    v = np.arange(256) / 255.0
+    total = hist.sum()
+    mean = float((hist * v).sum() / total)
+    std = float(np.sqrt((hist * (v - mean) ** 2).sum() / total))
+    return mean, std

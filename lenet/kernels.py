@@ -1,0 +1,56 @@
+"""Launchers for the custom CUDA kernels in kernels/*.cu (compiled once by CuPy)."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import numpy as np
+
+SCE_THREADS = 256      # must match SCE_THREADS in softmax_ce.cu
+SCE_MAX_BLOCKS = 64    # partial sums buffer size
+SGD_THREADS = 256
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str):
+    import cupy
+
+    src = resources.files("lenet").joinpath("kernels", f"{name}.cu").read_text()
+    return cupy.RawModule(code=src, options=("-std=c++17",))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(module: str, name: str):
+    return _module(module).get_function(name)
+
+
+class SoftmaxCE:
+    """Scratch for the softmax-CE kernel: partial sums and the ticket (zeroed once)."""
+
+    def __init__(self):
+        import cupy
+
+        self.partial_loss = cupy.zeros(SCE_MAX_BLOCKS, dtype=cupy.float32)    # (64,)
+        self.partial_correct = cupy.zeros(SCE_MAX_BLOCKS, dtype=cupy.int32)   # (64,)
+        self.ticket = cupy.zeros(1, dtype=cupy.uint32)                         # (1,)
+        self._fn = kernel("softmax_ce", "softmax_ce_kernel")
+
+    def forward_backward(self, logits, labels, dlogits, out, correct, n: int, *,
+                         grad_scale: float, loss_scale: float, accumulate: bool = False) -> None:
+        """out[0] = loss_scale * sum of row losses (+ out[0] when accumulating);
+        dlogits = grad_scale * (softmax - onehot), unless dlogits is None."""
+        classes = logits.shape[1]
+        blocks = max(1, min(SCE_MAX_BLOCKS, (n + SCE_THREADS - 1) // SCE_THREADS))
+        self._fn((blocks,), (SCE_THREADS,), (
+            logits, labels, np.uint64(dlogits.data.ptr if dlogits is not None else 0), out, correct,
+            self.partial_loss, self.partial_correct, self.ticket, np.int32(n), np.int32(classes),
+            np.float32(grad_scale), np.float32(loss_scale), np.int32(1 if accumulate else 0)))
+
+
+def sgd_update(params, grads, velocity, lr_dev, momentum: float, weight_decay: float) -> None:
+    """params -= lr * (momentum-smoothed grads + weight_decay * params), in one launch."""
+    n = params.size
+    blocks = max(1, min(1024, (n + SGD_THREADS - 1) // SGD_THREADS))
+    kernel("sgd", "sgd_kernel")((blocks,), (SGD_THREADS,), (
+        params, grads, velocity, lr_dev, np.float32(momentum), np.float32(weight_decay), np.int32(n)))

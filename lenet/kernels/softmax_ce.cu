@@ -1,0 +1,81 @@
+// Softmax cross-entropy, forward and backward in one launch.
+//
+// logits (n, classes) row-major, labels (n,) int32. For each row i:
+//   m = max_j z_ij,  s = sum_j exp(z_ij - m),  loss_i = log(s) - (z_i,y_i - m)
+//   dlogits_ij = (exp(z_ij - m) / s - [j == y_i]) * grad_scale
+// out[0]     = (accumulate ? out[0] : 0) + loss_scale * sum_i loss_i
+// correct[0] = (accumulate ? correct[0] : 0) + #{i : argmax_j z_ij == y_i}
+//
+// The sum is deterministic: each block reduces a fixed set of rows in a fixed
+// order into partial[blockIdx.x]; the last block to finish (counted with an
+// atomic ticket, reset to 0 for the next launch) adds the partials in block order.
+// A label outside [0, classes) makes that row's loss and gradient NaN.
+
+#define SCE_THREADS 256
+
+__device__ __forceinline__ void block_sum(float& v, int& c, float* sv, int* sc) {
+    const int t = threadIdx.x;
+    sv[t] = v; sc[t] = c;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) { sv[t] += sv[t + s]; sc[t] += sc[t + s]; }
+        __syncthreads();
+    }
+    v = sv[0]; c = sc[0];
+}
+
+extern "C" __global__ void __launch_bounds__(SCE_THREADS)
+softmax_ce_kernel(const float* __restrict__ logits, const int* __restrict__ labels,
+                  float* __restrict__ dlogits,          // may be null: forward only
+                  float* __restrict__ out, int* __restrict__ correct,
+                  float* __restrict__ partial_loss, int* __restrict__ partial_correct,
+                  unsigned int* __restrict__ ticket,
+                  int n, int classes, float grad_scale, float loss_scale, int accumulate) {
+    __shared__ float sv[SCE_THREADS];
+    __shared__ int sc[SCE_THREADS];
+    __shared__ bool last;
+    float loss = 0.f;
+    int hits = 0;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        const float* z = logits + (size_t)i * classes;
+        const int y = labels[i];
+        float m = z[0];
+        int arg = 0;
+        for (int j = 1; j < classes; ++j) if (z[j] > m) { m = z[j]; arg = j; }
+        float s = 0.f;
+        for (int j = 0; j < classes; ++j) s += expf(z[j] - m);
+        const bool ok = y >= 0 && y < classes;
+        loss += ok ? (logf(s) - (z[y] - m)) : __int_as_float(0x7fc00000);
+        hits += (ok && arg == y) ? 1 : 0;
+        if (dlogits) {
+            float* d = dlogits + (size_t)i * classes;
+            const float inv = 1.f / s;
+            for (int j = 0; j < classes; ++j) {
+                float g = expf(z[j] - m) * inv - (j == y ? 1.f : 0.f);
+                d[j] = ok ? g * grad_scale : __int_as_float(0x7fc00000);
+            }
+        }
+    }
+    block_sum(loss, hits, sv, sc);
+    if (threadIdx.x == 0) {
+        partial_loss[blockIdx.x] = loss;
+        partial_correct[blockIdx.x] = hits;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    // The last block: add the partials in block order (one thread: gridDim is small).
+    if (threadIdx.x == 0) {
+        __threadfence();
+        float total = 0.f;
+        int total_hits = 0;
+        for (int b = 0; b < (int)gridDim.x; ++b) {
+            total += ((volatile float*)partial_loss)[b];
+            total_hits += ((volatile int*)partial_correct)[b];
+        }
+        out[0] = (accumulate ? out[0] : 0.f) + total * loss_scale;
+        correct[0] = (accumulate ? correct[0] : 0) + total_hits;
+        *ticket = 0u;
+    }
+}

@@ -1,0 +1,406 @@
+"""LeNet-5 on cuDNN + cuBLAS + two custom kernels, on one stream.
+
+    x (N,1,28,28)
+    conv1 6@5x5 + bias -> ReLU -> maxpool 2x2/2     (N,6,12,12)
+    conv2 16@5x5 + bias -> ReLU -> maxpool 2x2/2    (N,16,4,4)
+    flatten 256 -> fc1 120 + bias -> ReLU -> fc2 10 + bias  (N,10)
+    softmax cross-entropy, mean over the batch
+
+Everything a step touches is made once, at construction, for ``max_batch``:
+descriptors, algorithm choices, the workspace, every activation and gradient
+buffer, the flat parameter / gradient / velocity buffers. A batch of n <= max_batch
+images uses the first n rows of each buffer and a plan (tensor descriptors and
+algorithms) made for n on first use. A step then allocates nothing, never waits
+for the host and branches on no device value, so it can be captured in a CUDA
+graph and replayed (``cuda_graph=True``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from descriptors import (ActivationDescriptor, AlgoPolicy, AlgoResult, ConvolutionDescriptor, Direction,
+                         FilterDescriptor, Handle, PoolingDescriptor, TensorDescriptor, Workspace, add_tensor,
+                         backward_bias, search)
+
+from . import params as P
+from .blas import Blas
+from .kernels import SoftmaxCE, sgd_update
+
+CLASSES = 10
+IMAGE = (1, 28, 28)
+
+# (layer, direction) pairs whose algorithm is chosen. conv1's input gradient is
+# never computed: nothing needs it.
+CONV_DIRECTIONS = (("conv1", Direction.FORWARD), ("conv1", Direction.BACKWARD_FILTER),
+                   ("conv2", Direction.FORWARD), ("conv2", Direction.BACKWARD_DATA),
+                   ("conv2", Direction.BACKWARD_FILTER))
+
+
+@dataclass
+class _Plan:
+    """Tensor descriptors, buffer views and algorithm choices for one batch size."""
+
+    n: int
+    d: dict = field(default_factory=dict)       # name -> TensorDescriptor
+    v: dict = field(default_factory=dict)       # name -> CuPy view of the first n rows
+    algos: dict = field(default_factory=dict)   # (layer, Direction) -> AlgoResult
+
+
+def check_batch(x, y, max_batch: int) -> int:
+    """Validate a host batch; return n. One-line ValueErrors, before any GPU work."""
+    x_shape = tuple(getattr(x, "shape", ()) or ())
+    if x_shape[1:] not in ((1, 28, 28), (28, 28)):
+        raise ValueError(f"images must have shape (N, 1, 28, 28) or (N, 28, 28), got {x_shape or type(x)}")
+    n = int(x_shape[0])
+    if not 1 <= n <= max_batch:
+        raise ValueError(f"batch of {n} images; this model takes 1 to {max_batch} (its max_batch)")
+    y_shape = getattr(y, "shape", None)
+    if y_shape != (n,):
+        raise ValueError(f"labels must have shape ({n},) to match the images, got {y_shape}")
+    if not np.issubdtype(np.dtype(y.dtype), np.integer):
+        raise ValueError(f"labels must be integers, got dtype {y.dtype}")
+    if not np.issubdtype(np.dtype(x.dtype), np.floating):
+        raise ValueError(f"images must be floating point, got dtype {x.dtype}")
+    mod = type(x).__module__.split(".")[0]
+    xp = np if mod == "numpy" else __import__("cupy")
+    lo, hi = int(xp.min(y)), int(xp.max(y))
+    if lo < 0 or hi >= CLASSES:
+        raise ValueError(f"labels must be in [0, {CLASSES}), got values from {lo} to {hi}")
+    if not bool(xp.isfinite(x).all()):
+        raise ValueError("images contain NaN or infinite values")
+    return n
+
+
+class LeNet:
+    """The network, its parameters and its optimizer state, on one CUDA stream.
+
+    >>> model = LeNet(max_batch=64, seed=0)
+    >>> loss = model.train_step(x, y, lr=0.01)   # device scalar; float(loss) or model.loss()
+    """
+
+    def __init__(self, max_batch: int = 64, *, policy: AlgoPolicy | None = None, seed: int = 0,
+                 momentum: float = 0.0, weight_decay: float = 0.0, stream=None, cuda_graph: bool = False):
+        if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if not (0.0 <= momentum < 1.0):
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if not (weight_decay >= 0.0 and math.isfinite(weight_decay)):
+            raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
+        import cupy
+
+        self.max_batch = int(max_batch)
+        self.policy = policy or AlgoPolicy()
+        self.momentum, self.weight_decay = float(momentum), float(weight_decay)
+        self.cuda_graph = bool(cuda_graph)
+        self.handle = Handle(stream)
+        self.stream = self.handle.stream
+        N = self.max_batch
+        with self.stream:
+            self.blas = Blas(self.stream)
+            self.sce = SoftmaxCE()
+            # Parameters, gradients, momentum: one flat buffer each, same layout.
+            self.params = cupy.asarray(P.pack(P.init_host(seed)))     # (TOTAL,)
+            self.grads = cupy.zeros(P.TOTAL, dtype=cupy.float32)      # (TOTAL,)
+            self.velocity = cupy.zeros(P.TOTAL, dtype=cupy.float32)   # (TOTAL,)
+            self.p, self.g = P.views(self.params), P.views(self.grads)
+            self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
+            self.loss_dev = cupy.zeros(1, dtype=cupy.float32)         # (1,) mean loss of the last forward
+            self.correct_dev = cupy.zeros(1, dtype=cupy.int32)        # (1,) right answers in it
+            self.ones = cupy.ones(N, dtype=cupy.float32)              # (N,) for bias gradients
+            rng = cupy.random.default_rng(seed)
+            f32 = cupy.float32
+            self.buf = {
+                "x": rng.standard_normal((N, 1, 28, 28), dtype=f32),  # input, random until loaded
+                "labels": cupy.zeros(N, dtype=cupy.int32),             # (N,)
+                "c1": cupy.empty((N, 6, 24, 24), f32),   # conv1 + bias, ReLU in place
+                "p1": cupy.empty((N, 6, 12, 12), f32),
+                "c2": cupy.empty((N, 16, 8, 8), f32),    # conv2 + bias, ReLU in place
+                "p2": cupy.empty((N, 16, 4, 4), f32),    # = flat (N, 256)
+                "h1": cupy.empty((N, 120), f32),         # fc1 + bias, ReLU in place
+                "logits": cupy.empty((N, CLASSES), f32),
+                "dlogits": cupy.empty((N, CLASSES), f32),
+                "dh1": cupy.empty((N, 120), f32),
+                "dp2": cupy.empty((N, 16, 4, 4), f32),
+                "dc2": rng.standard_normal((N, 16, 8, 8), dtype=f32),
+                "dp1": cupy.empty((N, 6, 12, 12), f32),
+                "dc1": rng.standard_normal((N, 6, 24, 24), dtype=f32),
+            }
+        # Descriptors that do not depend on the batch size.
+        self.w1d = FilterDescriptor((6, 1, 5, 5))
+        self.w2d = FilterDescriptor((16, 6, 5, 5))
+        self.conv1 = ConvolutionDescriptor(pad=0, stride=1)
+        self.conv2 = ConvolutionDescriptor(pad=0, stride=1)
+        self.pool = PoolingDescriptor("max", window=2, stride=2)
+        self.relu = ActivationDescriptor("relu")
+        self.bd = {name: TensorDescriptor((1, P.SHAPES[name][0], 1, 1))
+                   for name in ("conv1.bias", "conv2.bias", "fc1.bias", "fc2.bias")}
+        self.pb = {k: self.p[k].reshape(1, -1, 1, 1) for k in self.bd}   # bias views (1, C, 1, 1)
+        self.gb = {k: self.g[k].reshape(1, -1, 1, 1) for k in self.bd}
+        self.workspace = Workspace()
+        self._plans: dict[int, _Plan] = {}
+        self._graphs: dict[int, object] = {}
+        self._lr_host: float | None = None
+        self.n = N   # rows of the buffers holding the current batch
+        self.plan(N)
+
+    # ------------------------------------------------------------------ plans
+
+    def plan(self, n: int) -> _Plan:
+        """Descriptors, views and algorithms for batch size n (made once, then cached)."""
+        pl = self._plans.get(n)
+        if pl is not None:
+            return pl
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
+        pl = _Plan(n)
+        b = self.buf
+        for name in ("x", "c1", "p1", "c2", "p2", "dp2", "dc2", "dp1", "dc1"):
+            pl.v[name] = b[name][:n]
+        pl.v["labels"] = b["labels"][:n]
+        for name in ("h1", "logits", "dlogits", "dh1"):
+            pl.v[name] = b[name][:n]                               # (n, C) for cuBLAS
+            pl.v[name + "4"] = b[name][:n].reshape(n, -1, 1, 1)    # (n, C, 1, 1) for cuDNN
+        pl.v["p2flat"] = b["p2"][:n].reshape(n, 256)
+        pl.v["dp2flat"] = b["dp2"][:n].reshape(n, 256)
+        shapes = {"x": (n, 1, 28, 28), "c1": (n, 6, 24, 24), "p1": (n, 6, 12, 12), "c2": (n, 16, 8, 8),
+                  "p2": (n, 16, 4, 4), "h1": (n, 120, 1, 1), "logits": (n, CLASSES, 1, 1)}
+        pl.d = {k: TensorDescriptor(s) for k, s in shapes.items()}
+        # cuDNN's output shapes must agree with the buffers (they do for 28x28 input).
+        assert self.conv1.output_shape(pl.d["x"], self.w1d) == shapes["c1"]
+        assert self.pool.output_shape(pl.d["c1"]) == shapes["p1"]
+        assert self.conv2.output_shape(pl.d["p1"], self.w2d) == shapes["c2"]
+        assert self.pool.output_shape(pl.d["c2"]) == shapes["p2"]
+        self._choose(pl)
+        self._plans[n] = pl
+        return pl
+
+    def _operands(self, pl: _Plan, layer: str, direction: Direction):
+        """(descA, descB, descOut), (A, B, Out) for ``search``; see descriptors.algorithms._Calls."""
+        d, v, p, g = pl.d, pl.v, self.p, self.g
+        if layer == "conv1":
+            x, xd, w, wd, y, yd, dy, dw = v["x"], d["x"], p["conv1.weight"], self.w1d, v["c1"], d["c1"], \
+                v["dc1"], g["conv1.weight"]
+        else:
+            x, xd, w, wd, y, yd, dy, dw = v["p1"], d["p1"], p["conv2.weight"], self.w2d, v["c2"], d["c2"], \
+                v["dc2"], g["conv2.weight"]
+        if direction == Direction.FORWARD:
+            return (xd, wd, yd), (x, w, y)
+        if direction == Direction.BACKWARD_DATA:
+            return (wd, yd, xd), (w, dy, v["dp1"])
+        return (xd, yd, wd), (x, dy, dw)
+
+    def _choose(self, pl: _Plan) -> None:
+        for layer, direction in CONV_DIRECTIONS:
+            descs, arrays = self._operands(pl, layer, direction)
+            conv = self.conv1 if layer == "conv1" else self.conv2
+            pl.algos[(layer, direction)] = search(self.handle, direction, conv, *descs, self.policy,
+                                                  buffers=arrays)
+        self.workspace.reserve(max(r.workspace_bytes for r in pl.algos.values()))
+
+    def set_policy(self, policy: AlgoPolicy) -> None:
+        """Choose the algorithms again under ``policy`` for every planned batch size."""
+        self.policy = policy
+        self._graphs.clear()
+        for pl in self._plans.values():
+            self._choose(pl)
+
+    def algorithms(self, n: int | None = None) -> dict[tuple[str, Direction], AlgoResult]:
+        return dict(self.plan(self.max_batch if n is None else n).algos)
+
+    # ------------------------------------------------------------------ data
+
+    def load_batch(self, x, y) -> int:
+        """Validate a batch (NumPy or CuPy) and copy it into the input buffers; return n."""
+        import cupy
+
+        n = check_batch(x, y, self.max_batch)
+        with self.stream:
+            xs = cupy.asarray(x, dtype=cupy.float32).reshape(n, 1, 28, 28)
+            ys = cupy.asarray(y).astype(cupy.int32, copy=False)
+            self.buf["x"][:n] = xs
+            self.buf["labels"][:n] = ys
+        self.n = n
+        return n
+
+    def set_lr(self, lr: float) -> None:
+        if not (math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
+        if lr != self._lr_host:
+            with self.stream:
+                self.lr_dev.fill(lr)
+            self._lr_host = lr
+
+    # ------------------------------------------------------------------ the step
+
+    def forward(self, n: int | None = None):
+        """Forward pass and loss on the loaded batch; returns the device loss (1,).
+
+        The softmax-CE kernel also writes dlogits, ready for backward().
+        """
+        n = self.n if n is None else n
+        pl = self.plan(n)
+        self._forward(pl, grad=True)
+        return self.loss_dev
+
+    def _forward(self, pl: _Plan, grad: bool, accumulate: bool = False) -> None:
+        h, d, v, p, ws = self.handle, pl.d, pl.v, self.p, self.workspace
+        a = pl.algos
+        self.conv1.forward(h, d["x"], v["x"], self.w1d, p["conv1.weight"], d["c1"], v["c1"],
+                           a[("conv1", Direction.FORWARD)], ws)
+        add_tensor(h, self.bd["conv1.bias"], self.pb["conv1.bias"], d["c1"], v["c1"])
+        self.relu.forward(h, d["c1"], v["c1"], d["c1"], v["c1"])
+        self.pool.forward(h, d["c1"], v["c1"], d["p1"], v["p1"])
+        self.conv2.forward(h, d["p1"], v["p1"], self.w2d, p["conv2.weight"], d["c2"], v["c2"],
+                           a[("conv2", Direction.FORWARD)], ws)
+        add_tensor(h, self.bd["conv2.bias"], self.pb["conv2.bias"], d["c2"], v["c2"])
+        self.relu.forward(h, d["c2"], v["c2"], d["c2"], v["c2"])
+        self.pool.forward(h, d["c2"], v["c2"], d["p2"], v["p2"])
+        self.blas.gemm(v["p2flat"], p["fc1.weight"], v["h1"], trans_b=True)          # (n,256)@(256,120)
+        add_tensor(h, self.bd["fc1.bias"], self.pb["fc1.bias"], d["h1"], v["h14"])
+        self.relu.forward(h, d["h1"], v["h14"], d["h1"], v["h14"])
+        self.blas.gemm(v["h1"], p["fc2.weight"], v["logits"], trans_b=True)          # (n,120)@(120,10)
+        add_tensor(h, self.bd["fc2.bias"], self.pb["fc2.bias"], d["logits"], v["logits4"])
+        n = pl.n
+        with self.stream:
+            self.sce.forward_backward(v["logits"], v["labels"], v["dlogits"] if grad else None, self.loss_dev,
+                                      self.correct_dev, n, grad_scale=1.0 / n,
+                                      loss_scale=1.0 if accumulate else 1.0 / n, accumulate=accumulate)
+
+    def backward(self, n: int | None = None) -> None:
+        """Gradients of the mean loss into ``grads`` (needs the forward of the same batch)."""
+        pl = self.plan(self.n if n is None else n)
+        self._backward(pl)
+
+    def _backward(self, pl: _Plan) -> None:
+        h, d, v, p, g, ws = self.handle, pl.d, pl.v, self.p, self.g, self.workspace
+        a, blas, relu, pool = pl.algos, self.blas, self.relu, self.pool
+        blas.gemm(v["dlogits"], v["h1"], g["fc2.weight"], trans_a=True)   # (10,n)@(n,120)
+        blas.column_sums(v["dlogits"], self.ones, g["fc2.bias"])
+        blas.gemm(v["dlogits"], p["fc2.weight"], v["dh1"])                 # (n,10)@(10,120)
+        relu.backward(h, d["h1"], v["h14"], d["h1"], v["dh14"], d["h1"], v["h14"], d["h1"], v["dh14"])
+        blas.gemm(v["dh1"], v["p2flat"], g["fc1.weight"], trans_a=True)    # (120,n)@(n,256)
+        blas.column_sums(v["dh1"], self.ones, g["fc1.bias"])
+        blas.gemm(v["dh1"], p["fc1.weight"], v["dp2flat"])                 # (n,120)@(120,256)
+        pool.backward(h, d["p2"], v["p2"], d["p2"], v["dp2"], d["c2"], v["c2"], d["c2"], v["dc2"])
+        relu.backward(h, d["c2"], v["c2"], d["c2"], v["dc2"], d["c2"], v["c2"], d["c2"], v["dc2"])
+        self.conv2.backward_filter(h, d["p1"], v["p1"], d["c2"], v["dc2"], self.w2d, g["conv2.weight"],
+                                   a[("conv2", Direction.BACKWARD_FILTER)], ws)
+        backward_bias(h, d["c2"], v["dc2"], self.bd["conv2.bias"], self.gb["conv2.bias"])
+        self.conv2.backward_data(h, self.w2d, p["conv2.weight"], d["c2"], v["dc2"], d["p1"], v["dp1"],
+                                 a[("conv2", Direction.BACKWARD_DATA)], ws)
+        pool.backward(h, d["p1"], v["p1"], d["p1"], v["dp1"], d["c1"], v["c1"], d["c1"], v["dc1"])
+        relu.backward(h, d["c1"], v["c1"], d["c1"], v["dc1"], d["c1"], v["c1"], d["c1"], v["dc1"])
+        self.conv1.backward_filter(h, d["x"], v["x"], d["c1"], v["dc1"], self.w1d, g["conv1.weight"],
+                                   a[("conv1", Direction.BACKWARD_FILTER)], ws)
+        backward_bias(h, d["c1"], v["dc1"], self.bd["conv1.bias"], self.gb["conv1.bias"])
+
+    def sgd_step(self, lr: float | None = None) -> None:
+        """One SGD update of every parameter from ``grads`` (momentum, weight decay as built)."""
+        if lr is not None:
+            self.set_lr(lr)
+        elif self._lr_host is None:
+            raise ValueError("no learning rate set: pass lr")
+        self._sgd()
+
+    def _sgd(self) -> None:
+        with self.stream:
+            sgd_update(self.params, self.grads, self.velocity, self.lr_dev, self.momentum, self.weight_decay)
+
+    def _step(self, pl: _Plan) -> None:
+        self._forward(pl, grad=True)
+        self._backward(pl)
+        self._sgd()
+
+    def step(self, n: int | None = None, lr: float | None = None):
+        """forward + backward + SGD on the batch already in the input buffers; returns the
+        device loss of the forward. With cuda_graph, replays the captured step for n."""
+        n = self.n if n is None else n
+        if lr is not None:
+            self.set_lr(lr)
+        elif self._lr_host is None:
+            raise ValueError("no learning rate set: pass lr")
+        pl = self.plan(n)
+        if not self.cuda_graph:
+            self._step(pl)
+            return self.loss_dev
+        graph = self._graphs.get(n)
+        if graph is None:
+            graph = self._graphs[n] = self._capture(pl)
+        graph.launch(stream=self.stream)
+        return self.loss_dev
+
+    def _capture(self, pl: _Plan):
+        """Capture forward + backward + SGD for pl.n in a CUDA graph.
+
+        The step runs once eagerly first (on a copy of the parameter state, restored
+        afterwards) so that lazy initialization inside cuDNN/cuBLAS and kernel
+        compilation happen outside the capture.
+        """
+        saved = [a.copy() for a in (self.params, self.velocity)]
+        self._step(pl)
+        with self.stream:
+            self.params[...] = saved[0]
+            self.velocity[...] = saved[1]
+        self.stream.synchronize()
+        self.stream.begin_capture()
+        try:
+            self._step(pl)
+        finally:
+            graph = self.stream.end_capture()
+        return graph
+
+    def train_step(self, x, y, lr: float):
+        """Load a batch (validated), run one SGD step; returns the device loss before the update."""
+        n = self.load_batch(x, y)
+        return self.step(n, lr)
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate_begin(self) -> None:
+        with self.stream:
+            self.loss_dev.fill(0)
+            self.correct_dev.fill(0)
+
+    def evaluate_batch(self, n: int | None = None) -> None:
+        """Forward only; adds the batch's summed loss and right answers to the device totals."""
+        self._forward(self.plan(self.n if n is None else n), grad=False, accumulate=True)
+
+    def evaluate_end(self) -> tuple[float, int]:
+        """(summed loss, right answers) since evaluate_begin; synchronizes."""
+        self.stream.synchronize()
+        return float(self.loss_dev.get()[0]), int(self.correct_dev.get()[0])
+
+    # ------------------------------------------------------------------ host views
+
+    def loss(self) -> float:
+        """The loss of the last forward, read from the device (synchronizes)."""
+        self.stream.synchronize()
+        return float(self.loss_dev.get()[0])
+
+    def logits(self) -> np.ndarray:
+        self.stream.synchronize()
+        return self.buf["logits"][: self.n].get()
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameters as host arrays under PyTorch's names and shapes."""
+        self.stream.synchronize()
+        return P.unpack(self.params.get())
+
+    def grad_dict(self) -> dict[str, np.ndarray]:
+        self.stream.synchronize()
+        return P.unpack(self.grads.get())
+
+    def load_state_dict(self, state: dict) -> None:
+        """Load parameters (PyTorch names and shapes; NumPy or torch CPU tensors)."""
+        import cupy
+
+        host = {k: np.asarray(getattr(v, "detach", lambda: v)()) if not isinstance(v, np.ndarray) else v
+                for k, v in state.items()}
+        flat = P.pack(host)
+        with self.stream:
+            self.params[...] = cupy.asarray(flat)
+        self.stream.synchronize()

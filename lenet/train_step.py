@@ -1,0 +1,157 @@
+"""python -m lenet.train_step: one SGD step (or --steps K) on one batch, with the facts.
+
+Prints the GPU, cuDNN and cuBLAS versions, the algorithm chosen for each
+convolution direction of each layer (time, workspace), the workspace total, the
+loss before and after, and the mean step time (CUDA events, after warm-up;
+algorithm search excluded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from . import cli
+
+
+def parser() -> cli.Parser:
+    p = cli.Parser(prog="python -m lenet.train_step",
+                   description="Run one SGD step (or --steps K) of LeNet-5 on one batch, on cuDNN + cuBLAS, "
+                               "and report the algorithms, workspace, loss and step time.")
+    p.add_argument("--batch-size", type=cli.positive_int, default=64, metavar="N",
+                   help="images in the batch (default: 64)")
+    p.add_argument("--lr", type=cli.nonneg_float, default=0.01, help="learning rate (default: 0.01)")
+    p.add_argument("--steps", type=cli.positive_int, default=1, metavar="K",
+                   help="SGD steps on the same batch (default: 1)")
+    p.add_argument("--warmup", type=int, default=3, metavar="W",
+                   help="untimed steps first, their updates undone (default: 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the parameters and the batch (default: 0)")
+    cli.add_algorithm_flags(p)
+    p.add_argument("--cuda-graph", action=argparse_bool(), default=False,
+                   help="capture the step in a CUDA graph and replay it (default: off)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="IDX dataset to take the batch from (default: look in $LENET_DATA, ./data/<name>, "
+                        "/usr/share/datasets/fashion-mnist; a seeded synthetic batch if none is found)")
+    p.add_argument("--synthetic", action="store_true", help="use a seeded synthetic batch even if data exists")
+    p.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
+    p.add_argument("--dump", metavar="PATH",
+                   help="write an .npz: the batch (x, y), the parameters before (state_dict names), their "
+                        "gradients (grad.<name>) and the parameters after all steps (after.<name>)")
+    return p
+
+
+def argparse_bool():
+    import argparse
+
+    return argparse.BooleanOptionalAction
+
+
+def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
+    """(x float32 (N,1,28,28), y int32 (N,), description of where it came from)."""
+    from . import data
+
+    root = None if args.synthetic else data.find_dataset(args.data_dir)
+    if args.data_dir is not None and root is None and not args.synthetic:
+        raise data.DataError(data.not_found_message(args.data_dir))
+    rng = np.random.Generator(np.random.PCG64(args.seed))
+    n = args.batch_size
+    if root is None:
+        x = rng.random((n, 1, 28, 28), dtype=np.float32)
+        y = rng.integers(0, 10, n).astype(np.int32)
+        return (x - 0.5) / 0.25, y, f"synthetic (seeded uniform pixels, seed {args.seed})"
+    images, labels = data.load_split(root, "train")
+    idx = rng.permutation(images.shape[0])[:n]
+    if n > images.shape[0]:
+        raise data.DataError(f"--batch-size {n} is larger than the {images.shape[0]} training images in {root}")
+    mean, std = data.pixel_stats(images)
+    x = ((images[idx].astype(np.float32) / 255.0 - mean) / std).reshape(n, 1, 28, 28)
+    return x, labels[idx].astype(np.int32), f"{root} (train split, {n} images of a seeded permutation)"
+
+
+def save_npz_atomic(path: str, arrays: dict) -> None:
+    """Write an .npz through a temporary file and a rename: never a half-written file."""
+    d = os.path.dirname(os.path.abspath(path)) or "."
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    policy = cli.policy_from(args)
+    from descriptors import require_gpu
+
+    require_gpu()  # before reading any data: say it plainly and early
+    x, y, source = make_batch(args)
+
+    import cupy
+
+    from .model import LeNet
+
+    model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph)
+    n = model.load_batch(x, y)
+    before = model.state_dict()
+    stream = model.stream
+
+    # Warm-up (kernel compilation, lazy library init, graph capture), then undo its updates.
+    if args.warmup > 0:
+        for _ in range(args.warmup):
+            model.step(n, args.lr)
+        model.load_state_dict(before)
+        with stream:
+            model.velocity.fill(0)
+
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times, first_grads, first_loss = [], None, None
+    for i in range(args.steps):
+        start.record(stream)
+        model.step(n, args.lr)
+        end.record(stream)
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+        if i == 0:
+            first_loss = model.loss()
+            first_grads = model.grad_dict() if args.dump else None
+    model.forward(n)
+    after_loss = model.loss()
+    after = model.state_dict()
+
+    mean_ms = float(np.mean(times))
+    rows = cli.algorithm_rows(model, n)
+    facts = {**cli.device_facts(model), "batch_size": n, "data": source, "policy": str(policy),
+             "cuda_graph": args.cuda_graph, "algorithms": rows, "workspace_bytes": model.workspace.size,
+             "lr": args.lr, "steps": args.steps, "loss_before": first_loss, "loss_after": after_loss,
+             "step_ms": mean_ms, "images_per_s": n / (mean_ms / 1000.0)}
+    if args.dump:
+        arrays = {"x": x, "y": y, **before, **{f"grad.{k}": v for k, v in first_grads.items()},
+                  **{f"after.{k}": v for k, v in after.items()}}
+        save_npz_atomic(args.dump, arrays)
+        facts["dump"] = args.dump
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    print(f"GPU {facts['gpu']} | cuDNN {facts['cudnn']} | cuBLAS {facts['cublas']}")
+    print(f"batch {n} from {source}")
+    print(f"algorithms ({policy}):")
+    print(cli.format_algorithms(rows, model.workspace.size))
+    print(f"loss before {first_loss:.6f} | after {args.steps} step{'s' if args.steps > 1 else ''} "
+          f"{after_loss:.6f}")
+    print(f"step {mean_ms * 1000:.1f} us mean over {args.steps} | {facts['images_per_s'] / 1e6:.3f} M img/s "
+          f"| cuda graph {'on' if args.cuda_graph else 'off'}")
+    if args.dump:
+        print(f"dump written to {args.dump}")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The GPU check: run on a machine with an NVIDIA GPU, from the repository root.
+#   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
+# Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then the programs
+# briefly, and ends with one summary line: passed / failed / skipped, GPU, cuDNN.
+# Wheels in .whl/ (packages the machine lacks, e.g. nvmath-python) are installed to /tmp/site.
+set -u -o pipefail
+out=${OUT:-out/gpu-check}
+mkdir -p "$out"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || { echo "gpu-check: could not install .whl/*.whl"; exit 1; }
+    export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
+
+LENET_REQUIRE_GPU=1 python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log"
+test_rc=${PIPESTATUS[0]}
+
+prog_rc=0
+for algo in heuristic exhaustive; do
+    python3 -m lenet.train_step --algo "$algo" --steps 20 2>&1 | tee "$out/train_step_$algo.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
+done
+python3 -m lenet.train_step --algo exhaustive --steps 20 --cuda-graph 2>&1 | tee "$out/train_step_graph.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
+for extra in ${GPU_CHECK_EXTRA:-}; do   # more commands, e.g. a short training run, named by the caller
+    bash -c "$extra" 2>&1 | tee -a "$out/extra.txt"; [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
+done
+
+python3 - "$out/pytest.log" "$test_rc" "$prog_rc" <<'PY' | tee "$out/summary.txt"
+import re, sys
+log, test_rc, prog_rc = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3])
+count = lambda w: sum(int(n) for n in re.findall(r"(\d+) " + w, log.strip().splitlines()[-1] if log.strip() else ""))
+gpu = re.findall(r"^GPU: (.*) \| cuDNN (.*)$", log, re.M)
+g, c = gpu[-1] if gpu else ("unknown", "unknown")
+ok = test_rc == 0 and prog_rc == 0 and count("passed") > 0 and count("skipped") == 0
+print(f"gpu-check: {'PASS' if ok else 'FAIL'} | {count('passed')} passed, {count('failed')} failed, "
+      f"{count('skipped')} skipped, {count('error')} errors | programs {'ok' if prog_rc == 0 else 'FAILED'} "
+      f"| GPU {g} | cuDNN {c}")
+sys.exit(0 if ok else 1)
+PY

@@ -1,0 +1,106 @@
+"""GPU gating, the reference tolerance, and a comparison that explains itself.
+
+Tests marked ``gpu`` are skipped, with the reason, where no usable GPU is found.
+With LENET_REQUIRE_GPU=1 (the GPU check sets it) any skipped test is a failure,
+so a run on the GPU machine cannot pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+
+REQUIRE_GPU = os.environ.get("LENET_REQUIRE_GPU") == "1"
+
+# Note [tolerance]: float32 parity is judged by the norm-wise relative error
+# |ours - ref| / |ref| <= 1e-4. Both sides compute in plain float32 (TF32 off in
+# cuDNN, cuBLAS and PyTorch); they differ only in summation order and, for the
+# FFT and Winograd algorithms, in transform rounding. Float32's unit roundoff is
+# 6e-8 and the longest sums here are a few hundred thousand terms (conv2's weight
+# gradient at batch 256: 256*8*8 products per weight), so honest differences land
+# near 1e-6..1e-5. A wrong index, a missing term or a transposed operand moves the
+# error to 1e-2 or more, so 1e-4 separates the two with margin on both sides.
+RTOL = 1e-4
+
+
+def rel_err(ours, ref) -> float:
+    ours = np.asarray(ours, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert ours.shape == ref.shape, f"shape {ours.shape} != reference {ref.shape}"
+    den = np.linalg.norm(ref)
+    return float(np.linalg.norm(ours - ref) / (den if den > 0 else 1.0))
+
+
+def assert_close(ours, ref, what: str, rtol: float = RTOL) -> float:
+    ours, ref = np.asarray(ours), np.asarray(ref)
+    assert np.all(np.isfinite(ours)), f"{what}: non-finite values in ours"
+    e = rel_err(ours, ref)
+    if e > rtol:
+        o, r = ours.ravel()[:5], ref.ravel()[:5]
+        pytest.fail(f"{what}: relative error {e:.3e} > {rtol:.0e}\n  ours {o}\n  ref  {r}")
+    return e
+
+
+def _gpu():
+    from descriptors import gpu_status
+
+    return gpu_status()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.fixturenames.insert(0, "_gpu_gate")
+
+
+@pytest.fixture
+def _gpu_gate():
+    ok, why = _gpu()
+    if not ok:
+        if REQUIRE_GPU:
+            pytest.fail(f"LENET_REQUIRE_GPU=1 but no usable GPU: {why}")
+        pytest.skip(f"needs an NVIDIA GPU: {why}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if REQUIRE_GPU and rep.skipped:
+        rep.outcome = "failed"
+        rep.longrepr = f"skipped under LENET_REQUIRE_GPU=1, which counts as a failure: {rep.longrepr}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    ok, why = _gpu()
+    try:
+        import descriptors
+
+        cudnn = descriptors.version_string()
+    except Exception as e:  # noqa: BLE001
+        cudnn = f"not loaded ({e})"
+    terminalreporter.write_line(f"GPU: {why if ok else 'none (' + why + ')'} | cuDNN {cudnn}")
+
+
+@pytest.fixture(scope="session")
+def handle():
+    from descriptors import Handle
+
+    return Handle()
+
+
+@pytest.fixture(scope="session")
+def torch_ref():
+    torch = pytest.importorskip("torch")
+    from torch_lenet import exact_float32
+
+    exact_float32()
+    return torch

@@ -1,0 +1,60 @@
+"""The programs' flags and messages, without a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args, hide_gpu=False):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if hide_gpu:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+
+
+def test_train_step_help_lists_every_flag():
+    out = run("lenet.train_step", "--help")
+    assert out.returncode == 0
+    for flag in ("--batch-size", "--lr", "--steps", "--seed", "--algo", "--workspace-limit", "--deterministic",
+                 "--json", "--dump", "--cuda-graph", "--data-dir", "--synthetic", "--warmup"):
+        assert flag in out.stdout, flag
+    assert "fwd=NAME,bwd-data=NAME,bwd-filter=NAME" in out.stdout
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--algo", "quantum"], "unknown algorithm 'quantum'"),
+    (["--algo", "fwd=algo_0"], "unknown fwd algorithm 'algo_0'"),
+    (["--batch-size", "0"], "--batch-size: invalid value '0'"),
+    (["--batch-size", "many"], "--batch-size: invalid value 'many'"),
+    (["--lr", "-1"], "--lr: invalid value '-1'"),
+    (["--lr", "nan"], "--lr: invalid value 'nan'"),
+    (["--steps", "0"], "--steps: invalid value '0'"),
+    (["--workspace-limit", "lots"], "invalid size 'lots'"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+])
+def test_bad_flags_exit_2_with_one_line(args, msg):
+    out = run("lenet.train_step", *args)
+    assert out.returncode == 2, out
+    assert out.stderr.count("\n") == 1 and msg in out.stderr, out.stderr
+    assert out.stdout == ""
+
+
+def test_no_gpu_is_one_plain_sentence():
+    out = run("lenet.train_step", "--synthetic", hide_gpu=True)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: no usable NVIDIA GPU: ") and out.stderr.count("\n") == 1, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_byte_sizes():
+    from lenet.cli import byte_size
+    assert byte_size("0") == 0 and byte_size("64M") == 64 << 20 and byte_size("1.5G") == 3 << 29
+    assert byte_size("512k") == 512 << 10 and byte_size("8MiB") == 8 << 20

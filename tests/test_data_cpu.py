@@ -1,0 +1,95 @@
+"""IDX reading and validation, gzip and raw, and every corrupt-file case, without a GPU."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+
+from lenet import data
+
+
+def idx_bytes(a: np.ndarray, type_code=0x08) -> bytes:
+    return bytes([0, 0, type_code, a.ndim]) + b"".join(struct.pack(">I", d) for d in a.shape) + a.tobytes()
+
+
+def write_split(root, n=20, split="train", gz=False, images=None, labels=None):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8) if images is None else images
+    labels = rng.integers(0, 10, n, dtype=np.uint8) if labels is None else labels
+    for stem, arr in zip(data.SPLITS[split], (images, labels)):
+        raw = idx_bytes(arr)
+        (root / (stem + (".gz" if gz else ""))).write_bytes(gzip.compress(raw) if gz else raw)
+    return images, labels
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_read_raw_and_gzip(tmp_path, gz):
+    imgs, labs = write_split(tmp_path, gz=gz)
+    write_split(tmp_path, split="test", gz=gz)
+    x, y = data.load_split(tmp_path, "train")
+    assert np.array_equal(x, imgs) and np.array_equal(y, labs)
+    assert data.find_dataset(tmp_path) == tmp_path
+
+
+def _corrupt(tmp_path, raw: bytes, name="train-images-idx3-ubyte"):
+    p = tmp_path / name
+    p.write_bytes(raw)
+    return p
+
+
+@pytest.mark.parametrize("mutate,msg", [
+    (lambda r: r[:2] + b"\x07\x03" + r[4:], "bad IDX magic number"),
+    (lambda r: b"\x01" + r[1:], "bad IDX magic number"),
+    (lambda r: r[:3] + b"\x02" + r[4:], "has 2 dimensions, expected 3"),
+    (lambda r: r[:-100], "truncated"),
+    (lambda r: r + b"\x00" * 5, "trailing bytes"),
+    (lambda r: r[:10], "truncated header"),
+    (lambda r: r[:2], "too short"),
+    (lambda r: r[:4] + struct.pack(">I", 0) + r[8:], "a dimension is zero"),
+    (lambda r: gzip.compress(r)[:-20], "corrupt gzip"),
+])
+def test_corrupt_images(tmp_path, mutate, msg):
+    rng = np.random.default_rng(1)
+    raw = idx_bytes(rng.integers(0, 256, (10, 28, 28), dtype=np.uint8))
+    p = _corrupt(tmp_path, mutate(raw))
+    with pytest.raises(data.DataError, match=msg) as e:
+        data.read_idx(p, ndim=3)
+    assert str(p) in str(e.value)
+
+
+def test_count_mismatch_and_label_range_and_size(tmp_path):
+    write_split(tmp_path, labels=np.zeros(19, np.uint8))
+    with pytest.raises(data.DataError, match="has 20 images but .* has 19 labels"):
+        data.load_split(tmp_path, "train")
+    write_split(tmp_path, labels=np.full(20, 10, np.uint8))
+    with pytest.raises(data.DataError, match="labels must be in 0..9, found 10"):
+        data.load_split(tmp_path, "train")
+    write_split(tmp_path, images=np.zeros((20, 32, 32), np.uint8))
+    with pytest.raises(data.DataError, match="images are 32x32, LeNet takes 28x28"):
+        data.load_split(tmp_path, "train")
+
+
+def test_missing_files(tmp_path):
+    write_split(tmp_path)  # train only
+    assert data.find_dataset(tmp_path) is None
+    with pytest.raises(data.DataError, match="no t10k-images-idx3-ubyte"):
+        data.load_split(tmp_path, "test")
+    assert "apt-get install dataset-fashion-mnist" in data.not_found_message(tmp_path)
+
+
+def test_search_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("LENET_DATA", str(tmp_path / "env"))
+    monkeypatch.chdir(tmp_path)
+    c = data.candidates()
+    assert c[0] == tmp_path / "env" and c[1].as_posix() == "data/fashion-mnist"
+    assert c[-1].as_posix() == "/usr/share/datasets/fashion-mnist"
+
+
+def test_pixel_stats():
+    imgs = np.random.default_rng(2).integers(0, 256, (50, 28, 28), dtype=np.uint8)
+    m, s = data.pixel_stats(imgs)
+    f = imgs / 255.0
+    assert abs(m - f.mean()) < 1e-12 and abs(s - f.std()) < 1e-12

@@ -1,0 +1,257 @@
+"""descriptors/ on the GPU: every op against torch.nn.functional / autograd (see Note [tolerance])."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import descriptors as D
+from descriptors.algorithms import ALGORITHM_NAMES, CALLS, AlgoPolicy, Direction, _max_count
+from conftest import assert_close
+
+pytestmark = pytest.mark.gpu
+
+# (name, x shape without N, w shape, pad, stride, dilation): LeNet's two layers, a padded and
+# strided case, and a dilated one.
+CASES = [
+    ("conv1", (1, 28, 28), (6, 1, 5, 5), 0, 1, 1),
+    ("conv2", (6, 12, 12), (16, 6, 5, 5), 0, 1, 1),
+    ("pad1-stride2", (3, 17, 17), (8, 3, 3, 3), 1, 2, 1),
+    ("pad2-dil2", (4, 15, 13), (5, 4, 3, 3), 2, 1, 2),
+]
+
+
+def _t(torch, a):
+    return torch.as_tensor(a.get(), device="cuda")
+
+
+def _setup(n, case, seed=0):
+    import cupy
+
+    _, xs, ws, pad, stride, dil = case
+    rng = cupy.random.default_rng(seed)
+    conv = D.ConvolutionDescriptor(pad=pad, stride=stride, dilation=dil)
+    xd, wd = D.TensorDescriptor((n, *xs)), D.FilterDescriptor(ws)
+    yd = D.TensorDescriptor(conv.output_shape(xd, wd))
+    x = rng.standard_normal(xd.shape, dtype=cupy.float32)
+    w = rng.standard_normal(wd.shape, dtype=cupy.float32)
+    dy = rng.standard_normal(yd.shape, dtype=cupy.float32)
+    return conv, xd, wd, yd, x, w, dy
+
+
+def test_handle(handle):
+    assert handle.device_id >= 0 and handle.gpu_name and "stream=" in repr(handle)
+
+
+def test_max_counts_match_tables(handle):
+    for d, calls in CALLS.items():
+        assert _max_count(handle, calls) == len(ALGORITHM_NAMES[d]), d
+
+
+@pytest.mark.parametrize("n", [1, 64])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_convolution_every_supported_algorithm(handle, torch_ref, n, case):
+    import cupy
+    torch = torch_ref
+    F = torch.nn.functional
+    conv, xd, wd, yd, x, w, dy = _setup(n, case)
+    _, _, _, pad, stride, dil = case
+    tx, tw, tdy = _t(torch, x), _t(torch, w), _t(torch, dy)
+    ref_y = F.conv2d(tx, tw, padding=pad, stride=stride, dilation=dil).cpu().numpy()
+    ref_dx = torch.nn.grad.conv2d_input(tx.shape, tw, tdy, padding=pad, stride=stride, dilation=dil).cpu().numpy()
+    ref_dw = torch.nn.grad.conv2d_weight(tx, tw.shape, tdy, padding=pad, stride=stride, dilation=dil).cpu().numpy()
+    ws = D.Workspace()
+    tried = {}
+    with handle.stream:
+        y, dx, dw = cupy.empty(yd.shape, cupy.float32), cupy.empty(xd.shape, cupy.float32), \
+            cupy.empty(wd.shape, cupy.float32)
+    for direction, descs, run, out, ref in [
+        (Direction.FORWARD, (xd, wd, yd), lambda r: conv.forward(handle, xd, x, wd, w, yd, y, r, ws), y, ref_y),
+        (Direction.BACKWARD_DATA, (wd, yd, xd),
+         lambda r: conv.backward_data(handle, wd, w, yd, dy, xd, dx, r, ws), dx, ref_dx),
+        (Direction.BACKWARD_FILTER, (xd, yd, wd),
+         lambda r: conv.backward_filter(handle, xd, x, yd, dy, wd, dw, r, ws), dw, ref_dw),
+    ]:
+        algos = D.supported_algorithms(handle, direction, conv, *descs)
+        assert algos, f"cuDNN reports no {direction} algorithm"
+        tried[str(direction)] = [a.name for a in algos]
+        for r in algos:
+            ws.reserve(r.workspace_bytes)
+            with handle.stream:
+                out.fill(np.nan)   # poison: every element must be written
+            run(r)
+            handle.stream.synchronize()
+            assert_close(out.get(), ref, f"{case[0]} n={n} {direction} {r.name}")
+    print(tried)
+
+
+@pytest.mark.parametrize("n", [1, 64])
+def test_backward_bias_and_add_tensor(handle, torch_ref, n):
+    import cupy
+    torch = torch_ref
+    rng = cupy.random.default_rng(1)
+    dyd, bd = D.TensorDescriptor((n, 6, 24, 24)), D.TensorDescriptor((1, 6, 1, 1))
+    with handle.stream:
+        dy = rng.standard_normal(dyd.shape, dtype=cupy.float32)
+        b = rng.standard_normal(bd.shape, dtype=cupy.float32)
+        db = cupy.full(bd.shape, np.nan, cupy.float32)
+        y = dy.copy()
+    D.backward_bias(handle, dyd, dy, bd, db)
+    D.add_tensor(handle, bd, b, dyd, y)
+    handle.stream.synchronize()
+    assert_close(db.get(), _t(torch, dy).sum((0, 2, 3), keepdim=True).cpu().numpy(), "backward bias")
+    assert_close(y.get(), (_t(torch, dy) + _t(torch, b)).cpu().numpy(), "add tensor")
+
+
+POOLS = [("max", 2, 0, 2), ("max_deterministic", 2, 0, 2), ("max", 3, 1, 2), ("average", 2, 0, 2),
+         ("average", 3, 1, 2), ("average_exclude_padding", 3, 1, 1)]
+
+
+@pytest.mark.parametrize("n", [1, 64])
+@pytest.mark.parametrize("mode,win,pad,stride", POOLS)
+def test_pooling(handle, torch_ref, n, mode, win, pad, stride):
+    import cupy
+    torch = torch_ref
+    F = torch.nn.functional
+    p = D.PoolingDescriptor(mode, window=win, pad=pad, stride=stride)
+    xd = D.TensorDescriptor((n, 6, 24, 24))
+    yd = D.TensorDescriptor(p.output_shape(xd))
+    rng = cupy.random.default_rng(2)
+    with handle.stream:
+        x = rng.standard_normal(xd.shape, dtype=cupy.float32)
+        dy = rng.standard_normal(yd.shape, dtype=cupy.float32)
+        y = cupy.full(yd.shape, np.nan, cupy.float32)
+        dx = cupy.full(xd.shape, np.nan, cupy.float32)
+    p.forward(handle, xd, x, yd, y)
+    p.backward(handle, yd, y, yd, dy, xd, x, xd, dx)
+    handle.stream.synchronize()
+    tx = _t(torch, x).requires_grad_()
+    if mode.startswith("max"):
+        ty = F.max_pool2d(tx, win, stride, pad)
+    else:
+        ty = F.avg_pool2d(tx, win, stride, pad, count_include_pad=(mode == "average"))
+    ty.backward(_t(torch, dy))
+    assert_close(y.get(), ty.detach().cpu().numpy(), f"pool {mode} forward")
+    assert_close(dx.get(), tx.grad.cpu().numpy(), f"pool {mode} backward")
+
+
+ACTS = [("relu", 0.0), ("sigmoid", 0.0), ("tanh", 0.0), ("clipped_relu", 0.5), ("elu", 0.7)]
+
+
+@pytest.mark.parametrize("n", [1, 64])
+@pytest.mark.parametrize("mode,coef", ACTS)
+def test_activation(handle, torch_ref, n, mode, coef):
+    import cupy
+    torch = torch_ref
+    F = torch.nn.functional
+    a = D.ActivationDescriptor(mode, coef=coef)
+    xd = D.TensorDescriptor((n, 16, 8, 8))
+    rng = cupy.random.default_rng(3)
+    with handle.stream:
+        x = rng.standard_normal(xd.shape, dtype=cupy.float32)
+        dy = rng.standard_normal(xd.shape, dtype=cupy.float32)
+        y = cupy.full(xd.shape, np.nan, cupy.float32)
+        dx = cupy.full(xd.shape, np.nan, cupy.float32)
+    a.forward(handle, xd, x, xd, y)
+    a.backward(handle, xd, y, xd, dy, xd, x, xd, dx)
+    handle.stream.synchronize()
+    fn = {"relu": F.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+          "clipped_relu": lambda t: F.hardtanh(t, 0.0, coef), "elu": lambda t: F.elu(t, alpha=coef)}[mode]
+    tx = _t(torch, x).requires_grad_()
+    ty = fn(tx)
+    ty.backward(_t(torch, dy))
+    assert_close(y.get(), ty.detach().cpu().numpy(), f"{mode} forward")
+    assert_close(dx.get(), tx.grad.cpu().numpy(), f"{mode} backward")
+
+
+def test_relu_in_place(handle, torch_ref):
+    import cupy
+    a, xd = D.ActivationDescriptor("relu"), D.TensorDescriptor((8, 6, 24, 24))
+    with handle.stream:
+        x = cupy.random.default_rng(4).standard_normal(xd.shape, dtype=cupy.float32)
+        ref = cupy.maximum(x, 0)
+    a.forward(handle, xd, x, xd, x)
+    handle.stream.synchronize()
+    assert_close(x.get(), ref.get(), "relu in place")
+
+
+# ------------------------------------------------------------------ search, policy, checks
+
+def test_search_policies(handle):
+    conv, xd, wd, yd, x, w, dy = _setup(64, CASES[1])
+    D.algorithms.clear_cache()
+    h = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy())
+    assert h.policy == "heuristic" and h.time_ms is None and h.status == "CUDNN_STATUS_SUCCESS"
+    assert D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy()) is h, "second search comes from the cache"
+    with handle.stream:
+        y = cupy_empty(yd.shape)
+    e = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy.parse("exhaustive"), buffers=(x, w, y))
+    assert e.policy == "exhaustive" and e.time_ms is not None and e.time_ms > 0
+    sup = D.supported_algorithms(handle, "fwd", conv, xd, wd, yd)
+    for r in sup:
+        f = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy(fwd=r.name))
+        assert f.algo == r.algo and f.policy == "fixed"
+    zero = D.search(handle, "bwd-filter", conv, xd, yd, wd, AlgoPolicy(workspace_limit=0))
+    assert zero.workspace_bytes == 0
+    det = D.search(handle, "bwd-filter", conv, xd, yd, wd, AlgoPolicy(deterministic=True))
+    assert det.deterministic
+
+
+def cupy_empty(shape):
+    import cupy
+    return cupy.empty(shape, cupy.float32)
+
+
+def test_fixed_unsupported_lists_supported(handle):
+    conv, xd, wd, yd, *_ = _setup(64, CASES[2])   # strided: FFT is not supported
+    sup = {r.name for r in D.supported_algorithms(handle, "fwd", conv, xd, wd, yd)}
+    missing = [n for n in ALGORITHM_NAMES[Direction.FORWARD] if n not in sup]
+    assert missing, "expected some forward algorithm to be unsupported for a strided convolution"
+    with pytest.raises(D.AlgorithmNotSupportedError) as e:
+        D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy(fwd=missing[0]))
+    msg = str(e.value)
+    assert missing[0] in msg and "supported here:" in msg and all(s in msg for s in sup)
+
+
+def test_workspace_limit_excludes_fixed(handle):
+    conv, xd, wd, yd, *_ = _setup(64, CASES[1])
+    big = [r for r in D.supported_algorithms(handle, "fwd", conv, xd, wd, yd) if r.workspace_bytes > 0]
+    if not big:
+        pytest.fail("expected a forward algorithm that needs workspace")
+    with pytest.raises(D.AlgorithmNotSupportedError, match="over the limit of 0 B"):
+        D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy(fwd=big[0].name, workspace_limit=0))
+
+
+def test_mismatched_arrays_are_refused(handle):
+    import cupy
+    conv, xd, wd, yd, x, w, dy = _setup(4, CASES[0])
+    y = cupy.empty(yd.shape, cupy.float32)
+    r = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy(fwd="implicit_gemm"))
+    cases = [
+        (dict(x=x[:2]), r"x has shape \(2, 1, 28, 28\), the descriptor wants \(4, 1, 28, 28\)"),
+        (dict(x=x.astype(cupy.float64)), "x has dtype float64, the descriptor wants float32"),
+        (dict(w=cupy.asfortranarray(w)), "w is not C-contiguous"),
+        (dict(y=y.get()), "y must be a CuPy array on the GPU, got numpy.ndarray"),
+    ]
+    for kw, msg in cases:
+        args = dict(x=x, w=w, y=y, **kw)
+        with pytest.raises(ValueError, match=msg):
+            conv.forward(handle, xd, args["x"], wd, args["w"], yd, args["y"], r)
+
+
+def test_workspace_too_small_is_refused(handle):
+    conv, xd, wd, yd, x, w, dy = _setup(64, CASES[1])
+    big = [r for r in D.supported_algorithms(handle, "fwd", conv, xd, wd, yd) if r.workspace_bytes > 0][0]
+    with pytest.raises(ValueError, match="needs a workspace"):
+        conv.forward(handle, xd, x, wd, w, yd, cupy_empty(yd.shape), big, D.Workspace(1))
+
+
+def test_bad_param_from_cudnn_carries_shapes(handle):
+    import cupy
+    # A filter whose channels do not match the input: cuDNN's BAD_PARAM, raised, never skipped.
+    conv = D.ConvolutionDescriptor()
+    xd, wd, yd = D.TensorDescriptor((2, 3, 8, 8)), D.FilterDescriptor((4, 2, 3, 3)), D.TensorDescriptor((2, 4, 6, 6))
+    with pytest.raises(D.CudnnError) as e:
+        conv.forward(handle, xd, cupy.zeros(xd.shape, cupy.float32), wd, cupy.zeros(wd.shape, cupy.float32),
+                     yd, cupy.zeros(yd.shape, cupy.float32), 0)
+    assert e.value.is_bad_param and "x=(2, 3, 8, 8)" in str(e.value) and "w=(4, 2, 3, 3)" in str(e.value)
