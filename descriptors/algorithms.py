@@ -7,6 +7,12 @@ Policies, per direction:
   NAME        one fixed algorithm, as cuDNN names it (``implicit_gemm``, ``fft``, ``algo_1``...)
 A workspace limit and a deterministic-only switch filter the candidates of all three.
 
+Note [winograd precision]: measured on an H100 with cuDNN 9.19 (scripts/algo_errors.py),
+every float32 algorithm agrees with a float64 reference to ~1e-6 (norm-wise relative),
+as PyTorch's own float32 convolutions do, except the Winograd family: winograd_nonfused
+is off by 4e-4..1.2e-3. heuristic and exhaustive therefore pass over winograd and
+winograd_nonfused unless ``allow_winograd`` is set; naming one fixes it regardless.
+
 Note [algorithm fallback]: a candidate is dropped only when cuDNN reports it
 NOT_SUPPORTED (any 3000-range status) or as failing to allocate; a BAD_PARAM is a bug
 in the caller and is raised, never skipped.
@@ -127,6 +133,7 @@ class AlgoPolicy:
     bwd_filter: str = "heuristic"
     workspace_limit: int | None = None
     deterministic: bool = False
+    allow_winograd: bool = False
 
     def __post_init__(self):
         for d in Direction:
@@ -139,7 +146,8 @@ class AlgoPolicy:
         return getattr(self, _FIELD[Direction(direction)])
 
     @classmethod
-    def parse(cls, spec: str, workspace_limit: int | None = None, deterministic: bool = False) -> "AlgoPolicy":
+    def parse(cls, spec: str, workspace_limit: int | None = None, deterministic: bool = False,
+              allow_winograd: bool = False) -> "AlgoPolicy":
         """Parse ``heuristic`` | ``exhaustive`` | ``NAME`` | ``fwd=NAME,bwd-data=NAME,bwd-filter=NAME``.
 
         A single NAME applies to every direction that has an algorithm of that name
@@ -178,7 +186,8 @@ class AlgoPolicy:
                 raise UnknownAlgorithmError(
                     f"unknown algorithm {spec!r}; use heuristic, exhaustive, one of "
                     f"{', '.join(names)}, or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
-        return cls(**kw, workspace_limit=workspace_limit, deterministic=deterministic)
+        return cls(**kw, workspace_limit=workspace_limit, deterministic=deterministic,
+                   allow_winograd=allow_winograd)
 
     def __str__(self) -> str:
         s = ",".join(f"{d}={self.choice(d)}" for d in Direction)
@@ -188,6 +197,8 @@ class AlgoPolicy:
             s += f" (workspace <= {self.workspace_limit} B)"
         if self.deterministic:
             s += " (deterministic)"
+        if self.allow_winograd:
+            s += " (winograd allowed)"
         return s
 
 
@@ -228,6 +239,7 @@ class AlgoKey:
     policy: str
     workspace_limit: int | None
     deterministic: bool
+    allow_winograd: bool
 
 
 _cache: dict[AlgoKey, AlgoResult] = {}
@@ -326,7 +338,9 @@ def supported_algorithms(handle, direction: Direction, conv, a_desc, b_desc, out
     return out
 
 
-def _filter_reason(r: AlgoResult, policy: AlgoPolicy) -> str | None:
+def _filter_reason(r: AlgoResult, policy: AlgoPolicy, fixed: bool = False) -> str | None:
+    if not fixed and not policy.allow_winograd and r.name.startswith("winograd"):
+        return "is a Winograd algorithm (less precise; see Note [winograd precision])"
     if policy.workspace_limit is not None and r.workspace_bytes > policy.workspace_limit:
         return f"needs {r.workspace_bytes} B of workspace, over the limit of {policy.workspace_limit} B"
     if policy.deterministic and not r.deterministic:
@@ -394,7 +408,8 @@ def search(handle, direction: Direction, conv, a_desc, b_desc, out_desc, policy:
     direction = Direction(direction)
     choice = policy.choice(direction)
     key = AlgoKey(direction, handle.device_id, dtype_name(a_desc.dtype), a_desc.shape, b_desc.shape,
-                  out_desc.shape, conv.params(), choice, policy.workspace_limit, policy.deterministic)
+                  out_desc.shape, conv.params(), choice, policy.workspace_limit, policy.deterministic,
+                  policy.allow_winograd)
     hit = _cache.get(key)
     if hit is not None:
         return hit
@@ -408,10 +423,11 @@ def search(handle, direction: Direction, conv, a_desc, b_desc, out_desc, policy:
         picked = [r for r in timed if _filter_reason(r, policy) is None][:1]
     else:
         want = algorithm_id(direction, choice)
-        picked = [r for r in ok if r.algo == want]
+        usable = [r for r in supported if _filter_reason(r, policy, fixed=True) is None]
+        picked = [r for r in usable if r.algo == want]
         if not picked:
-            why = next((_filter_reason(r, policy) for r in supported if r.algo == want), None)
-            listed = ", ".join(r.name for r in ok) or "none"
+            why = next((_filter_reason(r, policy, fixed=True) for r in supported if r.algo == want), None)
+            listed = ", ".join(r.name for r in usable) or "none"
             what = (f"{choice} {why}" if why else
                     f"cuDNN does not support {direction} algorithm {choice} for "
                     f"{a_desc.shape} x {b_desc.shape} -> {out_desc.shape} with pad {conv.pad}, "

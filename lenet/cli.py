@@ -63,12 +63,16 @@ def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
                    help="largest convolution workspace an algorithm may use, e.g. 64M (default: no limit)")
     g.add_argument("--deterministic", action="store_true",
                    help="only algorithms cuDNN marks deterministic (bit-identical reruns)")
+    g.add_argument("--allow-winograd", action="store_true",
+                   help="let heuristic/exhaustive pick the Winograd algorithms, which are off by up to "
+                        "~1e-3 relative in float32 (naming one in --algo always works)")
 
 
 def policy_from(args):
     from descriptors.algorithms import AlgoPolicy
 
-    return AlgoPolicy.parse(args.algo, workspace_limit=args.workspace_limit, deterministic=args.deterministic)
+    return AlgoPolicy.parse(args.algo, workspace_limit=args.workspace_limit, deterministic=args.deterministic,
+                            allow_winograd=args.allow_winograd)
 
 
 def run(main) -> None:

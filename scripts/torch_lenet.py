@@ -37,3 +37,45 @@ def from_state(state: dict[str, np.ndarray], device="cuda", dtype=torch.float32)
     m = TorchLeNet()
     m.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
     return m.to(device=device, dtype=dtype)
+
+
+def decision_margins(state: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Per image, in float64: how far the closest ReLU input is from 0, and the closest
+    max-pool window from a tie between its two largest values.
+
+    Max-pool and ReLU gradients are discontinuous: two float32 computations that differ
+    only by rounding can route a gradient differently when a decision is within rounding
+    of its threshold. A batch whose margins are well above rounding compares gradients
+    of the same function on both sides.
+    """
+    m = from_state(state, device="cpu", dtype=torch.float64)
+    t = torch.as_tensor(x, dtype=torch.float64).reshape(-1, 1, 28, 28)
+    n = t.shape[0]
+    with torch.no_grad():
+        def pool_gap(r):  # r (n, C, H, W) after ReLU; 2x2/2 windows
+            c, h, w = r.shape[1:]
+            win = r.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(n, -1, 4)
+            top = win.topk(2, dim=-1).values
+            gap = top[..., 0] - top[..., 1]
+            gap = torch.where(top[..., 0] > 0, gap, torch.full_like(gap, float("inf")))
+            return gap.min(dim=1).values
+
+        a1 = m.conv1(t)
+        r1 = F.relu(a1)
+        a2 = m.conv2(F.max_pool2d(r1, 2, 2))
+        r2 = F.relu(a2)
+        a3 = m.fc1(F.max_pool2d(r2, 2, 2).flatten(1))
+        margins = torch.stack([a1.abs().flatten(1).min(1).values, pool_gap(r1), a2.abs().flatten(1).min(1).values,
+                               pool_gap(r2), a3.abs().min(1).values], dim=1)
+    return margins.min(dim=1).values.numpy()
+
+
+def well_conditioned_batch(state, n: int, seed: int, margin: float = 1e-4):
+    """n standard-normal images (and uniform labels) whose decision margins are >= margin."""
+    rng = np.random.default_rng(seed)
+    xs = []
+    while sum(len(a) for a in xs) < n:
+        cand = rng.standard_normal((2 * n, 1, 28, 28)).astype(np.float32)
+        xs.append(cand[decision_margins(state, cand) >= margin])
+    x = np.concatenate(xs)[:n]
+    return x, rng.integers(0, 10, n).astype(np.int32)

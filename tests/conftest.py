@@ -28,7 +28,21 @@ REQUIRE_GPU = os.environ.get("LENET_REQUIRE_GPU") == "1"
 # gradient at batch 256: 256*8*8 products per weight), so honest differences land
 # near 1e-6..1e-5. A wrong index, a missing term or a transposed operand moves the
 # error to 1e-2 or more, so 1e-4 separates the two with margin on both sides.
+# Measured (scripts/algo_errors.py, H100, cuDNN 9.19): every algorithm but the
+# Winograd family lands within 1.1e-6 of a float64 reference.
+#
+# Two refinements keep the comparison about the same function:
+# - The Winograd algorithms are less precise by design: winograd_nonfused measured
+#   4e-4..1.2e-3 against float64. They are held to WINOGRAD_RTOL, against both
+#   PyTorch and float64, and are never chosen by heuristic/exhaustive by default
+#   (see Note [winograd precision] in descriptors/algorithms.py).
+# - Max-pool and ReLU gradients are discontinuous. Where a pre-activation is within
+#   rounding of 0, or two pool inputs within rounding of a tie, ours and PyTorch's
+#   may route a gradient term differently; neither is wrong. Whole-network gradient
+#   tests use batches whose decisions are at least 1e-4 from their thresholds
+#   (torch_lenet.well_conditioned_batch), checked in float64.
 RTOL = 1e-4
+WINOGRAD_RTOL = 3e-3
 
 
 def rel_err(ours, ref) -> float:

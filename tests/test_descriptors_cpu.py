@@ -260,3 +260,10 @@ def test_handle_without_gpu_says_so_plainly():
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("no usable NVIDIA GPU: "), out.stdout
     assert "cudaGetDeviceCount" in out.stdout or "no GPU" in out.stdout
+
+
+def test_winograd_is_opt_in():
+    assert not AlgoPolicy.parse("exhaustive").allow_winograd
+    p = AlgoPolicy.parse("exhaustive", allow_winograd=True)
+    assert p.allow_winograd and "winograd allowed" in str(p)
+    assert AlgoPolicy.parse("winograd_nonfused").fwd == "winograd_nonfused"   # naming one always works

@@ -7,7 +7,7 @@ import pytest
 
 import descriptors as D
 from descriptors.algorithms import ALGORITHM_NAMES, CALLS, AlgoPolicy, Direction, _max_count
-from conftest import assert_close
+from conftest import WINOGRAD_RTOL, assert_close
 
 pytestmark = pytest.mark.gpu
 
@@ -43,9 +43,22 @@ def test_handle(handle):
     assert handle.device_id >= 0 and handle.gpu_name and "stream=" in repr(handle)
 
 
-def test_max_counts_match_tables(handle):
+def test_every_algorithm_cudnn_returns_is_named(handle):
+    # cuDNN's MaxCount is not the enum size (9.19 says 10 for 8 forward algorithms: it lists
+    # some twice, per math type); what matters is that every id it hands back has a name.
+    from ctypes import byref, c_int
+    from descriptors._lib import AlgoPerf, call
+    conv, xd, wd, yd, *_ = _setup(64, CASES[1])
+    operands = {Direction.FORWARD: (xd, wd, yd), Direction.BACKWARD_DATA: (wd, yd, xd),
+                Direction.BACKWARD_FILTER: (xd, yd, wd)}
     for d, calls in CALLS.items():
-        assert _max_count(handle, calls) == len(ALGORITHM_NAMES[d]), d
+        n = _max_count(handle, calls)
+        assert n >= len(ALGORITHM_NAMES[d]), d
+        perfs, got = (AlgoPerf * n)(), c_int()
+        a, b, o = operands[d]
+        call(calls.get, handle.ptr, a.ptr, b.ptr, conv.ptr, o.ptr, n, byref(got), perfs)
+        ids = {p.algo for p in perfs[: got.value]}
+        assert ids and ids <= set(ALGORITHM_NAMES[d].values()), (d, ids)
 
 
 @pytest.mark.parametrize("n", [1, 64])
@@ -65,6 +78,13 @@ def test_convolution_every_supported_algorithm(handle, torch_ref, n, case):
     with handle.stream:
         y, dx, dw = cupy.empty(yd.shape, cupy.float32), cupy.empty(xd.shape, cupy.float32), \
             cupy.empty(wd.shape, cupy.float32)
+    refs64 = {}
+    t64 = [a.double() for a in (tx, tw, tdy)]
+    refs64[Direction.FORWARD] = F.conv2d(t64[0], t64[1], padding=pad, stride=stride, dilation=dil).cpu().numpy()
+    refs64[Direction.BACKWARD_DATA] = torch.nn.grad.conv2d_input(
+        tx.shape, t64[1], t64[2], padding=pad, stride=stride, dilation=dil).cpu().numpy()
+    refs64[Direction.BACKWARD_FILTER] = torch.nn.grad.conv2d_weight(
+        t64[0], tw.shape, t64[2], padding=pad, stride=stride, dilation=dil).cpu().numpy()
     for direction, descs, run, out, ref in [
         (Direction.FORWARD, (xd, wd, yd), lambda r: conv.forward(handle, xd, x, wd, w, yd, y, r, ws), y, ref_y),
         (Direction.BACKWARD_DATA, (wd, yd, xd),
@@ -81,7 +101,9 @@ def test_convolution_every_supported_algorithm(handle, torch_ref, n, case):
                 out.fill(np.nan)   # poison: every element must be written
             run(r)
             handle.stream.synchronize()
-            assert_close(out.get(), ref, f"{case[0]} n={n} {direction} {r.name}")
+            tol = WINOGRAD_RTOL if r.name.startswith("winograd") else 1e-4
+            assert_close(out.get(), ref, f"{case[0]} n={n} {direction} {r.name} vs PyTorch", tol)
+            assert_close(out.get(), refs64[direction], f"{case[0]} n={n} {direction} {r.name} vs float64", tol)
     print(tried)
 
 
@@ -183,6 +205,7 @@ def test_search_policies(handle):
     h = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy())
     assert h.policy == "heuristic" and h.time_ms is None and h.status == "CUDNN_STATUS_SUCCESS"
     assert D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy()) is h, "second search comes from the cache"
+    assert not h.name.startswith("winograd")
     with handle.stream:
         y = cupy_empty(yd.shape)
     e = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy.parse("exhaustive"), buffers=(x, w, y))
@@ -234,7 +257,7 @@ def test_mismatched_arrays_are_refused(handle):
         (dict(y=y.get()), "y must be a CuPy array on the GPU, got numpy.ndarray"),
     ]
     for kw, msg in cases:
-        args = dict(x=x, w=w, y=y, **kw)
+        args = {"x": x, "w": w, "y": y, **kw}
         with pytest.raises(ValueError, match=msg):
             conv.forward(handle, xd, args["x"], wd, args["w"], yd, args["y"], r)
 
