@@ -132,3 +132,36 @@ def pixel_stats(images: np.ndarray) -> tuple[float, float]:
     mean = float((hist * v).sum() / total)
     std = float(np.sqrt((hist * (v - mean) ** 2).sum() / total))
     return mean, std
+
+
+def dataset_name(root) -> str:
+    """A short name for a dataset directory (its folder name, e.g. 'fashion-mnist')."""
+    return Path(root).resolve().name
+
+
+def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
+    """The batch order of one epoch: a permutation of range(n) that depends only on (seed, epoch),
+    so a resumed run draws exactly the batches an uninterrupted one would."""
+    return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(n).astype(np.int32)
+
+
+class GpuDataset:
+    """One split on the GPU as uint8, sent once; batches are gathered and normalized there."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, mean: float, std: float, stream=None):
+        import cupy
+
+        if images.dtype != np.uint8 or images.shape[1:] != (28, 28) or labels.shape != (images.shape[0],):
+            raise ValueError(f"images must be uint8 (N, 28, 28) and labels (N,), got {images.shape} "
+                             f"{images.dtype} and {labels.shape}")
+        self.size = int(images.shape[0])
+        self.mean, self.std = float(mean), float(std)
+        with (stream or cupy.cuda.get_current_stream()):
+            self.images = cupy.asarray(images)                        # (N, 28, 28) uint8
+            self.labels = cupy.asarray(labels.astype(np.uint8))       # (N,) uint8
+            self.identity = cupy.arange(self.size, dtype=cupy.int32)  # (N,) for evaluation
+
+    def order(self, seed: int, epoch: int):
+        import cupy
+
+        return cupy.asarray(epoch_order(seed, epoch, self.size))

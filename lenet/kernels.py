@@ -37,14 +37,16 @@ class SoftmaxCE:
         self._fn = kernel("softmax_ce", "softmax_ce_kernel")
 
     def forward_backward(self, logits, labels, dlogits, out, correct, n: int, *,
-                         grad_scale: float, loss_scale: float, accumulate: bool = False) -> None:
+                         grad_scale: float, loss_scale: float, accumulate: bool = False, running=None) -> None:
         """out[0] = loss_scale * sum of row losses (+ out[0] when accumulating);
-        dlogits = grad_scale * (softmax - onehot), unless dlogits is None."""
+        dlogits = grad_scale * (softmax - onehot), unless dlogits is None;
+        running[0] += the same loss, when running is given."""
         classes = logits.shape[1]
         blocks = max(1, min(SCE_MAX_BLOCKS, (n + SCE_THREADS - 1) // SCE_THREADS))
         self._fn((blocks,), (SCE_THREADS,), (
             logits, labels, np.uint64(dlogits.data.ptr if dlogits is not None else 0), out, correct,
-            self.partial_loss, self.partial_correct, self.ticket, np.int32(n), np.int32(classes),
+            self.partial_loss, self.partial_correct, self.ticket,
+            np.uint64(running.data.ptr if running is not None else 0), np.int32(n), np.int32(classes),
             np.float32(grad_scale), np.float32(loss_scale), np.int32(1 if accumulate else 0)))
 
 
@@ -54,3 +56,13 @@ def sgd_update(params, grads, velocity, lr_dev, momentum: float, weight_decay: f
     blocks = max(1, min(1024, (n + SGD_THREADS - 1) // SGD_THREADS))
     kernel("sgd", "sgd_kernel")((blocks,), (SGD_THREADS,), (
         params, grads, velocity, lr_dev, np.float32(momentum), np.float32(weight_decay), np.int32(n)))
+
+
+def gather_batch(images, labels, order, start: int, n: int, mean: float, std: float, x, y,
+                 lr: float | None = None, lr_out=None) -> None:
+    """x[:n], y[:n] = normalized images[order[start:start+n]], labels[...]; lr_out[0] = lr if given."""
+    threads = 256
+    blocks = max(1, min(4096, (n * 784 + threads - 1) // threads))
+    kernel("data", "gather_batch_kernel")((blocks,), (threads,), (
+        images, labels, order, np.int32(start), np.int32(n), np.float32(mean), np.float32(std), x, y,
+        np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0)))

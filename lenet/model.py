@@ -28,7 +28,7 @@ from descriptors import (ActivationDescriptor, AlgoPolicy, AlgoResult, Convoluti
 
 from . import params as P
 from .blas import Blas
-from .kernels import SoftmaxCE, sgd_update
+from .kernels import SoftmaxCE, gather_batch, sgd_update
 
 CLASSES = 10
 IMAGE = (1, 28, 28)
@@ -110,6 +110,7 @@ class LeNet:
             self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
             self.loss_dev = cupy.zeros(1, dtype=cupy.float32)         # (1,) mean loss of the last forward
             self.correct_dev = cupy.zeros(1, dtype=cupy.int32)        # (1,) right answers in it
+            self.running_loss = cupy.zeros(1, dtype=cupy.float32)     # (1,) sum of step losses since reset
             self.ones = cupy.ones(N, dtype=cupy.float32)              # (N,) for bias gradients
             rng = cupy.random.default_rng(seed)
             f32 = cupy.float32
@@ -134,7 +135,9 @@ class LeNet:
         self.w2d = FilterDescriptor((16, 6, 5, 5))
         self.conv1 = ConvolutionDescriptor(pad=0, stride=1)
         self.conv2 = ConvolutionDescriptor(pad=0, stride=1)
-        self.pool = PoolingDescriptor("max", window=2, stride=2)
+        # Deterministic mode also takes cuDNN's deterministic max pooling.
+        self.pool = PoolingDescriptor("max_deterministic" if self.policy.deterministic else "max", window=2,
+                                      stride=2)
         self.relu = ActivationDescriptor("relu")
         self.bd = {name: TensorDescriptor((1, P.SHAPES[name][0], 1, 1))
                    for name in ("conv1.bias", "conv2.bias", "fc1.bias", "fc2.bias")}
@@ -226,6 +229,29 @@ class LeNet:
         self.n = n
         return n
 
+    def load_from(self, dataset, order, start: int, n: int, lr: float | None = None) -> None:
+        """Gather batch order[start:start+n] of a GPU-resident dataset into the input buffers
+        (one launch, no host wait); also sets the learning rate when lr is given."""
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
+        if lr is not None and not (math.isfinite(lr) and lr >= 0):
+            raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
+        with self.stream:
+            gather_batch(dataset.images, dataset.labels, order, start, n, dataset.mean, dataset.std,
+                         self.buf["x"], self.buf["labels"], lr, self.lr_dev if lr is not None else None)
+        if lr is not None:
+            self._lr_host = lr
+        self.n = n
+
+    def reset_running_loss(self) -> None:
+        with self.stream:
+            self.running_loss.fill(0)
+
+    def read_running_loss(self) -> float:
+        """Sum of the step losses since the last reset (synchronizes)."""
+        self.stream.synchronize()
+        return float(self.running_loss.get()[0])
+
     def set_lr(self, lr: float) -> None:
         if not (math.isfinite(lr) and lr >= 0):
             raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
@@ -268,7 +294,8 @@ class LeNet:
         with self.stream:
             self.sce.forward_backward(v["logits"], v["labels"], v["dlogits"] if grad else None, self.loss_dev,
                                       self.correct_dev, n, grad_scale=1.0 / n,
-                                      loss_scale=1.0 if accumulate else 1.0 / n, accumulate=accumulate)
+                                      loss_scale=1.0 if accumulate else 1.0 / n, accumulate=accumulate,
+                                      running=self.running_loss if grad else None)
 
     def backward(self, n: int | None = None) -> None:
         """Gradients of the mean loss into ``grads`` (needs the forward of the same batch)."""
@@ -340,11 +367,12 @@ class LeNet:
         afterwards) so that lazy initialization inside cuDNN/cuBLAS and kernel
         compilation happen outside the capture.
         """
-        saved = [a.copy() for a in (self.params, self.velocity)]
+        saved = [a.copy() for a in (self.params, self.velocity, self.running_loss)]
         self._step(pl)
         with self.stream:
             self.params[...] = saved[0]
             self.velocity[...] = saved[1]
+            self.running_loss[...] = saved[2]
         self.stream.synchronize()
         self.stream.begin_capture()
         try:
@@ -393,6 +421,21 @@ class LeNet:
     def grad_dict(self) -> dict[str, np.ndarray]:
         self.stream.synchronize()
         return P.unpack(self.grads.get())
+
+    def flat_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """(parameters, momentum buffer) as flat host arrays: what a checkpoint holds."""
+        self.stream.synchronize()
+        return self.params.get(), self.velocity.get()
+
+    def load_flat(self, params_flat: np.ndarray, velocity_flat: np.ndarray) -> None:
+        import cupy
+
+        if params_flat.shape != (P.TOTAL,) or velocity_flat.shape != (P.TOTAL,):
+            raise ValueError(f"flat buffers must be ({P.TOTAL},), got {params_flat.shape}, {velocity_flat.shape}")
+        with self.stream:
+            self.params[...] = cupy.asarray(params_flat, dtype=cupy.float32)
+            self.velocity[...] = cupy.asarray(velocity_flat, dtype=cupy.float32)
+        self.stream.synchronize()
 
     def load_state_dict(self, state: dict) -> None:
         """Load parameters (PyTorch names and shapes; NumPy or torch CPU tensors)."""

@@ -43,7 +43,12 @@ def torch_step(torch, state, x, y, lr, momentum=0.0, wd=0.0, steps=1):
 
 
 def check_one_step(torch, model, n, lr=0.1, seed=0, what="", winograd=False):
+    from lenet.params import init_host
     from torch_lenet import well_conditioned_batch
+    # A fresh PyTorch-default init each time: a model trained on the same few batches
+    # becomes so confident that softmax - onehot cancels (1 - p_y ~ 1e-4) and float32
+    # rounding, on both sides, shows up magnified.
+    model.load_state_dict(init_host(1000 + seed + n))
     state = model.state_dict()
     x, y = well_conditioned_batch(state, n, seed)
     [(ref_logits, ref_loss, ref_grads)], ref_after = torch_step(torch, state, x, y, lr)

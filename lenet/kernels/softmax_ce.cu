@@ -5,6 +5,7 @@
 //   dlogits_ij = (exp(z_ij - m) / s - [j == y_i]) * grad_scale
 // out[0]     = (accumulate ? out[0] : 0) + loss_scale * sum_i loss_i
 // correct[0] = (accumulate ? correct[0] : 0) + #{i : argmax_j z_ij == y_i}
+// running[0] += loss_scale * sum_i loss_i   (when running is not null: an epoch's loss sum)
 //
 // The sum is deterministic: each block reduces a fixed set of rows in a fixed
 // order into partial[blockIdx.x]; the last block to finish (counted with an
@@ -29,7 +30,7 @@ softmax_ce_kernel(const float* __restrict__ logits, const int* __restrict__ labe
                   float* __restrict__ dlogits,          // may be null: forward only
                   float* __restrict__ out, int* __restrict__ correct,
                   float* __restrict__ partial_loss, int* __restrict__ partial_correct,
-                  unsigned int* __restrict__ ticket,
+                  unsigned int* __restrict__ ticket, float* __restrict__ running,
                   int n, int classes, float grad_scale, float loss_scale, int accumulate) {
     __shared__ float sv[SCE_THREADS];
     __shared__ int sc[SCE_THREADS];
@@ -76,6 +77,7 @@ softmax_ce_kernel(const float* __restrict__ logits, const int* __restrict__ labe
         }
         out[0] = (accumulate ? out[0] : 0.f) + total * loss_scale;
         correct[0] = (accumulate ? correct[0] : 0) + total_hits;
+        if (running) running[0] += total * loss_scale;
         *ticket = 0u;
     }
 }

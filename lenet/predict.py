@@ -1,0 +1,107 @@
+"""python -m lenet.predict --checkpoint CKPT INPUT...
+
+Classifies images with a trained checkpoint. An INPUT is an IDX image file (all its
+images) or a PNG/JPEG picture (converted to 8-bit gray and resized to 28x28). Pass
+--labels with an IDX label file to get the accuracy as well.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from . import cli, data
+
+FASHION = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+           "Ankle boot")
+
+
+def parser() -> cli.Parser:
+    p = cli.Parser(prog="python -m lenet.predict", description=" ".join(__doc__.split("\n\n")[1].split()))
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="IDX image files or PNG/JPEG pictures")
+    p.add_argument("--checkpoint", required=True, help="checkpoint.npz from python -m lenet.train")
+    p.add_argument("--labels", metavar="IDX", help="IDX labels for a single IDX input: also print the accuracy")
+    p.add_argument("--invert", action="store_true", help="invert pictures (dark drawing on a light background)")
+    p.add_argument("--show", type=int, default=20, metavar="K", help="print the first K predictions (default: 20)")
+    p.add_argument("--batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
+    return p
+
+
+def read_picture(path: Path, invert: bool) -> np.ndarray:
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise ValueError("reading pictures needs Pillow (pip install '.[train]')") from None
+    try:
+        with Image.open(path) as im:
+            g = im.convert("L").resize((28, 28), Image.BILINEAR)
+    except (UnidentifiedImageError, OSError) as e:
+        raise data.DataError(f"{path}: not a readable picture ({e})") from None
+    a = np.asarray(g, dtype=np.uint8)
+    return 255 - a if invert else a
+
+
+def load_inputs(paths: list[str], invert: bool) -> tuple[np.ndarray, list[str]]:
+    images, names = [], []
+    for s in paths:
+        p = Path(s)
+        if not p.is_file():
+            raise data.DataError(f"{p}: no such file")
+        head = p.read_bytes()[:4]
+        if head[:2] == b"\x1f\x8b" or head[:2] == b"\x00\x00":
+            a = data.read_idx(p, ndim=3)
+            if a.dtype != np.uint8 or a.shape[1:] != (28, 28):
+                raise data.DataError(f"{p}: IDX images must be uint8 28x28, got {a.dtype} {a.shape[1:]}")
+            images.append(a)
+            names += [f"{p.name}[{i}]" for i in range(len(a))]
+        else:
+            images.append(read_picture(p, invert)[None])
+            names.append(p.name)
+    return np.concatenate(images), names
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    params, _, meta = ckpt.load(args.checkpoint)
+    images, names = load_inputs(args.inputs, args.invert)
+    labels = None
+    if args.labels:
+        labels = data.read_idx(args.labels, ndim=1)
+        if len(args.inputs) != 1 or len(labels) != len(images):
+            raise data.DataError(f"{args.labels}: {len(labels)} labels for {len(images)} images "
+                                 "(--labels goes with a single IDX input of the same count)")
+    from descriptors import require_gpu
+
+    require_gpu()
+    from .model import LeNet
+
+    cfg = meta["config"]
+    classes = FASHION if "fashion" in cfg.get("dataset", "") else tuple(str(i) for i in range(10))
+    model = LeNet(max_batch=min(args.batch_size, len(images)))
+    model.load_flat(params, np.zeros_like(params))
+    x = ((images.astype(np.float32) / 255.0 - np.float32(cfg["mean"])) / np.float32(cfg["std"]))[:, None]
+    preds = []
+    for s in range(0, len(images), model.max_batch):
+        xb = x[s: s + model.max_batch]
+        model.load_batch(xb, np.zeros(len(xb), np.int32))
+        model.evaluate_begin()
+        model.evaluate_batch(len(xb))
+        lg = model.logits()
+        p = np.exp(lg - lg.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        preds.append(np.stack([p.argmax(1), p.max(1)], 1))
+    pr = np.concatenate(preds)
+    for name, (c, conf) in list(zip(names, pr))[: args.show]:
+        print(f"{name}: {int(c)} {classes[int(c)]} (p={conf:.3f})")
+    if len(names) > args.show:
+        print(f"... {len(names) - args.show} more")
+    if labels is not None:
+        acc = float((pr[:, 0].astype(int) == labels).mean())
+        print(f"accuracy {100 * acc:.2f}% on {len(labels)} images")
+    return 0
+
+
+if __name__ == "__main__":
+    cli.run(main)

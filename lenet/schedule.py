@@ -1,0 +1,37 @@
+"""Learning-rate schedules, as a function of the iteration (one SGD step = one iteration)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+SCHEDULES = ("constant", "step", "cosine", "inv")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """constant: lr
+    step:     lr * step_gamma ** (epoch // step_size)
+    cosine:   lr * (1 + cos(pi * it / total)) / 2
+    inv:      lr * (1 + gamma * it) ** -power          (Caffe's LeNet solver)
+    """
+
+    kind: str = "inv"
+    lr: float = 0.01
+    gamma: float = 1e-4
+    power: float = 0.75
+    step_size: int = 10
+    step_gamma: float = 0.1
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.kind!r}; use one of {', '.join(SCHEDULES)}")
+
+    def at(self, it: int, iters_per_epoch: int, total_iters: int) -> float:
+        if self.kind == "constant":
+            return self.lr
+        if self.kind == "step":
+            return self.lr * self.step_gamma ** ((it // iters_per_epoch) // self.step_size)
+        if self.kind == "cosine":
+            return self.lr * 0.5 * (1.0 + math.cos(math.pi * min(it, total_iters) / max(total_iters, 1)))
+        return self.lr * (1.0 + self.gamma * it) ** (-self.power)

@@ -1,0 +1,271 @@
+"""python -m lenet.train: train LeNet-5 on a real IDX dataset and evaluate it every epoch.
+
+The datasets go to the GPU once, as uint8; each batch is gathered and normalized
+there from a per-epoch permutation that depends only on (seed, epoch), so the host
+never waits inside the step loop and a resumed run sees the batches an
+uninterrupted one would. Under --out: metrics.jsonl, curves.png, checkpoint.npz
+(written atomically after every epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from . import cli, data
+from .schedule import SCHEDULES, Schedule
+
+# What must match for --resume to continue a run rather than start a different one.
+RESUME_KEYS = ("dataset", "batch_size", "seed", "lr", "momentum", "weight_decay", "schedule", "gamma", "power",
+               "step_size", "step_gamma", "train_size", "algo", "workspace_limit", "deterministic",
+               "allow_winograd", "epochs")
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+def parser() -> cli.Parser:
+    p = cli.Parser(prog="python -m lenet.train",
+                   description="Train LeNet-5 on an IDX dataset (MNIST, Fashion-MNIST, KMNIST, EMNIST) with SGD, "
+                               "evaluating on the test split after every epoch.")
+    p.add_argument("--data-dir", metavar="DIR", help="folder with the four IDX files (default: $LENET_DATA, "
+                   "./data/<name>, /usr/share/datasets/fashion-mnist)")
+    p.add_argument("--epochs", type=cli.positive_int, default=20, help="epochs to train (default: 20)")
+    p.add_argument("--batch-size", type=cli.positive_int, default=64, metavar="N", help="(default: 64)")
+    p.add_argument("--lr", type=cli.nonneg_float, default=0.01, help="base learning rate (default: 0.01)")
+    p.add_argument("--momentum", type=cli.nonneg_float, default=0.9, help="(default: 0.9)")
+    p.add_argument("--weight-decay", type=cli.nonneg_float, default=5e-4, help="(default: 5e-4)")
+    p.add_argument("--schedule", choices=SCHEDULES, default="inv",
+                   help="learning-rate schedule: constant, step, cosine, inv (Caffe's: lr*(1+gamma*it)^-power; "
+                        "default: inv)")
+    p.add_argument("--gamma", type=cli.nonneg_float, default=1e-4, help="inv schedule's gamma (default: 1e-4)")
+    p.add_argument("--power", type=cli.nonneg_float, default=0.75, help="inv schedule's power (default: 0.75)")
+    p.add_argument("--step-size", type=cli.positive_int, default=10, metavar="EPOCHS",
+                   help="step schedule: epochs between decays (default: 10)")
+    p.add_argument("--step-gamma", type=cli.nonneg_float, default=0.1, help="step schedule's factor (default: 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the init and the batch order (default: 0)")
+    p.add_argument("--train-size", type=cli.positive_int, default=None, metavar="N",
+                   help="train on the first N training images only (default: all)")
+    p.add_argument("--test-size", type=cli.positive_int, default=None, metavar="N",
+                   help="evaluate on the first N test images only (default: all)")
+    p.add_argument("--eval-batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
+    cli.add_algorithm_flags(p)
+    p.add_argument("--cuda-graph", action=__import__("argparse").BooleanOptionalAction, default=True,
+                   help="replay each step from a CUDA graph (default: on)")
+    p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, curves.png and checkpoint.npz here")
+    p.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
+                   help="continue a run from its checkpoint (default: DIR/checkpoint.npz of --out)")
+    p.add_argument("--quiet", action="store_true", help="plain log lines, no progress bar")
+    return p
+
+
+def config_of(args, root: Path, train_size: int) -> dict:
+    return {"dataset": data.dataset_name(root), "data_dir": str(root), "batch_size": args.batch_size,
+            "seed": args.seed, "lr": args.lr, "momentum": args.momentum, "weight_decay": args.weight_decay,
+            "schedule": args.schedule, "gamma": args.gamma, "power": args.power, "step_size": args.step_size,
+            "step_gamma": args.step_gamma, "train_size": train_size, "algo": args.algo,
+            "workspace_limit": args.workspace_limit, "deterministic": args.deterministic,
+            "allow_winograd": args.allow_winograd, "epochs": args.epochs, "cuda_graph": args.cuda_graph}
+
+
+class Progress:
+    """tqdm when it is installed and wanted; plain lines otherwise."""
+
+    def __init__(self, total: int, epoch: int, epochs: int, quiet: bool):
+        self.bar = None
+        self.desc = f"epoch {epoch}/{epochs}"
+        if not quiet:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc=self.desc, unit="img", unit_scale=True, leave=True,
+                                dynamic_ncols=True, file=sys.stderr)
+            except ImportError:
+                pass
+
+    def update(self, images: int, loss: float, ips: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {loss:.4f} | {ips / 1e6:.2f} M img/s", refresh=False)
+            self.bar.update(images)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def evaluate(model, ds: data.GpuDataset, batch: int) -> tuple[float, float]:
+    """(mean loss, accuracy) over a whole split, forward only."""
+    model.evaluate_begin()
+    for start in range(0, ds.size, batch):
+        n = min(batch, ds.size - start)
+        model.load_from(ds, ds.identity, start, n)
+        model.evaluate_batch(n)
+    loss_sum, correct = model.evaluate_end()
+    return loss_sum / ds.size, correct / ds.size
+
+
+def plot(path: Path, history: list[dict]) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    ep = [h["epoch"] for h in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(ep, [h["train_loss"] for h in history], "o-", label="train")
+    a.plot(ep, [h["test_loss"] for h in history], "o-", label="test")
+    a.set_xlabel("epoch"), a.set_ylabel("cross-entropy"), a.legend(), a.grid(alpha=0.3)
+    b.plot(ep, [100 * h["test_accuracy"] for h in history], "o-", color="C2")
+    b.set_xlabel("epoch"), b.set_ylabel("test accuracy (%)"), b.grid(alpha=0.3)
+    fig.suptitle("LeNet-5 on cuDNN + cuBLAS")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    policy = cli.policy_from(args)
+    out = Path(args.out) if args.out else None
+    resume_path = None
+    if args.resume is not None:
+        resume_path = Path(args.resume) if args.resume else (out / "checkpoint.npz" if out else None)
+        if resume_path is None:
+            raise ValueError("--resume needs a checkpoint path or --out DIR holding checkpoint.npz")
+    from descriptors import require_gpu
+
+    gpu = require_gpu()
+    root = data.find_dataset(args.data_dir)
+    if root is None:
+        raise data.DataError(data.not_found_message(args.data_dir))
+    train_x, train_y = data.load_split(root, "train")
+    test_x, test_y = data.load_split(root, "test")
+    train_x, train_y = train_x[: args.train_size], train_y[: args.train_size]
+    test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
+    mean, std = data.pixel_stats(train_x)
+    config = {**config_of(args, root, len(train_x)), "mean": mean, "std": std}
+
+    start_epoch, iteration, history, meta = 0, 0, [], None
+    if resume_path is not None:
+        params_flat, velocity_flat, meta = ckpt.load(resume_path)
+        # More epochs may be asked for, except under cosine, whose curve depends on the total.
+        diff = [k for k in RESUME_KEYS if (k != "epochs" or args.schedule == "cosine")
+                and meta["config"].get(k) != config.get(k)]
+        if diff:
+            k = diff[0]
+            raise ValueError(f"{resume_path} was made with {k}={meta['config'].get(k)!r}, this run has "
+                             f"{k}={config.get(k)!r}; resume with the same settings")
+        start_epoch, iteration, history = meta["epoch"], meta["iteration"], meta["history"]
+        mean, std = meta["config"]["mean"], meta["config"]["std"]
+        config["mean"], config["std"] = mean, std
+
+    from .model import LeNet
+
+    B = args.batch_size
+    model = LeNet(max_batch=max(B, args.eval_batch_size), policy=policy, seed=args.seed,
+                  momentum=args.momentum, weight_decay=args.weight_decay, cuda_graph=args.cuda_graph)
+    if meta is not None:
+        model.load_flat(params_flat, velocity_flat)
+    train = data.GpuDataset(train_x, train_y, mean, std, model.stream)
+    test = data.GpuDataset(test_x, test_y, mean, std, model.stream)
+    steps = math.ceil(train.size / B)
+    total_iters = steps * args.epochs
+    sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma)
+    # Plan every batch size the run will use now, so algorithm search stays out of the epochs.
+    for n in {B if train.size >= B else train.size, train.size - (steps - 1) * B,
+              min(args.eval_batch_size, test.size), test.size % args.eval_batch_size or args.eval_batch_size}:
+        model.plan(n)
+
+    say = (lambda s: print(s, flush=True))
+    say(f"GPU {gpu} | dataset {config['dataset']} ({train.size} train, {test.size} test, {root}) | "
+        f"policy {policy} | cuda graph {'on' if args.cuda_graph else 'off'}")
+    if start_epoch:
+        say(f"resumed from {resume_path} after epoch {start_epoch}")
+    if start_epoch >= args.epochs:
+        say(f"nothing to do: the checkpoint is at epoch {start_epoch} of {args.epochs}")
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        if not start_epoch and (out / "metrics.jsonl").exists():
+            (out / "metrics.jsonl").unlink()
+
+    import cupy
+
+    ev0, ev1 = cupy.cuda.Event(), cupy.cuda.Event()
+    for epoch in range(start_epoch, args.epochs):
+        order = train.order(args.seed, epoch)
+        model.reset_running_loss()
+        bar = Progress(train.size, epoch + 1, args.epochs, args.quiet)
+        t0 = time.perf_counter()
+        ev0.record(model.stream)
+        done_imgs, report_every = 0, max(1, steps // 20)
+        for s in range(steps):
+            start = s * B
+            n = min(B, train.size - start)
+            model.load_from(train, order, start, n, lr=sched.at(iteration, steps, total_iters))
+            model.step(n)
+            iteration += 1
+            done_imgs += n
+            if (s + 1) % report_every == 0 or s + 1 == steps:
+                running = model.read_running_loss() / (s + 1)   # one sync per report, not per step
+                if not math.isfinite(running):
+                    bar.close()
+                    raise TrainingDiverged(
+                        f"loss became {running} in epoch {epoch + 1} by step {s + 1}; stopped. "
+                        + (f"The last good checkpoint is {out / 'checkpoint.npz'} (epoch {epoch})"
+                           if out and epoch > 0 else "No checkpoint was written")
+                        + "; try a smaller --lr")
+                bar.update(done_imgs, running, done_imgs / (time.perf_counter() - t0))
+                done_imgs = 0
+        ev1.record(model.stream)
+        ev1.synchronize()
+        seconds = cupy.cuda.get_elapsed_time(ev0, ev1) / 1000.0
+        bar.close()
+        train_loss = model.read_running_loss() / steps
+        test_loss, test_acc = evaluate(model, test, args.eval_batch_size)
+        rec = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss, "test_accuracy": test_acc,
+               "images_per_s": train.size / seconds, "seconds": seconds, "lr": sched.at(iteration - 1, steps,
+                                                                                         total_iters)}
+        history.append(rec)
+        say(f"epoch {epoch + 1}/{args.epochs} | train loss {train_loss:.4f} | test loss {test_loss:.4f} | "
+            f"test acc {100 * test_acc:.2f}% | {seconds:.2f} s | {rec['images_per_s'] / 1e6:.2f} M img/s")
+        if out:
+            params_flat, velocity_flat = model.flat_state()
+            ckpt.save(out / "checkpoint.npz", params_flat, velocity_flat,
+                      {"epoch": epoch + 1, "iteration": iteration, "config": config, "history": history})
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            plot(out / "curves.png", history)
+    if history:
+        last = history[-1]
+        say(f"final | test accuracy {100 * last['test_accuracy']:.2f}% | test loss {last['test_loss']:.4f} | "
+            f"mean epoch {np.mean([h['seconds'] for h in history]):.2f} s")
+    if out:
+        say(f"wrote {out / 'metrics.jsonl'}, {out / 'curves.png'}, {out / 'checkpoint.npz'}")
+    return 0
+
+
+def run() -> None:
+    try:
+        cli.run(main)
+    except TrainingDiverged as e:  # not a usage error: its own status
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    run()

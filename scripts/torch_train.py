@@ -1,0 +1,103 @@
+"""The PyTorch reference trainer: the same LeNet, init, data, normalization, batch order,
+SGD rule and schedule as python -m lenet.train, so the two can be compared epoch by epoch.
+
+    python3 scripts/torch_train.py --epochs 20 [same flags as lenet.train] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from lenet import data  # noqa: E402
+from lenet.params import init_host  # noqa: E402
+from lenet.schedule import SCHEDULES, Schedule  # noqa: E402
+from torch_lenet import exact_float32, from_state  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--schedule", choices=SCHEDULES, default="inv")
+    p.add_argument("--gamma", type=float, default=1e-4)
+    p.add_argument("--power", type=float, default=0.75)
+    p.add_argument("--step-size", type=int, default=10)
+    p.add_argument("--step-gamma", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-size", type=int)
+    p.add_argument("--eval-batch-size", type=int, default=1000)
+    p.add_argument("--json", help="write the per-epoch metrics here")
+    args = p.parse_args()
+    exact_float32()
+    root = data.find_dataset(args.data_dir)
+    if root is None:
+        sys.exit(data.not_found_message(args.data_dir))
+    tx, ty = data.load_split(root, "train")
+    vx, vy = data.load_split(root, "test")
+    tx, ty = tx[: args.train_size], ty[: args.train_size]
+    mean, std = data.pixel_stats(tx)
+    dev = "cuda"
+    timg, tlab = torch.as_tensor(tx, device=dev), torch.as_tensor(ty, device=dev).long()
+    vimg, vlab = torch.as_tensor(vx, device=dev), torch.as_tensor(vy, device=dev).long()
+    norm = lambda u8: u8.float().div(255).sub(mean).div(std).unsqueeze(1)  # noqa: E731  same ops as the kernel
+    model = from_state(init_host(args.seed))
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma)
+    B, N = args.batch_size, len(tx)
+    steps = math.ceil(N / B)
+    total = steps * args.epochs
+    it, history = 0, []
+    for epoch in range(args.epochs):
+        order = torch.as_tensor(data.epoch_order(args.seed, epoch, N).astype(np.int64), device=dev)
+        model.train()
+        run = torch.zeros((), device=dev)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for s in range(steps):
+            idx = order[s * B: (s + 1) * B]
+            for g in opt.param_groups:
+                g["lr"] = sched.at(it, steps, total)
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(norm(timg[idx])), tlab[idx])
+            loss.backward()
+            opt.step()
+            run += loss.detach()
+            it += 1
+        torch.cuda.synchronize()
+        secs = time.perf_counter() - t0
+        model.eval()
+        with torch.no_grad():
+            ls, correct = 0.0, 0
+            for s in range(0, len(vx), args.eval_batch_size):
+                lg = model(norm(vimg[s: s + args.eval_batch_size]))
+                lab = vlab[s: s + args.eval_batch_size]
+                ls += float(torch.nn.functional.cross_entropy(lg, lab, reduction="sum"))
+                correct += int((lg.argmax(1) == lab).sum())
+        rec = {"epoch": epoch + 1, "train_loss": float(run) / steps, "test_loss": ls / len(vx),
+               "test_accuracy": correct / len(vx), "seconds": secs, "images_per_s": N / secs}
+        history.append(rec)
+        print(f"torch epoch {epoch + 1}/{args.epochs} | train loss {rec['train_loss']:.4f} | test loss "
+              f"{rec['test_loss']:.4f} | test acc {100 * rec['test_accuracy']:.2f}% | {secs:.2f} s", flush=True)
+    print(f"torch final | test accuracy {100 * history[-1]['test_accuracy']:.2f}% | "
+          f"mean epoch {np.mean([h['seconds'] for h in history]):.2f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(history, indent=1))
+
+
+if __name__ == "__main__":
+    main()

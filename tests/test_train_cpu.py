@@ -1,0 +1,118 @@
+"""Checkpoints, schedules and the training programs' flags, without a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lenet import checkpoint as ckpt
+from lenet import params as P
+from lenet.schedule import Schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_checkpoint_roundtrip_and_atomic(tmp_path):
+    p = tmp_path / "c.npz"
+    flat = P.pack(P.init_host(0))
+    vel = np.random.default_rng(0).standard_normal(P.TOTAL).astype(np.float32)
+    ckpt.save(p, flat, vel, {"epoch": 3, "iteration": 30, "config": {"a": 1}, "history": []})
+    a, b, meta = ckpt.load(p)
+    assert np.array_equal(a, flat) and np.array_equal(b, vel) and meta["epoch"] == 3
+    assert [f.name for f in tmp_path.iterdir()] == ["c.npz"], "no temporary file left behind"
+    assert ckpt.state_dict(p)["fc1.weight"].shape == (120, 256)
+
+
+def test_interrupted_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    p = tmp_path / "c.npz"
+    flat = P.pack(P.init_host(0))
+    ckpt.save(p, flat, flat, {"epoch": 1})
+    before = p.read_bytes()
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save(p, flat * 2, flat, {"epoch": 2})
+    assert p.read_bytes() == before and [f.name for f in tmp_path.iterdir()] == ["c.npz"]
+
+
+@pytest.mark.parametrize("content,msg", [(b"not a zip", "not a readable LeNet checkpoint"),
+                                         (None, "no such checkpoint")])
+def test_bad_checkpoints(tmp_path, content, msg):
+    p = tmp_path / "c.npz"
+    if content is not None:
+        p.write_bytes(content)
+    with pytest.raises(ckpt.CheckpointError, match=msg):
+        ckpt.load(p)
+
+
+def test_checkpoint_wrong_shape_and_nan(tmp_path):
+    p = tmp_path / "c.npz"
+    np.savez(p, params=np.zeros(5, np.float32), velocity=np.zeros(5, np.float32), meta=np.array('{"format": 1}'))
+    with pytest.raises(ckpt.CheckpointError, match="parameter buffer"):
+        ckpt.load(p)
+    flat = P.pack(P.init_host(0))
+    flat[3] = np.nan
+    ckpt.save(p, flat, flat, {})
+    with pytest.raises(ckpt.CheckpointError, match="non-finite"):
+        ckpt.load(p)
+
+
+def test_schedules():
+    assert Schedule("constant", 0.1).at(999, 10, 100) == 0.1
+    s = Schedule("step", 0.1, step_size=2, step_gamma=0.5)
+    assert [s.at(i * 10, 10, 100) for i in range(5)] == [0.1, 0.1, 0.05, 0.05, 0.025]
+    c = Schedule("cosine", 0.2)
+    assert c.at(0, 10, 100) == 0.2 and abs(c.at(50, 10, 100) - 0.1) < 1e-12 and c.at(100, 10, 100) < 1e-12
+    i = Schedule("inv", 0.01, gamma=1e-4, power=0.75)
+    assert abs(i.at(10000, 1, 1) - 0.01 * 2 ** -0.75) < 1e-15
+    with pytest.raises(ValueError, match="unknown schedule"):
+        Schedule("linear")
+
+
+def run(*args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_train_help_and_errors():
+    out = run("lenet.train", "--help")
+    assert out.returncode == 0
+    for flag in ("--data-dir", "--epochs", "--batch-size", "--lr", "--momentum", "--weight-decay", "--schedule",
+                 "--out", "--resume", "--quiet", "--algo", "--deterministic", "--cuda-graph"):
+        assert flag in out.stdout
+    for args, msg in [(["--schedule", "linear"], "invalid choice: 'linear'"), (["--epochs", "0"], "--epochs"),
+                      (["--resume"], "--resume needs a checkpoint path or --out")]:
+        out = run("lenet.train", *args)
+        assert out.returncode == 2 and msg in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_export_and_predict_errors(tmp_path):
+    out = run("lenet.export", str(tmp_path / "none.npz"), "--to", str(tmp_path / "m.safetensors"))
+    assert out.returncode == 2 and "no such checkpoint" in out.stderr
+    out = run("lenet.export", str(tmp_path / "none.npz"), "--to", str(tmp_path / "m.pt"))
+    assert out.returncode == 2 and "--to must end in .safetensors or .npz" in out.stderr
+    out = run("lenet.predict", "--checkpoint", str(tmp_path / "none.npz"), "x.png")
+    assert out.returncode == 2 and "no such checkpoint" in out.stderr
+
+
+def test_export_safetensors_loads_in_torch(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+    from torch_lenet import TorchLeNet
+    c = tmp_path / "c.npz"
+    ckpt.save(c, P.pack(P.init_host(7)), np.zeros(P.TOTAL, np.float32),
+              {"epoch": 1, "config": {"mean": 0.1, "std": 0.3, "dataset": "x"}})
+    out = run("lenet.export", str(c), "--to", str(tmp_path / "m.safetensors"))
+    assert out.returncode == 0, out.stderr
+    m = TorchLeNet()
+    m.load_state_dict(load_file(tmp_path / "m.safetensors"))
+    assert all(np.array_equal(v.numpy(), P.init_host(7)[k]) for k, v in m.state_dict().items())

@@ -1,0 +1,155 @@
+"""python -m lenet.train end to end on a small synthetic IDX dataset: it learns, resumes
+bit-identically in deterministic mode, stops on NaN keeping the last good checkpoint, and its
+export loads into PyTorch with the same accuracy."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _idx(a):
+    return bytes([0, 0, 8, a.ndim]) + b"".join(struct.pack(">I", d) for d in a.shape) + a.tobytes()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """10 classes, each a random blurred template; images are a noisy, shifted template."""
+    root = tmp_path_factory.mktemp("synth")
+    rng = np.random.default_rng(0)
+    templates = rng.random((10, 28, 28))
+    for _ in range(3):
+        templates = (templates + np.roll(templates, 1, 1) + np.roll(templates, 1, 2)) / 3
+    templates = (templates - templates.min()) / np.ptp(templates)
+
+    def make(n, seed):
+        r = np.random.default_rng(seed)
+        y = r.integers(0, 10, n).astype(np.uint8)
+        imgs = templates[y] + 0.35 * r.standard_normal((n, 28, 28))
+        shift = r.integers(-2, 3, (n, 2))
+        imgs = np.stack([np.roll(im, tuple(s), (0, 1)) for im, s in zip(imgs, shift)])
+        return (np.clip(imgs, 0, 1) * 255).astype(np.uint8), y
+
+    for split, (n, seed) in {"train": (3000, 1), "test": (1000, 2)}.items():
+        x, y = make(n, seed)
+        stems = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+                 "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}[split]
+        (root / (stems[0] + ".gz")).write_bytes(gzip.compress(_idx(x)))
+        (root / stems[1]).write_bytes(_idx(y))     # one gzipped, one raw
+    return root
+
+
+def train(*args, timeout=300):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "lenet.train", "--quiet", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_two_epochs_on_a_slice_learn(dataset, tmp_path):
+    r = train("--data-dir", str(dataset), "--epochs", "2", "--train-size", "2000", "--lr", "0.05",
+              "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    m = metrics(tmp_path)
+    assert [x["epoch"] for x in m] == [1, 2]
+    assert m[-1]["test_accuracy"] > 0.8 and m[-1]["train_loss"] < m[0]["train_loss"], m
+    assert (tmp_path / "curves.png").stat().st_size > 1000 and (tmp_path / "checkpoint.npz").exists()
+    assert "final | test accuracy" in r.stdout
+
+
+@pytest.mark.parametrize("graph", ["--cuda-graph", "--no-cuda-graph"])
+def test_resume_is_bit_identical_in_deterministic_mode(dataset, tmp_path, graph):
+    common = ["--data-dir", str(dataset), "--train-size", "1000", "--test-size", "300", "--deterministic",
+              "--lr", "0.05", graph]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = train(*common, "--epochs", "3", "--out", str(a))
+    assert r.returncode == 0, r.stderr
+    r = train(*common, "--epochs", "1", "--out", str(b))          # "interrupted" after epoch 1
+    assert r.returncode == 0, r.stderr
+    r = train(*common, "--epochs", "3", "--out", str(b), "--resume")
+    assert r.returncode == 0 and "resumed from" in r.stdout, r.stderr
+    pa, va = np.load(a / "checkpoint.npz")["params"], np.load(a / "checkpoint.npz")["velocity"]
+    pb, vb = np.load(b / "checkpoint.npz")["params"], np.load(b / "checkpoint.npz")["velocity"]
+    assert np.array_equal(pa, pb) and np.array_equal(va, vb), "resumed run differs from the uninterrupted one"
+    ma, mb = metrics(a), metrics(b)
+    assert [x["test_loss"] for x in ma] == [x["test_loss"] for x in mb]
+
+
+def test_resume_refuses_other_settings(dataset, tmp_path):
+    r = train("--data-dir", str(dataset), "--train-size", "500", "--epochs", "1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    r = train("--data-dir", str(dataset), "--train-size", "500", "--epochs", "2", "--out", str(tmp_path),
+              "--resume", "--batch-size", "32")
+    assert r.returncode == 2 and "batch_size=64" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_nan_stops_and_keeps_last_good_checkpoint(dataset, tmp_path):
+    # lr multiplied by 1e8 from epoch 2 on: epoch 1 trains, epoch 2 diverges.
+    r = train("--data-dir", str(dataset), "--train-size", "1000", "--epochs", "3", "--schedule", "step",
+              "--step-size", "1", "--step-gamma", "1e8", "--lr", "0.05", "--out", str(tmp_path))
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    assert "loss became" in r.stderr and "epoch 2" in r.stderr and "last good checkpoint" in r.stderr
+    params, _, meta = __import__("lenet.checkpoint", fromlist=["load"]).load(tmp_path / "checkpoint.npz")
+    assert meta["epoch"] == 1 and np.all(np.isfinite(params))
+    assert len(metrics(tmp_path)) == 1
+
+
+def test_export_to_torch_same_accuracy_and_predict(dataset, tmp_path, torch_ref):
+    torch = torch_ref
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+    from torch_lenet import TorchLeNet
+
+    from lenet import data
+    r = train("--data-dir", str(dataset), "--epochs", "2", "--train-size", "2000", "--lr", "0.05",
+              "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    st = tmp_path / "model.safetensors"
+    e = subprocess.run([sys.executable, "-m", "lenet.export", str(tmp_path / "checkpoint.npz"), "--to", str(st)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert e.returncode == 0, e.stderr
+    m = TorchLeNet()
+    m.load_state_dict(load_file(st))
+    m = m.cuda().eval()
+    meta = json.loads(str(np.load(tmp_path / "checkpoint.npz")["meta"]))
+    mean, std = meta["config"]["mean"], meta["config"]["std"]
+    x, y = data.load_split(dataset, "test")
+    with torch.no_grad():
+        t = torch.as_tensor(x, device="cuda").float().div(255).sub(mean).div(std).unsqueeze(1)
+        acc = float((m(t).argmax(1).cpu().numpy() == y).mean())
+    ours = metrics(tmp_path)[-1]["test_accuracy"]
+    assert abs(acc - ours) <= 1 / len(y), f"torch {acc} vs ours {ours}"
+    # predict on the IDX test file with its labels gives the same accuracy
+    p = subprocess.run([sys.executable, "-m", "lenet.predict", "--checkpoint", str(tmp_path / "checkpoint.npz"),
+                        str(dataset / "t10k-images-idx3-ubyte.gz"), "--labels", str(dataset / "t10k-labels-idx1-ubyte"),
+                        "--show", "3"], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert f"accuracy {100 * ours:.2f}%" in p.stdout, p.stdout
+
+
+def test_predict_png(dataset, tmp_path):
+    PIL = pytest.importorskip("PIL.Image")
+    from lenet import data
+    r = train("--data-dir", str(dataset), "--epochs", "1", "--train-size", "1000", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    x, y = data.load_split(dataset, "test")
+    PIL.fromarray(x[0]).save(tmp_path / "a.png")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    p = subprocess.run([sys.executable, "-m", "lenet.predict", "--checkpoint", str(tmp_path / "checkpoint.npz"),
+                        str(tmp_path / "a.png")], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("a.png: "), p.stderr
