@@ -36,7 +36,7 @@ def torch_step(torch, state, x, y, lr, momentum=0.0, wd=0.0, steps=1):
         loss = torch.nn.functional.cross_entropy(logits, ty)
         loss.backward()
         grads = {k: p.grad.detach().cpu().numpy().copy() for k, p in m.named_parameters()}
-        out.append((logits.detach().cpu().numpy(), float(loss), grads))
+        out.append((logits.detach().cpu().numpy(), loss.item(), grads))
         opt.step()
     after = {k: v.detach().cpu().numpy() for k, v in m.state_dict().items()}
     return out, after

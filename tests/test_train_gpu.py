@@ -130,7 +130,7 @@ def test_export_to_torch_same_accuracy_and_predict(dataset, tmp_path, torch_ref)
     mean, std = meta["config"]["mean"], meta["config"]["std"]
     x, y = data.load_split(dataset, "test")
     with torch.no_grad():
-        t = torch.as_tensor(x, device="cuda").float().div(255).sub(mean).div(std).unsqueeze(1)
+        t = torch.as_tensor(np.array(x), device="cuda").float().div(255).sub(mean).div(std).unsqueeze(1)
         acc = float((m(t).argmax(1).cpu().numpy() == y).mean())
     ours = metrics(tmp_path)[-1]["test_accuracy"]
     assert abs(acc - ours) <= 1 / len(y), f"torch {acc} vs ours {ours}"

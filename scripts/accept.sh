@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Fashion-MNIST acceptance: ours under several algorithm policies and modes beside the PyTorch
+# reference trainer (same init, data, order, schedule). Prints one line per run; metrics to $OUT.
+#   bash scripts/accept.sh "--epochs 20"            # hyperparameters shared by every run
+set -u -o pipefail
+cfg=${1:-"--epochs 20"}
+out=${OUT:-out/accept}
+mkdir -p "$out"
+line() { grep -E "^final" | sed "s/^/$1 | /"; }
+for v in "heuristic:--algo heuristic" "exhaustive:--algo exhaustive" "deterministic:--deterministic" \
+         "eager:--no-cuda-graph"; do
+    name=${v%%:*}; flags=${v#*:}
+    python3 -m lenet.train --quiet $cfg $flags --out "/tmp/accept-$name" 2>&1 | line "ours $name"
+done
+python3 scripts/torch_train.py $cfg --json "$out/torch.json" 2>&1 | grep -E "^torch final" | sed "s/^/reference | /"
