@@ -31,6 +31,7 @@ class Blas:
         self.stream = stream
         # Our own workspace: cuBLAS must not allocate during capture.
         self._workspace = cupy.empty(workspace_bytes, dtype=cupy.uint8)
+        self.workspace_bytes = workspace_bytes
         cublas.set_workspace(self.handle, self._workspace.data.ptr, workspace_bytes)
         # Plain float32 arithmetic (no TF32): parity with PyTorch to 1e-4.
         cublas.set_math_mode(self.handle, cublas.Math.DEFAULT_MATH)
@@ -72,6 +73,15 @@ class Blas:
             raise ValueError(f"column_sums: a {a.shape}, out {out.shape}, ones {ones.shape}")
         # Row-major a (r, c) is column-major (c, r): out = A_cm @ ones.
         self._cb.sgemv(self.handle, self._cb.Operation.N, c, r, self._s(alpha), a.data.ptr, c,
+                       ones.data.ptr, 1, self._s(beta), out.data.ptr, 1)
+
+    def row_sums(self, a, ones, out, *, alpha: float = 1.0, beta: float = 0.0) -> None:
+        """out = alpha * a.sum(axis=1) + beta * out for row-major a (r, c); ``ones`` holds >= c ones."""
+        r, c = a.shape
+        if out.shape != (r,) or ones.shape[0] < c:
+            raise ValueError(f"row_sums: a {a.shape}, out {out.shape}, ones {ones.shape}")
+        # Row-major a (r, c) is column-major (c, r) = A_cm; out = A_cm^T @ ones.
+        self._cb.sgemv(self.handle, self._cb.Operation.T, c, r, self._s(alpha), a.data.ptr, c,
                        ones.data.ptr, 1, self._s(beta), out.data.ptr, 1)
 
     def close(self) -> None:

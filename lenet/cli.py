@@ -68,6 +68,14 @@ def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
                         "~1e-3 relative in float32 (naming one in --algo always works)")
 
 
+def add_speed_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speed")
+    g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+                   help="capture the whole step in a CUDA graph and replay it (default: on)")
+    g.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
+                   help="conv+bias+ReLU in one cuDNN call where cuDNN runs it (default: on)")
+
+
 def policy_from(args):
     from descriptors.algorithms import AlgoPolicy
 
@@ -110,6 +118,11 @@ def device_facts(model) -> dict:
 
 def algorithm_rows(model, n: int) -> list[dict]:
     return [{"layer": layer, **r.as_dict()} for (layer, _), r in model.algorithms(n).items()]
+
+
+def fused_line(model, n: int) -> str:
+    f = model.plan(n).fused
+    return "conv+bias+ReLU fused: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in f.items())
 
 
 def format_algorithms(rows: list[dict], workspace: int) -> str:

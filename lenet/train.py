@@ -58,8 +58,7 @@ def parser() -> cli.Parser:
                    help="evaluate on the first N test images only (default: all)")
     p.add_argument("--eval-batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
     cli.add_algorithm_flags(p)
-    p.add_argument("--cuda-graph", action=__import__("argparse").BooleanOptionalAction, default=True,
-                   help="replay each step from a CUDA graph (default: on)")
+    cli.add_speed_flags(p)
     p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, curves.png and checkpoint.npz here")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
                    help="continue a run from its checkpoint (default: DIR/checkpoint.npz of --out)")
@@ -73,7 +72,8 @@ def config_of(args, root: Path, train_size: int) -> dict:
             "schedule": args.schedule, "gamma": args.gamma, "power": args.power, "step_size": args.step_size,
             "step_gamma": args.step_gamma, "train_size": train_size, "algo": args.algo,
             "workspace_limit": args.workspace_limit, "deterministic": args.deterministic,
-            "allow_winograd": args.allow_winograd, "epochs": args.epochs, "cuda_graph": args.cuda_graph}
+            "allow_winograd": args.allow_winograd, "epochs": args.epochs, "cuda_graph": args.cuda_graph,
+            "fused": args.fused}
 
 
 class Progress:
@@ -176,7 +176,8 @@ def main(argv=None) -> int:
 
     B = args.batch_size
     model = LeNet(max_batch=max(B, args.eval_batch_size), policy=policy, seed=args.seed,
-                  momentum=args.momentum, weight_decay=args.weight_decay, cuda_graph=args.cuda_graph)
+                  momentum=args.momentum, weight_decay=args.weight_decay, cuda_graph=args.cuda_graph,
+                  fused=args.fused)
     if meta is not None:
         model.load_flat(params_flat, velocity_flat)
     train = data.GpuDataset(train_x, train_y, mean, std, model.stream)

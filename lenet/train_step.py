@@ -31,8 +31,7 @@ def parser() -> cli.Parser:
                    help="untimed steps first, their updates undone (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the parameters and the batch (default: 0)")
     cli.add_algorithm_flags(p)
-    p.add_argument("--cuda-graph", action=argparse_bool(), default=False,
-                   help="capture the step in a CUDA graph and replay it (default: off)")
+    cli.add_speed_flags(p)
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="IDX dataset to take the batch from (default: look in $LENET_DATA, ./data/<name>, "
                         "/usr/share/datasets/fashion-mnist; a seeded synthetic batch if none is found)")
@@ -42,12 +41,6 @@ def parser() -> cli.Parser:
                    help="write an .npz: the batch (x, y), the parameters before (state_dict names), their "
                         "gradients (grad.<name>) and the parameters after all steps (after.<name>)")
     return p
-
-
-def argparse_bool():
-    import argparse
-
-    return argparse.BooleanOptionalAction
 
 
 def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
@@ -98,7 +91,8 @@ def main(argv=None) -> int:
 
     from .model import LeNet
 
-    model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph)
+    model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph,
+                  fused=args.fused)
     n = model.load_batch(x, y)
     before = model.state_dict()
     stream = model.stream
@@ -129,7 +123,8 @@ def main(argv=None) -> int:
     mean_ms = float(np.mean(times))
     rows = cli.algorithm_rows(model, n)
     facts = {**cli.device_facts(model), "batch_size": n, "data": source, "policy": str(policy),
-             "cuda_graph": args.cuda_graph, "algorithms": rows, "workspace_bytes": model.workspace.size,
+             "cuda_graph": args.cuda_graph, "fused": model.plan(n).fused, "algorithms": rows,
+             "workspace_bytes": model.workspace.size,
              "lr": args.lr, "steps": args.steps, "loss_before": first_loss, "loss_after": after_loss,
              "step_ms": mean_ms, "images_per_s": n / (mean_ms / 1000.0)}
     if args.dump:
@@ -144,6 +139,7 @@ def main(argv=None) -> int:
     print(f"batch {n} from {source}")
     print(f"algorithms ({policy}):")
     print(cli.format_algorithms(rows, model.workspace.size))
+    print(cli.fused_line(model, n))
     print(f"loss before {first_loss:.6f} | after {args.steps} step{'s' if args.steps > 1 else ''} "
           f"{after_loss:.6f}")
     print(f"step {mean_ms * 1000:.1f} us mean over {args.steps} | {facts['images_per_s'] / 1e6:.3f} M img/s "

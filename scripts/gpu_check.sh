@@ -20,10 +20,10 @@ test_rc=${PIPESTATUS[0]}
 
 prog_rc=0
 for algo in heuristic exhaustive; do
-    python3 -m lenet.train_step --algo "$algo" --steps 20 2>&1 | tee "$out/train_step_$algo.txt"
+    python3 -m lenet.train_step --algo "$algo" --steps 100 2>&1 | tee "$out/train_step_$algo.txt"
     [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
 done
-python3 -m lenet.train_step --algo exhaustive --steps 20 --cuda-graph 2>&1 | tee "$out/train_step_graph.txt"
+python3 -m lenet.train_step --algo exhaustive --steps 20 --no-cuda-graph --no-fused 2>&1 | tee "$out/train_step_eager.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
 for extra in ${GPU_CHECK_EXTRA:-}; do   # more commands, e.g. a short training run, named by the caller
     bash -c "$extra" 2>&1 | tee -a "$out/extra.txt"; [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
