@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 from ctypes import byref, c_int, c_size_t
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from . import _lib
 from ._lib import AlgoPerf, ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo, ConvolutionFwdAlgo, MathType

@@ -33,6 +33,12 @@ from .kernels import SoftmaxCE, gather_batch, sgd_update
 CLASSES = 10
 IMAGE = (1, 28, 28)
 
+# Note [pooling batch limit]: cuDNN's max-pooling forward kernel puts the batch in the grid's
+# z dimension, which CUDA caps at 65535: at N = 65536 cudnnPoolingForward answers
+# NOT_SUPPORTED (seen on an H100, cuDNN 9.19). Pooling therefore runs in chunks of at most
+# POOL_CHUNK images, each with its own pair of descriptors; below that it is one call.
+POOL_CHUNK = 32768
+
 # (layer, direction) pairs whose algorithm is chosen. conv1's input gradient is
 # never computed: nothing needs it.
 CONV_DIRECTIONS = (("conv1", Direction.FORWARD), ("conv1", Direction.BACKWARD_FILTER),
@@ -49,6 +55,7 @@ class _Plan:
     v: dict = field(default_factory=dict)       # name -> CuPy view of the first n rows
     algos: dict = field(default_factory=dict)   # (layer, Direction) -> AlgoResult
     fused: dict = field(default_factory=dict)   # layer -> conv+bias+ReLU in one cuDNN call
+    pool_chunks: list = field(default_factory=list)  # (start, count, {name: TensorDescriptor}) per chunk
 
 
 def check_batch(x, y, max_batch: int) -> int:
@@ -175,6 +182,10 @@ class LeNet:
         shapes = {"x": (n, 1, 28, 28), "c1": (n, 6, 24, 24), "p1": (n, 6, 12, 12), "c2": (n, 16, 8, 8),
                   "p2": (n, 16, 4, 4), "h1": (n, 120, 1, 1), "logits": (n, CLASSES, 1, 1)}
         pl.d = {k: TensorDescriptor(s) for k, s in shapes.items()}
+        for start in range(0, n, POOL_CHUNK):   # see Note [pooling batch limit]
+            k = min(POOL_CHUNK, n - start)
+            pl.pool_chunks.append((start, k, {name: pl.d[name] if k == n else TensorDescriptor((k, *shapes[name][1:]))
+                                              for name in ("c1", "p1", "c2", "p2")}))
         # cuDNN's output shapes must agree with the buffers (they do for 28x28 input).
         assert self.conv1.output_shape(pl.d["x"], self.w1d) == shapes["c1"]
         assert self.pool.output_shape(pl.d["c1"]) == shapes["p1"]
@@ -310,9 +321,9 @@ class LeNet:
     def _forward(self, pl: _Plan, grad: bool, accumulate: bool = False) -> None:
         h, d, v, p = self.handle, pl.d, pl.v, self.p
         self._conv_bias_relu(pl, "conv1")
-        self.pool.forward(h, d["c1"], v["c1"], d["p1"], v["p1"])
+        self._pool_forward(pl, "c1", "p1")
         self._conv_bias_relu(pl, "conv2")
-        self.pool.forward(h, d["c2"], v["c2"], d["p2"], v["p2"])
+        self._pool_forward(pl, "c2", "p2")
         self.blas.gemm(v["p2flat"], p["fc1.weight"], v["h1"], trans_b=True)          # (n,256)@(256,120)
         add_tensor(h, self.bd["fc1.bias"], self.pb["fc1.bias"], d["h1"], v["h14"])
         self.relu.forward(h, d["h1"], v["h14"], d["h1"], v["h14"])
@@ -324,6 +335,17 @@ class LeNet:
                                       self.correct_dev, n, grad_scale=1.0 / n,
                                       loss_scale=1.0 if accumulate else 1.0 / n, accumulate=accumulate,
                                       running=self.running_loss if grad else None)
+
+    def _pool_forward(self, pl: _Plan, x: str, y: str) -> None:
+        v = pl.v
+        for s, k, d in pl.pool_chunks:   # one chunk below POOL_CHUNK images
+            self.pool.forward(self.handle, d[x], v[x][s:s + k], d[y], v[y][s:s + k])
+
+    def _pool_backward(self, pl: _Plan, x: str, y: str) -> None:
+        v, dx, dy = pl.v, "d" + x, "d" + y
+        for s, k, d in pl.pool_chunks:
+            self.pool.backward(self.handle, d[y], v[y][s:s + k], d[y], v[dy][s:s + k], d[x], v[x][s:s + k], d[x],
+                               v[dx][s:s + k])
 
     def _conv_bias_relu(self, pl: _Plan, layer: str) -> None:
         conv, xd, x, wd, w, yd, y, bias = self._conv_fwd_args(pl, layer)
@@ -343,7 +365,7 @@ class LeNet:
 
     def _backward(self, pl: _Plan) -> None:
         h, d, v, p, g, ws = self.handle, pl.d, pl.v, self.p, self.g, self.workspace
-        a, blas, relu, pool = pl.algos, self.blas, self.relu, self.pool
+        a, blas, relu = pl.algos, self.blas, self.relu
         blas.gemm(v["dlogits"], v["h1"], g["fc2.weight"], trans_a=True)   # (10,n)@(n,120)
         blas.column_sums(v["dlogits"], self.ones, g["fc2.bias"])
         blas.gemm(v["dlogits"], p["fc2.weight"], v["dh1"])                 # (n,10)@(10,120)
@@ -351,14 +373,14 @@ class LeNet:
         blas.gemm(v["dh1"], v["p2flat"], g["fc1.weight"], trans_a=True)    # (120,n)@(n,256)
         blas.column_sums(v["dh1"], self.ones, g["fc1.bias"])
         blas.gemm(v["dh1"], p["fc1.weight"], v["dp2flat"])                 # (n,120)@(120,256)
-        pool.backward(h, d["p2"], v["p2"], d["p2"], v["dp2"], d["c2"], v["c2"], d["c2"], v["dc2"])
+        self._pool_backward(pl, "c2", "p2")
         relu.backward(h, d["c2"], v["c2"], d["c2"], v["dc2"], d["c2"], v["c2"], d["c2"], v["dc2"])
         self.conv2.backward_filter(h, d["p1"], v["p1"], d["c2"], v["dc2"], self.w2d, g["conv2.weight"],
                                    a[("conv2", Direction.BACKWARD_FILTER)], ws)
         self._conv_bias_grad(v["dc2"], g["conv2.bias"])
         self.conv2.backward_data(h, self.w2d, p["conv2.weight"], d["c2"], v["dc2"], d["p1"], v["dp1"],
                                  a[("conv2", Direction.BACKWARD_DATA)], ws)
-        pool.backward(h, d["p1"], v["p1"], d["p1"], v["dp1"], d["c1"], v["c1"], d["c1"], v["dc1"])
+        self._pool_backward(pl, "c1", "p1")
         relu.backward(h, d["c1"], v["c1"], d["c1"], v["dc1"], d["c1"], v["c1"], d["c1"], v["dc1"])
         self.conv1.backward_filter(h, d["x"], v["x"], d["c1"], v["dc1"], self.w1d, g["conv1.weight"],
                                    a[("conv1", Direction.BACKWARD_FILTER)], ws)

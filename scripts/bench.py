@@ -116,8 +116,8 @@ class Torch:
 
 def time_run(v, k: int) -> float:
     """Microseconds per step over k steps, CUDA events on the variant's stream."""
-    import cupy
     if isinstance(v, Ours):
+        import cupy
         s, e = cupy.cuda.Event(), cupy.cuda.Event()
         s.record(v.stream)
         for _ in range(k):
@@ -167,7 +167,6 @@ def bench_batch(batch, repeats, policy, compile_) -> dict:
 
 def bench_epoch(policy) -> dict:
     """One epoch of 60,000 GPU-resident images at batch 64: ours (gather + graph replay) vs PyTorch."""
-    import cupy
     root = data.find_dataset()
     if root is not None:
         x, y = data.load_split(root, "train")

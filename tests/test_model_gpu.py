@@ -277,3 +277,13 @@ def test_train_step_program(tmp_path):
                           "--batch-size", "8", "--workspace-limit", "0"], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "supported here" in out.stderr, out.stderr
+
+
+def test_pooling_in_chunks(torch_ref, monkeypatch):
+    # Batches above POOL_CHUNK pool in several cuDNN calls (Note [pooling batch limit]); a small
+    # chunk size exercises the same code a batch of 65536 takes.
+    import lenet.model as M
+    monkeypatch.setattr(M, "POOL_CHUNK", 16)
+    model = M.LeNet(max_batch=40, seed=6)
+    assert [c[:2] for c in model.plan(40).pool_chunks] == [(0, 16), (16, 16), (32, 8)]
+    check_one_step(torch_ref, model, 40, seed=8, what="pooling in chunks of 16")

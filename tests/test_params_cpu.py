@@ -58,7 +58,7 @@ def test_pack_refuses_wrong_state():
 
 
 def test_pytorch_loads_our_parameters():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from torch_lenet import from_state
     m = from_state(P.init_host(5), device="cpu")
     for k, v in m.state_dict().items():
