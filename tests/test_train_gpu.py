@@ -159,7 +159,8 @@ def test_training_loop_matches_pytorch_step_by_step(dataset, torch_ref):
     """Our data pipeline (GPU gather + normalize), schedule, momentum and weight decay against the
     same loop in PyTorch. A systematic difference in any piece shows from the first steps; after
     that, rounding differences grow chaotically (momentum, max-pool near-ties), so later steps are
-    only held to staying close. Measured on an H100: the first 10 step losses were bit-identical."""
+    only held to staying close. Measured on an H100: the first 4 step losses were bit-identical,
+    the next ones within 3e-5 (one run bit-identical for 10 steps)."""
     torch = torch_ref
     from torch_lenet import from_state
 
@@ -203,5 +204,6 @@ def test_training_loop_matches_pytorch_step_by_step(dataset, torch_ref):
         theirs.append(loss.item())
     ours, theirs = np.array(ours), np.array(theirs)
     dev = np.abs(ours - theirs) / theirs
-    assert dev[:10].max() < 1e-5, f"first 10 steps differ: {dev[:10]}"
+    assert dev[:3].max() < 1e-6, f"first 3 steps differ: {dev[:3]}"
+    assert dev[:10].max() < 2e-4, f"first 10 steps differ: {dev[:10]}"
     assert dev.max() < 2e-2, f"step losses drift apart: max relative {dev.max():.2e} at step {dev.argmax()}"
