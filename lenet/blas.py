@@ -86,3 +86,115 @@ class Blas:
 
     def close(self) -> None:
         self._finalizer()
+
+
+class LtUnavailable(RuntimeError):
+    """cuBLASLt has no algorithm for a matmul as configured (e.g. an epilogue it lacks)."""
+
+
+_EPILOGUES = ("default", "bias", "relu_bias", "relu_aux_bias", "drelu", "bgradb")
+
+
+class Lt:
+    """A cuBLASLt handle with its own workspace, on our stream."""
+
+    def __init__(self, stream, workspace_bytes: int = 4 << 20):
+        import cupy
+        from nvmath.bindings import cublasLt
+
+        self._lt = cublasLt
+        self.handle = cublasLt.create()
+        self._finalizer = weakref.finalize(self, cublasLt.destroy, self.handle)
+        self.stream = stream
+        self.workspace = cupy.empty(workspace_bytes, dtype=cupy.uint8)
+        self.workspace_bytes = workspace_bytes
+        self._one = np.ones(1, np.float32)
+        self._zero = np.zeros(1, np.float32)
+
+
+class LtMatmul:
+    """c = epilogue(op(a) @ op(b)), row-major float32 CuPy arrays, configured once (see Note
+    [row-major GEMM]: to cuBLASLt, which is column-major, b is the first operand).
+
+    Epilogues, in row-major terms (c is (M, N)):
+      bias            c += bias[None, :]                           bias (N,)
+      relu_bias       c = relu(c + bias), and, with aux, the ReLU mask bits into aux
+      relu_aux_bias   the same, mask into aux (relu_aux_bias)
+      drelu           c = c * (mask from aux > 0)                  the backward of relu_aux_bias
+      bgradb          also bias[:] = op(a).sum(axis=0)             a bias gradient for free
+    The pointers (operands, bias, aux) are fixed here: a matmul belongs to one set of buffers.
+    """
+
+    AUX_LD = 128  # the ReLU mask's leading dimension, in bits: a multiple of 128, >= N
+
+    def __init__(self, lt: Lt, a, b, c, *, trans_a=False, trans_b=False, epilogue="default", bias=None, aux=None):
+        from nvmath import CudaDataType
+        from nvmath.bindings import cublas
+
+        L = lt._lt
+        self.lt, self._L = lt, L
+        if epilogue not in _EPILOGUES:
+            raise ValueError(f"unknown epilogue {epilogue!r}")
+        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+        kb, n = (b.shape[1], b.shape[0]) if trans_b else b.shape
+        if k != kb or c.shape != (m, n):
+            raise ValueError(f"matmul shapes do not agree: op(a) {(m, k)} @ op(b) {(kb, n)} -> c {c.shape}")
+        self.a, self.b, self.c = a, b, c   # keep the buffers alive as long as the matmul
+        f32 = CudaDataType.CUDA_R_32F
+        self._objs = []
+        self.desc = L.matmul_desc_create(cublas.ComputeType.COMPUTE_32F, f32)
+        self._fin = weakref.finalize(self, LtMatmul._destroy, L, self.desc, self._objs)
+        A = L.MatmulDescAttribute
+        op = cublas.Operation
+
+        def setattr_(attr, value):
+            v = np.array([value], dtype=L.get_matmul_desc_attribute_dtype(attr))
+            L.matmul_desc_set_attribute(self.desc, attr, v.ctypes.data, v.nbytes)
+
+        setattr_(A.TRANSA, op.T if trans_b else op.N)
+        setattr_(A.TRANSB, op.T if trans_a else op.N)
+        setattr_(A.EPILOGUE, {"default": L.Epilogue.DEFAULT, "bias": L.Epilogue.BIAS,
+                              "relu_bias": L.Epilogue.RELU_BIAS, "relu_aux_bias": L.Epilogue.RELU_AUX_BIAS,
+                              "drelu": L.Epilogue.DRELU, "bgradb": L.Epilogue.BGRADB}[epilogue])
+        if bias is not None:
+            setattr_(A.BIAS_POINTER, bias.data.ptr)
+            self.bias = bias
+        if aux is not None:
+            if n > self.AUX_LD or aux.nbytes < self.AUX_LD // 8 * m:
+                raise ValueError(f"aux buffer of {aux.nbytes} B is too small for a ({m}, {n}) ReLU mask")
+            setattr_(A.EPILOGUE_AUX_POINTER, aux.data.ptr)
+            setattr_(A.EPILOGUE_AUX_LD, self.AUX_LD)
+            self.aux = aux
+        # Column-major layouts of the row-major buffers: (cols, rows), ld = cols.
+        self.la = L.matrix_layout_create(f32, b.shape[1], b.shape[0], b.shape[1])    # cuBLASLt's A is b
+        self._objs.append(("layout", self.la))
+        self.lb = L.matrix_layout_create(f32, a.shape[1], a.shape[0], a.shape[1])    # cuBLASLt's B is a
+        self._objs.append(("layout", self.lb))
+        self.lc = L.matrix_layout_create(f32, n, m, n)
+        self._objs.append(("layout", self.lc))
+        pref = L.matmul_preference_create()
+        self._objs.append(("pref", pref))
+        ws = np.array([lt.workspace_bytes], dtype=np.uint64)
+        L.matmul_preference_set_attribute(pref, L.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES, ws.ctypes.data, 8)
+        self._heur = np.zeros(1, dtype=L.matmul_heuristic_result_dtype)
+        count = np.zeros(1, dtype=np.int32)
+        try:
+            L.matmul_algo_get_heuristic(lt.handle, self.desc, self.la, self.lb, self.lc, self.lc, pref, 1,
+                                        self._heur.ctypes.data, count.ctypes.data)
+        except L.cuBLASLtError as e:
+            raise LtUnavailable(f"cuBLASLt: {epilogue} matmul {(m, k)} x {(k, n)}: {e}") from None
+        if count[0] < 1 or self._heur["state"][0] != 0:
+            raise LtUnavailable(f"cuBLASLt has no algorithm for a {epilogue} matmul {(m, k)} x {(k, n)}")
+        self._algo = self._heur.ctypes.data   # 'algo' is the first field of the result
+
+    @staticmethod
+    def _destroy(L, desc, objs):
+        for kind, h in objs:
+            (L.matrix_layout_destroy if kind == "layout" else L.matmul_preference_destroy)(h)
+        L.matmul_desc_destroy(desc)
+
+    def __call__(self) -> None:
+        lt = self.lt
+        self._L.matmul(lt.handle, self.desc, lt._one.ctypes.data, self.b.data.ptr, self.la, self.a.data.ptr,
+                       self.lb, lt._zero.ctypes.data, self.c.data.ptr, self.lc, self.c.data.ptr, self.lc,
+                       self._algo, lt.workspace.data.ptr, lt.workspace_bytes, lt.stream.ptr)

@@ -73,7 +73,8 @@ def add_speed_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture the whole step in a CUDA graph and replay it (default: on)")
     g.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
-                   help="conv+bias+ReLU in one cuDNN call where cuDNN runs it (default: on)")
+                   help="conv+bias+ReLU in one cuDNN call where cuDNN runs it, and the fully connected layers "
+                        "as cuBLASLt matmuls with bias/ReLU/bias-gradient epilogues (default: on)")
 
 
 def policy_from(args):
@@ -121,8 +122,10 @@ def algorithm_rows(model, n: int) -> list[dict]:
 
 
 def fused_line(model, n: int) -> str:
-    f = model.plan(n).fused
-    return "conv+bias+ReLU fused: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in f.items())
+    pl = model.plan(n)
+    fc = "cuBLASLt with bias/ReLU/bias-gradient epilogues" if pl.lt is not None else f"cuBLAS ({pl.lt_note})"
+    return ("conv+bias+ReLU fused: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in pl.fused.items())
+            + f" | fully connected: {fc}")
 
 
 def format_algorithms(rows: list[dict], workspace: int) -> str:

@@ -27,7 +27,7 @@ from descriptors import (ActivationDescriptor, AlgoPolicy, AlgoResult, Convoluti
                          search)
 
 from . import params as P
-from .blas import Blas
+from .blas import Blas, Lt, LtMatmul, LtUnavailable
 from .kernels import SoftmaxCE, gather_batch, sgd_update
 
 CLASSES = 10
@@ -56,6 +56,8 @@ class _Plan:
     algos: dict = field(default_factory=dict)   # (layer, Direction) -> AlgoResult
     fused: dict = field(default_factory=dict)   # layer -> conv+bias+ReLU in one cuDNN call
     pool_chunks: list = field(default_factory=list)  # (start, count, {name: TensorDescriptor}) per chunk
+    lt: dict | None = None                      # cuBLASLt matmuls of the fully connected layers, or None
+    lt_note: str = ""                           # why the fully connected layers use plain cuBLAS
 
 
 def check_batch(x, y, max_batch: int) -> int:
@@ -111,6 +113,7 @@ class LeNet:
         N = self.max_batch
         with self.stream:
             self.blas = Blas(self.stream)
+            self.lt = None   # cuBLASLt, made on first use by a fused plan
             self.sce = SoftmaxCE()
             # Parameters, gradients, momentum: one flat buffer each, same layout.
             self.params = cupy.asarray(P.pack(P.init_host(seed)))     # (TOTAL,)
@@ -136,6 +139,7 @@ class LeNet:
                 "logits": cupy.empty((N, CLASSES), f32),
                 "dlogits": cupy.empty((N, CLASSES), f32),
                 "dh1": cupy.empty((N, 120), f32),
+                "relu_mask": cupy.zeros(N * LtMatmul.AUX_LD // 8, cupy.uint8),  # fc1's ReLU bits (cuBLASLt)
                 "dp2": cupy.empty((N, 16, 4, 4), f32),
                 "dc2": rng.standard_normal((N, 16, 8, 8), dtype=f32),
                 "dp1": cupy.empty((N, 6, 12, 12), f32),
@@ -218,6 +222,40 @@ class LeNet:
                                                   buffers=arrays)
         self.workspace.reserve(max(r.workspace_bytes for r in pl.algos.values()))
         pl.fused = {layer: self.fused and self._try_fused(pl, layer) for layer in ("conv1", "conv2")}
+        self._plan_lt(pl)
+
+    def _plan_lt(self, pl: _Plan) -> None:
+        """The fully connected layers as six cuBLASLt matmuls with epilogues (fused mode).
+
+        Note [cuBLASLt epilogues]: forward fc1 = GEMM+bias+ReLU (ReLU mask bits kept), fc2 =
+        GEMM+bias; backward dW2 with db2 (BGRADB), dh1 with the ReLU gradient from the mask
+        (DRELU), dW1 with db1 (BGRADB), dp2. Twelve launches become six. Where cuBLASLt has no
+        algorithm for one of them, the whole plan keeps the cuBLAS path (gemm, cuDNN bias and
+        ReLU, gemv bias gradients), and lt_note says why.
+        """
+        pl.lt, pl.lt_note = None, "fusion off"
+        if not self.fused:
+            return
+        try:
+            if self.lt is None:
+                self.lt = Lt(self.stream)
+            v, p, g, lt, n = pl.v, self.p, self.g, self.lt, pl.n
+            aux = self.buf["relu_mask"][: n * LtMatmul.AUX_LD // 8]
+            pl.lt = {
+                "fc1": LtMatmul(lt, v["p2flat"], p["fc1.weight"], v["h1"], trans_b=True, epilogue="relu_aux_bias",
+                                bias=p["fc1.bias"], aux=aux),
+                "fc2": LtMatmul(lt, v["h1"], p["fc2.weight"], v["logits"], trans_b=True, epilogue="bias",
+                                bias=p["fc2.bias"]),
+                "dW2": LtMatmul(lt, v["dlogits"], v["h1"], g["fc2.weight"], trans_a=True, epilogue="bgradb",
+                                bias=g["fc2.bias"]),
+                "dh1": LtMatmul(lt, v["dlogits"], p["fc2.weight"], v["dh1"], epilogue="drelu", aux=aux),
+                "dW1": LtMatmul(lt, v["dh1"], v["p2flat"], g["fc1.weight"], trans_a=True, epilogue="bgradb",
+                                bias=g["fc1.bias"]),
+                "dp2": LtMatmul(lt, v["dh1"], p["fc1.weight"], v["dp2flat"]),
+            }
+            pl.lt_note = ""
+        except (LtUnavailable, ImportError) as e:
+            pl.lt, pl.lt_note = None, str(e)
 
     def _conv_fwd_args(self, pl: _Plan, layer: str):
         d, v, p = pl.d, pl.v, self.p
@@ -256,6 +294,7 @@ class LeNet:
         self._graphs.clear()
         for pl in self._plans.values():
             pl.fused = {layer: self.fused and self._try_fused(pl, layer) for layer in ("conv1", "conv2")}
+            self._plan_lt(pl)
 
     def algorithms(self, n: int | None = None) -> dict[tuple[str, Direction], AlgoResult]:
         return dict(self.plan(self.max_batch if n is None else n).algos)
@@ -324,11 +363,15 @@ class LeNet:
         self._pool_forward(pl, "c1", "p1")
         self._conv_bias_relu(pl, "conv2")
         self._pool_forward(pl, "c2", "p2")
-        self.blas.gemm(v["p2flat"], p["fc1.weight"], v["h1"], trans_b=True)          # (n,256)@(256,120)
-        add_tensor(h, self.bd["fc1.bias"], self.pb["fc1.bias"], d["h1"], v["h14"])
-        self.relu.forward(h, d["h1"], v["h14"], d["h1"], v["h14"])
-        self.blas.gemm(v["h1"], p["fc2.weight"], v["logits"], trans_b=True)          # (n,120)@(120,10)
-        add_tensor(h, self.bd["fc2.bias"], self.pb["fc2.bias"], d["logits"], v["logits4"])
+        if pl.lt is not None:   # see Note [cuBLASLt epilogues]
+            pl.lt["fc1"]()
+            pl.lt["fc2"]()
+        else:
+            self.blas.gemm(v["p2flat"], p["fc1.weight"], v["h1"], trans_b=True)          # (n,256)@(256,120)
+            add_tensor(h, self.bd["fc1.bias"], self.pb["fc1.bias"], d["h1"], v["h14"])
+            self.relu.forward(h, d["h1"], v["h14"], d["h1"], v["h14"])
+            self.blas.gemm(v["h1"], p["fc2.weight"], v["logits"], trans_b=True)          # (n,120)@(120,10)
+            add_tensor(h, self.bd["fc2.bias"], self.pb["fc2.bias"], d["logits"], v["logits4"])
         n = pl.n
         with self.stream:
             self.sce.forward_backward(v["logits"], v["labels"], v["dlogits"] if grad else None, self.loss_dev,
@@ -366,13 +409,17 @@ class LeNet:
     def _backward(self, pl: _Plan) -> None:
         h, d, v, p, g, ws = self.handle, pl.d, pl.v, self.p, self.g, self.workspace
         a, blas, relu = pl.algos, self.blas, self.relu
-        blas.gemm(v["dlogits"], v["h1"], g["fc2.weight"], trans_a=True)   # (10,n)@(n,120)
-        blas.column_sums(v["dlogits"], self.ones, g["fc2.bias"])
-        blas.gemm(v["dlogits"], p["fc2.weight"], v["dh1"])                 # (n,10)@(10,120)
-        relu.backward(h, d["h1"], v["h14"], d["h1"], v["dh14"], d["h1"], v["h14"], d["h1"], v["dh14"])
-        blas.gemm(v["dh1"], v["p2flat"], g["fc1.weight"], trans_a=True)    # (120,n)@(n,256)
-        blas.column_sums(v["dh1"], self.ones, g["fc1.bias"])
-        blas.gemm(v["dh1"], p["fc1.weight"], v["dp2flat"])                 # (n,120)@(120,256)
+        if pl.lt is not None:   # see Note [cuBLASLt epilogues]
+            for op in ("dW2", "dh1", "dW1", "dp2"):
+                pl.lt[op]()
+        else:
+            blas.gemm(v["dlogits"], v["h1"], g["fc2.weight"], trans_a=True)   # (10,n)@(n,120)
+            blas.column_sums(v["dlogits"], self.ones, g["fc2.bias"])
+            blas.gemm(v["dlogits"], p["fc2.weight"], v["dh1"])                 # (n,10)@(10,120)
+            relu.backward(h, d["h1"], v["h14"], d["h1"], v["dh14"], d["h1"], v["h14"], d["h1"], v["dh14"])
+            blas.gemm(v["dh1"], v["p2flat"], g["fc1.weight"], trans_a=True)    # (120,n)@(n,256)
+            blas.column_sums(v["dh1"], self.ones, g["fc1.bias"])
+            blas.gemm(v["dh1"], p["fc1.weight"], v["dp2flat"])                 # (n,120)@(120,256)
         self._pool_backward(pl, "c2", "p2")
         relu.backward(h, d["c2"], v["c2"], d["c2"], v["dc2"], d["c2"], v["c2"], d["c2"], v["dc2"])
         self.conv2.backward_filter(h, d["p1"], v["p1"], d["c2"], v["dc2"], self.w2d, g["conv2.weight"],

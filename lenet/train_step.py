@@ -122,7 +122,8 @@ def main(argv=None) -> int:
     mean_ms = float(np.mean(times))
     rows = cli.algorithm_rows(model, n)
     facts = {**cli.device_facts(model), "batch_size": n, "data": source, "policy": str(policy),
-             "cuda_graph": args.cuda_graph, "fused": model.plan(n).fused, "algorithms": rows,
+             "cuda_graph": args.cuda_graph, "fused": model.plan(n).fused,
+             "fc_cublaslt": model.plan(n).lt is not None, "algorithms": rows,
              "workspace_bytes": model.workspace.size,
              "lr": args.lr, "steps": args.steps, "loss_before": first_loss, "loss_after": after_loss,
              "step_ms": mean_ms, "images_per_s": n / (mean_ms / 1000.0)}

@@ -60,7 +60,8 @@ class Ours:
         # What the step needs: activations and their gradients, parameters, gradients, momentum,
         # the cuDNN and cuBLAS workspaces.
         self.tensor_bytes = (sum(a.nbytes for a in self.m.buf.values()) + 3 * self.m.params.nbytes
-                             + self.m.workspace.size + self.m.blas.workspace_bytes)
+                             + self.m.workspace.size + self.m.blas.workspace_bytes
+                             + (self.m.lt.workspace_bytes if self.m.lt is not None else 0))
         self.stream = self.m.stream
 
     def step(self):
@@ -228,7 +229,7 @@ def main():
     gpu = torch.cuda.get_device_name()
     print(f"GPU {gpu} | cuDNN {descriptors.version_string()} | torch {torch.__version__} "
           f"(cuDNN {torch.backends.cudnn.version()}) | float32{' (torch TF32)' if args.torch_tf32 else ''} "
-          f"| ours: {policy}, fused, momentum SGD")
+          f"| ours: {policy}, fused (cuDNN conv+bias+ReLU, cuBLASLt epilogues), momentum SGD")
     results = {}
     hdr = f"{'batch':>6} | {'variant':<13} | {'us/step':>10} | {'M img/s':>8} | {'peak MB':>8} | {'spread':>6}"
     print(hdr)

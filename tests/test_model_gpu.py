@@ -100,6 +100,7 @@ def test_fused_convolution_is_used(models):
     model.set_policy(AlgoPolicy())
     model.set_fused(True)
     assert any(model.plan(64).fused.values()), model.algorithms(64)
+    assert model.plan(64).lt is not None, f"cuBLASLt epilogues unavailable: {model.plan(64).lt_note}"
 
 
 def _fixed_combinations(model, n, winograd=False):
