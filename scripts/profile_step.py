@@ -25,13 +25,16 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--algo", default="exhaustive")
     ap.add_argument("--graph", action="store_true", help="replay the step from a CUDA graph")
-    ap.add_argument("--fused", action="store_true", help="the fused step (if the model has one)")
+    ap.add_argument("--no-fused", action="store_true", help="the plain step (no cuDNN/cuBLASLt fusion)")
+    ap.add_argument("--torch", action="store_true", help="profile PyTorch's step instead (float32, no TF32)")
     args = ap.parse_args()
+    if args.torch:
+        return torch_steps(args)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, args.batch).astype(np.int32)
-    kw = {"fused": True} if args.fused else {}
-    m = LeNet(max_batch=args.batch, policy=AlgoPolicy.parse(args.algo), cuda_graph=args.graph, **kw)
+    m = LeNet(max_batch=args.batch, policy=AlgoPolicy.parse(args.algo), cuda_graph=args.graph,
+              fused=not args.no_fused)
     m.load_batch(x, y)
     for _ in range(5):
         m.step(args.batch, 0.01)
@@ -40,6 +43,26 @@ def main():
         m.step(args.batch, 0.01)
     m.stream.synchronize()
     print(f"loss {m.loss():.4f}")
+
+
+def torch_steps(args):
+    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from torch_lenet import exact_float32, from_state
+
+    from lenet.params import init_host
+    exact_float32()
+    m = from_state(init_host(0))
+    opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(args.batch, 1, 28, 28, device="cuda")
+    y = torch.randint(0, 10, (args.batch,), device="cuda")
+    for _ in range(5 + args.steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    print(f"loss {loss.item():.4f}")
 
 
 if __name__ == "__main__":
