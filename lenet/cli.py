@@ -124,8 +124,12 @@ def algorithm_rows(model, n: int) -> list[dict]:
 def fused_line(model, n: int) -> str:
     pl = model.plan(n)
     fc = "cuBLASLt with bias/ReLU/bias-gradient epilogues" if pl.lt is not None else f"cuBLAS ({pl.lt_note})"
-    return ("conv+bias+ReLU fused: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in pl.fused.items())
-            + f" | fully connected: {fc}")
+    def conv(layer):
+        t = pl.fused_ms.get(layer)
+        if t is None:
+            return f"{layer} no" + (" (cuDNN cannot fuse this algorithm)" if model.fused else "")
+        return f"{layer} {'yes' if pl.fused[layer] else 'no'} ({t[0] * 1000:.1f} us fused, {t[1] * 1000:.1f} us plain)"
+    return "conv+bias+ReLU fused: " + ", ".join(conv(k) for k in pl.fused) + f"\nfully connected: {fc}"
 
 
 def format_algorithms(rows: list[dict], workspace: int) -> str:

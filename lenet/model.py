@@ -55,6 +55,7 @@ class _Plan:
     v: dict = field(default_factory=dict)       # name -> CuPy view of the first n rows
     algos: dict = field(default_factory=dict)   # (layer, Direction) -> AlgoResult
     fused: dict = field(default_factory=dict)   # layer -> conv+bias+ReLU in one cuDNN call
+    fused_ms: dict = field(default_factory=dict)  # layer -> (fused ms, plain ms), or None where it cannot run
     pool_chunks: list = field(default_factory=list)  # (start, count, {name: TensorDescriptor}) per chunk
     lt: dict | None = None                      # cuBLASLt matmuls of the fully connected layers, or None
     lt_note: str = ""                           # why the fully connected layers use plain cuBLAS
@@ -221,7 +222,13 @@ class LeNet:
             pl.algos[(layer, direction)] = search(self.handle, direction, conv, *descs, self.policy,
                                                   buffers=arrays)
         self.workspace.reserve(max(r.workspace_bytes for r in pl.algos.values()))
-        pl.fused = {layer: self.fused and self._try_fused(pl, layer) for layer in ("conv1", "conv2")}
+        self._plan_fusion(pl)
+
+    def _plan_fusion(self, pl: _Plan) -> None:
+        pl.fused, pl.fused_ms = {}, {}
+        for layer in ("conv1", "conv2"):
+            pl.fused_ms[layer] = self._time_fused(pl, layer) if self.fused else None
+            pl.fused[layer] = pl.fused_ms[layer] is not None and pl.fused_ms[layer][0] <= pl.fused_ms[layer][1]
         self._plan_lt(pl)
 
     def _plan_lt(self, pl: _Plan) -> None:
@@ -263,23 +270,46 @@ class LeNet:
             return self.conv1, d["x"], v["x"], self.w1d, p["conv1.weight"], d["c1"], v["c1"], "conv1.bias"
         return self.conv2, d["p1"], v["p1"], self.w2d, p["conv2.weight"], d["c2"], v["c2"], "conv2.bias"
 
-    def _try_fused(self, pl: _Plan, layer: str) -> bool:
-        """Whether cuDNN runs conv+bias+ReLU in one call with the chosen forward algorithm.
+    def _time_fused(self, pl: _Plan, layer: str) -> tuple[float, float] | None:
+        """(fused ms, plain ms) of conv+bias+ReLU for this layer, or None where cuDNN cannot fuse.
 
         Note [fused convolution]: cudnnConvolutionBiasActivationForward takes ReLU only with
-        some forward algorithms; it answers NOT_SUPPORTED for the others. It is tried once
-        here, on the real buffers, and the step uses it only where it ran.
+        some forward algorithms (NOT_SUPPORTED for the others), and it is not always faster:
+        at batch 65536 on an H100 it ran conv1 as a direct kernel taking 10.5 ms, against 1.9 ms
+        for the implicit-GEMM convolution plus bias and ReLU. Both are timed here, on the real
+        buffers, and the step takes the faster.
         """
+        import cupy
+
         conv, xd, x, wd, w, yd, y, bias = self._conv_fwd_args(pl, layer)
+        algo, h = pl.algos[(layer, Direction.FORWARD)], self.handle
+
+        def fused():
+            conv.bias_activation_forward(h, xd, x, wd, w, self.bd[bias], self.pb[bias], self.relu, yd, y, algo,
+                                         self.workspace)
+
+        def plain():
+            conv.forward(h, xd, x, wd, w, yd, y, algo, self.workspace)
+            add_tensor(h, self.bd[bias], self.pb[bias], yd, y)
+            self.relu.forward(h, yd, y, yd, y)
+
         try:
-            conv.bias_activation_forward(self.handle, xd, x, wd, w, self.bd[bias], self.pb[bias], self.relu, yd, y,
-                                         pl.algos[(layer, Direction.FORWARD)], self.workspace)
+            fused()
             self.stream.synchronize()
-            return True
         except CudnnError as e:
             if e.is_not_supported:
-                return False
+                return None
             raise
+        start, end, out = cupy.cuda.Event(), cupy.cuda.Event(), []
+        for fn in (fused, plain):
+            fn()   # warm-up
+            start.record(self.stream)
+            for _ in range(3):
+                fn()
+            end.record(self.stream)
+            end.synchronize()
+            out.append(cupy.cuda.get_elapsed_time(start, end) / 3)
+        return out[0], out[1]
 
     def set_policy(self, policy: AlgoPolicy) -> None:
         """Choose the algorithms again under ``policy`` for every planned batch size."""
@@ -293,8 +323,7 @@ class LeNet:
         self.fused = bool(fused)
         self._graphs.clear()
         for pl in self._plans.values():
-            pl.fused = {layer: self.fused and self._try_fused(pl, layer) for layer in ("conv1", "conv2")}
-            self._plan_lt(pl)
+            self._plan_fusion(pl)
 
     def algorithms(self, n: int | None = None) -> dict[tuple[str, Direction], AlgoResult]:
         return dict(self.plan(self.max_batch if n is None else n).algos)
