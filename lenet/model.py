@@ -151,9 +151,7 @@ class LeNet:
         self.w2d = FilterDescriptor((16, 6, 5, 5))
         self.conv1 = ConvolutionDescriptor(pad=0, stride=1)
         self.conv2 = ConvolutionDescriptor(pad=0, stride=1)
-        # Deterministic mode also takes cuDNN's deterministic max pooling.
-        self.pool = PoolingDescriptor("max_deterministic" if self.policy.deterministic else "max", window=2,
-                                      stride=2)
+        self.pool = self._pooling(self.policy)
         self.relu = ActivationDescriptor("relu")
         self.bd = {name: TensorDescriptor((1, P.SHAPES[name][0], 1, 1))
                    for name in ("conv1.bias", "conv2.bias", "fc1.bias", "fc2.bias")}
@@ -311,8 +309,15 @@ class LeNet:
             out.append(cupy.cuda.get_elapsed_time(start, end) / 3)
         return out[0], out[1]
 
+    @staticmethod
+    def _pooling(policy: AlgoPolicy) -> PoolingDescriptor:
+        # Deterministic mode also takes cuDNN's deterministic max pooling.
+        return PoolingDescriptor("max_deterministic" if policy.deterministic else "max", window=2, stride=2)
+
     def set_policy(self, policy: AlgoPolicy) -> None:
         """Choose the algorithms again under ``policy`` for every planned batch size."""
+        if policy.deterministic != self.policy.deterministic:
+            self.pool = self._pooling(policy)
         self.policy = policy
         self._graphs.clear()
         for pl in self._plans.values():
@@ -324,6 +329,22 @@ class LeNet:
         self._graphs.clear()
         for pl in self._plans.values():
             self._plan_fusion(pl)
+
+    def supported_names(self, n: int) -> dict[Direction, list[str]]:
+        """Per direction, the algorithm names cuDNN supports for every layer that runs that direction
+        at batch n: what a fixed ``--algo`` may name."""
+        from descriptors import supported_algorithms
+
+        pl, out = self.plan(n), {}
+        for d in Direction:
+            sets = []
+            for layer, direction in CONV_DIRECTIONS:
+                if direction == d:
+                    descs, _ = self._operands(pl, layer, d)
+                    conv = self.conv1 if layer == "conv1" else self.conv2
+                    sets.append({r.name for r in supported_algorithms(self.handle, d, conv, *descs)})
+            out[d] = sorted(set.intersection(*sets))
+        return out
 
     def algorithms(self, n: int | None = None) -> dict[tuple[str, Direction], AlgoResult]:
         return dict(self.plan(self.max_batch if n is None else n).algos)

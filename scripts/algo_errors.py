@@ -80,17 +80,7 @@ def model_errors(n):
         lg = m(torch.as_tensor(x, device="cuda", dtype=dt))
         torch.nn.functional.cross_entropy(lg, torch.as_tensor(y, device="cuda").long()).backward()
         refs[dt] = {"logits": lg.detach().cpu().numpy(), **{k: p.grad.cpu().numpy() for k, p in m.named_parameters()}}
-    names = {}
-    pl = model.plan(n)
-    for d in Direction:
-        sets = []
-        for layer in ("conv1", "conv2"):
-            if layer == "conv1" and d == Direction.BACKWARD_DATA:
-                continue
-            descs, _ = model._operands(pl, layer, d)
-            conv = model.conv1 if layer == "conv1" else model.conv2
-            sets.append({r.name for r in D.supported_algorithms(model.handle, d, conv, *descs)})
-        names[d] = sorted(set.intersection(*sets))
+    names = model.supported_names(n)
     rows = []
     model.load_batch(x, y)
     for combo in itertools.product(*(names[d] for d in Direction)):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import WINOGRAD_RTOL, assert_close
-from descriptors import AlgoPolicy, Direction, supported_algorithms
+from descriptors import AlgoPolicy, Direction
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,17 +113,7 @@ def test_fusion_is_planned(models):
 def _fixed_combinations(model, n, winograd=False):
     """Every (fwd, bwd-data, bwd-filter) name combination both layers support at batch n;
     with winograd=False none of them Winograd, with True each combination that has one."""
-    pl = model.plan(n)
-    names = {}
-    for d in Direction:
-        per_layer = []
-        for layer in ("conv1", "conv2"):
-            if layer == "conv1" and d == Direction.BACKWARD_DATA:
-                continue
-            descs, _ = model._operands(pl, layer, d)
-            conv = model.conv1 if layer == "conv1" else model.conv2
-            per_layer.append({r.name for r in supported_algorithms(model.handle, d, conv, *descs)})
-        names[d] = sorted(set.intersection(*per_layer))
+    names = model.supported_names(n)
     combos = list(itertools.product(*(names[d] for d in Direction)))
     return [c for c in combos if any(a.startswith("winograd") for a in c) == winograd]
 
@@ -149,6 +139,15 @@ def test_parity_winograd_combinations(torch_ref, models, n):
     for fwd, bd, bf in combos:
         model.set_policy(AlgoPolicy(fwd=fwd, bwd_data=bd, bwd_filter=bf))
         check_one_step(torch_ref, model, n, seed=3, what=f"n={n} {fwd}/{bd}/{bf}", winograd=True)
+
+
+def test_deterministic_policy_switches_pooling(models):
+    model = models[7]
+    model.set_policy(AlgoPolicy(deterministic=True))
+    assert model.pool.read()["mode"] == "max_deterministic"
+    assert all(r.deterministic for r in model.algorithms(7).values())
+    model.set_policy(AlgoPolicy())
+    assert model.pool.read()["mode"] == "max"
 
 
 def test_smaller_batch_than_max(torch_ref):
