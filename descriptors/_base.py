@@ -23,19 +23,57 @@ def live_objects() -> Counter:
         return Counter({k: len(v) for k, v in _live.items() if v})
 
 
-def _destroy(kind: str, destroy_fn: str, ptr: int) -> None:
+def _register(kind: str, key: int) -> None:
     with _live_lock:
-        ptrs = _live.get(kind, set())
-        if ptr not in ptrs:
-            raise RuntimeError(f"cuDNN {kind} at {ptr:#x} destroyed twice")
-        ptrs.remove(ptr)
-    _lib.call(destroy_fn, ptr)
+        _live.setdefault(kind, set()).add(key)
 
 
-class CudnnObject:
-    """Owns one cuDNN object. Subclasses name the create/destroy functions."""
+def _release(kind: str, key: int, destroy=None) -> None:
+    with _live_lock:
+        keys = _live.get(kind, set())
+        if key not in keys:
+            raise RuntimeError(f"cuDNN {kind} at {key:#x} destroyed twice")
+        keys.remove(key)
+    if destroy is not None:
+        destroy()
 
-    _kind: str = ""          # e.g. "Tensor": cudnnCreateTensorDescriptor / cudnnDestroy...
+
+class Owned:
+    """The shared lifetime idiom: ``close()``, ``with``, ``closed``, and the live-object count.
+
+    Subclasses call ``_own(kind, key, destroy)`` once their object exists; ``destroy`` (a
+    callable holding no reference to ``self``) runs exactly once.
+    """
+
+    _kind: str = ""
+
+    def _own(self, key: int, destroy=None) -> None:
+        _register(self._kind, key)
+        self._key = key
+        self._finalizer = weakref.finalize(self, _release, self._kind, key, destroy)
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            raise ValueError(f"{type(self).__name__} is closed")
+
+    def close(self) -> None:
+        """Destroy the object now (later calls do nothing)."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class CudnnObject(Owned):
+    """Owns one cuDNN descriptor-API object. Subclasses name the create/destroy functions."""
+
     _create_fn: str = ""     # defaults to cudnnCreate{kind}Descriptor
     _destroy_fn: str = ""
 
@@ -45,28 +83,11 @@ class CudnnObject:
         out = ctypes.c_void_p()
         _lib.call(create, ctypes.byref(out))
         ptr = int(out.value)
-        with _live_lock:
-            _live.setdefault(self._kind, set()).add(ptr)
         self._ptr = ptr
-        self._finalizer = weakref.finalize(self, _destroy, self._kind, destroy, ptr)
+        self._own(ptr, lambda: _lib.call(destroy, ptr))
 
     @property
     def ptr(self) -> int:
         """The raw cuDNN pointer; raises once the object is closed."""
-        if not self._finalizer.alive:
-            raise ValueError(f"{type(self).__name__} is closed")
+        self._check_open()
         return self._ptr
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def close(self) -> None:
-        """Destroy the cuDNN object now (later calls do nothing)."""
-        self._finalizer()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

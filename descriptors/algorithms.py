@@ -1,11 +1,14 @@
-"""Convolution algorithm choice for the three directions, by one policy, with a
-cache and the shared workspace.
+"""The descriptor API's convolution algorithms (names, ids, what cuDNN supports for a shape,
+workspace sizes), the policy that chooses among them and the graph API's plans, and the
+workspace every convolution shares. The choice itself is made in descriptors/search.py.
 
 Policies, per direction:
-  heuristic   cudnnGetConvolution*Algorithm_v7: cuDNN's ranked guess, no timing
-  exhaustive  cudnnFindConvolution*AlgorithmEx: every candidate timed on real buffers
-  NAME        one fixed algorithm, as cuDNN names it (``implicit_gemm``, ``fft``, ``algo_1``...)
-A workspace limit and a deterministic-only switch filter the candidates of all three.
+  heuristic   each engine's first-ranked candidate that runs (cuDNN's own ranking)
+  exhaustive  every candidate timed on the GPU
+  NAME        one fixed algorithm as cuDNN names it (``implicit_gemm``, ``fft``, ``algo_1``...)
+              or one graph-API plan as train_step prints it (``eng18_k11=0``)
+A workspace limit, a deterministic-only switch, Winograd and TF32 opt-ins filter the
+candidates; ``engine`` says which engines offer them; ``chunk`` fixes the images per call.
 
 Note [winograd precision]: measured on an H100 with cuDNN 9.19 (scripts/algo_errors.py),
 every float32 algorithm agrees with a float64 reference to ~1e-6 (norm-wise relative),
@@ -21,6 +24,7 @@ in the caller and is raised, never skipped.
 from __future__ import annotations
 
 import enum
+import re
 from ctypes import byref, c_int, c_size_t
 from dataclasses import dataclass
 
@@ -28,7 +32,6 @@ from . import _lib
 from ._lib import AlgoPerf, ConvolutionBwdDataAlgo, ConvolutionBwdFilterAlgo, ConvolutionFwdAlgo, MathType
 from .convolution import math_type_name
 from .errors import CudnnError
-from .tensor import dtype_name
 
 
 class Direction(str, enum.Enum):
@@ -112,20 +115,35 @@ def algorithm_id(direction: Direction, name: str) -> int:
             f"{', '.join(ALGORITHM_NAMES[d])}") from None
 
 
+# Graph-API plan names as cuDNN reports them: eng0, eng18_k11=0, eng70_k2=12_k18=1.
+_GRAPH_PLAN = re.compile(r"eng\d+(?:_k\d+=-?\d+)*")
+ENGINES = ("auto", "legacy", "graph")
+
+
+def is_graph_plan_name(name: str) -> bool:
+    return bool(_GRAPH_PLAN.fullmatch(str(name).strip().lower()))
+
+
 def _check_choice(direction: Direction, value: str) -> str:
     v = str(value).strip().lower()
-    if v in POLICIES:
+    if v in POLICIES or is_graph_plan_name(v):
         return v
-    return algorithm_name(direction, algorithm_id(direction, v))
+    try:
+        return algorithm_name(direction, algorithm_id(direction, v))
+    except UnknownAlgorithmError as e:
+        raise UnknownAlgorithmError(f"{e}, or a graph-API plan name as train_step prints it (e.g. eng0)") from None
 
 
 @dataclass(frozen=True)
 class AlgoPolicy:
-    """How to choose each direction's algorithm, and what filters the candidates.
+    """How to choose each convolution direction's implementation, and what filters the candidates.
 
-    Each direction holds "heuristic", "exhaustive" or an algorithm name.
-    ``workspace_limit`` in bytes (None: no limit); ``deterministic``: only
-    algorithms cuDNN marks deterministic.
+    Each direction holds "heuristic", "exhaustive", a descriptor-API algorithm name or a
+    graph-API plan name. ``engine``: "auto" (both engines compete), "legacy" (the descriptor
+    API) or "graph" (the graph API). ``workspace_limit`` in bytes (None: no limit);
+    ``deterministic``: only what cuDNN marks deterministic; ``allow_winograd`` and
+    ``allow_tf32``: let the less exact candidates compete; ``chunk``: images per call for
+    every convolution (None: chosen by timing).
     """
 
     fwd: str = "heuristic"
@@ -134,6 +152,9 @@ class AlgoPolicy:
     workspace_limit: int | None = None
     deterministic: bool = False
     allow_winograd: bool = False
+    allow_tf32: bool = False
+    engine: str = "auto"
+    chunk: int | None = None
 
     def __post_init__(self):
         for d in Direction:
@@ -141,25 +162,46 @@ class AlgoPolicy:
         if self.workspace_limit is not None and (not isinstance(self.workspace_limit, int)
                                                  or self.workspace_limit < 0):
             raise ValueError(f"workspace limit must be a number of bytes >= 0, got {self.workspace_limit!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown engine {self.engine!r}; use one of {', '.join(ENGINES)}")
+        if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
+            raise ValueError(f"chunk must be a number of images >= 1, got {self.chunk!r}")
+        for d in Direction:
+            c = self.choice(d)
+            if c in POLICIES:
+                continue
+            if self.engine == "legacy" and is_graph_plan_name(c):
+                raise ValueError(f"{d}={c} names a graph-API plan, but engine legacy offers only the descriptor "
+                                 f"API's algorithms")
+            if self.engine == "graph" and not is_graph_plan_name(c):
+                raise ValueError(f"{d}={c} names a descriptor-API algorithm, but engine graph offers only "
+                                 f"graph-API plans")
 
     def choice(self, direction: Direction) -> str:
         return getattr(self, _FIELD[Direction(direction)])
 
+    def fixed(self, direction: Direction) -> bool:
+        return self.choice(direction) not in POLICIES
+
     @classmethod
     def parse(cls, spec: str, workspace_limit: int | None = None, deterministic: bool = False,
-              allow_winograd: bool = False) -> "AlgoPolicy":
+              allow_winograd: bool = False, *, engine: str = "auto", allow_tf32: bool = False,
+              chunk: int | None = None) -> "AlgoPolicy":
         """Parse ``heuristic`` | ``exhaustive`` | ``NAME`` | ``fwd=NAME,bwd-data=NAME,bwd-filter=NAME``.
 
-        A single NAME applies to every direction that has an algorithm of that name
-        (``fft`` to all three, ``implicit_gemm`` to the forward one); the others use the
-        heuristic. In the per-direction form, a direction left out uses the heuristic.
+        A single descriptor-API NAME applies to every direction that has an algorithm of that
+        name (``fft`` to all three, ``implicit_gemm`` to the forward one); a single graph-API
+        plan name to all three; the other directions use the heuristic. In the per-direction
+        form, a direction left out uses the heuristic.
         """
         spec = str(spec).strip()
         if not spec:
             raise ValueError("empty algorithm spec; use heuristic, exhaustive, an algorithm name, "
                              "or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
         kw: dict[str, str] = {}
-        if "=" in spec:
+        if is_graph_plan_name(spec):
+            kw = {f: spec.lower() for f in _FIELD.values()}
+        elif "=" in spec:
             for part in spec.split(","):
                 if "=" not in part:
                     raise ValueError(f"algorithm spec part {part!r} is not DIRECTION=NAME "
@@ -185,20 +227,26 @@ class AlgoPolicy:
                 names = sorted(set().union(*ALGORITHM_NAMES.values()))
                 raise UnknownAlgorithmError(
                     f"unknown algorithm {spec!r}; use heuristic, exhaustive, one of "
-                    f"{', '.join(names)}, or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
+                    f"{', '.join(names)}, a graph-API plan name (e.g. eng0), or "
+                    f"fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
         return cls(**kw, workspace_limit=workspace_limit, deterministic=deterministic,
-                   allow_winograd=allow_winograd)
+                   allow_winograd=allow_winograd, allow_tf32=allow_tf32, engine=engine, chunk=chunk)
 
     def __str__(self) -> str:
         s = ",".join(f"{d}={self.choice(d)}" for d in Direction)
         if len({self.choice(d) for d in Direction}) == 1:
             s = self.fwd
+        s += f" (engine {self.engine})"
+        if self.chunk is not None:
+            s += f" (chunks of {self.chunk})"
         if self.workspace_limit is not None:
             s += f" (workspace <= {self.workspace_limit} B)"
         if self.deterministic:
             s += " (deterministic)"
         if self.allow_winograd:
             s += " (winograd allowed)"
+        if self.allow_tf32:
+            s += " (tf32 allowed)"
         return s
 
 
@@ -207,13 +255,13 @@ _FIELD = {Direction.FORWARD: "fwd", Direction.BACKWARD_DATA: "bwd_data", Directi
 
 @dataclass(frozen=True)
 class AlgoResult:
-    """The algorithm chosen for one direction of one convolution."""
+    """One descriptor-API algorithm cuDNN supports for a convolution, as it reports it."""
 
     direction: Direction
     algo: int
     name: str
     status: str
-    time_ms: float | None          # measured (exhaustive); None for heuristic and fixed
+    time_ms: float | None
     workspace_bytes: int
     deterministic: bool
     math_type: str
@@ -225,44 +273,18 @@ class AlgoResult:
                 "deterministic": self.deterministic, "math_type": self.math_type, "policy": self.policy}
 
 
-@dataclass(frozen=True)
-class AlgoKey:
-    """Cache key: everything that decides the choice, and no pointers."""
-
-    direction: Direction
-    device: int
-    dtype: str
-    a_shape: tuple
-    b_shape: tuple
-    out_shape: tuple
-    conv: tuple
-    policy: str
-    workspace_limit: int | None
-    deterministic: bool
-    allow_winograd: bool
-
-
-_cache: dict[AlgoKey, AlgoResult] = {}
-
-
-def clear_cache() -> None:
-    _cache.clear()
-
-
-def cache_size() -> int:
-    return len(_cache)
-
-
 class Workspace:
     """One device buffer shared by every convolution call, grown to the largest need.
 
-    Grow it before a step (never inside one): ``reserve`` allocates only when the
-    new size exceeds the current one.
+    Grow it before a step (never inside one): ``reserve`` allocates only when the new size
+    exceeds the current one, and then counts a new ``generation``: a CUDA graph captured
+    with the old buffer must be captured again (lenet/runner.py does).
     """
 
     def __init__(self, nbytes: int = 0):
         self._buf = None
         self.size = 0
+        self.generation = 0
         self.reserve(nbytes)
 
     def reserve(self, nbytes: int) -> None:
@@ -274,13 +296,14 @@ class Workspace:
         self._buf = None  # let the old one go first
         self._buf = cupy.empty(nbytes, dtype=cupy.uint8)
         self.size = nbytes
+        self.generation += 1
 
     @property
     def ptr(self) -> int:
         return self._buf.data.ptr if self._buf is not None else 0
 
     def __repr__(self) -> str:
-        return f"Workspace({self.size} bytes)"
+        return f"Workspace({self.size} bytes, generation {self.generation})"
 
 
 def _max_count(handle, calls: _Calls) -> int:
@@ -348,105 +371,6 @@ def _filter_reason(r: AlgoResult, policy: AlgoPolicy, fixed: bool = False) -> st
     return None
 
 
-def _temporaries(a_desc, b_desc, out_desc):
-    import cupy
-
-    def rand(shape, dt):
-        return cupy.random.standard_normal(shape, dtype="float32").astype(dtype_name(dt))
-    return rand(a_desc.shape, a_desc.dtype), rand(b_desc.shape, b_desc.dtype), \
-        cupy.empty(out_desc.shape, dtype=dtype_name(out_desc.dtype))
-
-
-def _find(handle, direction: Direction, conv, a_desc, b_desc, out_desc, candidates: list[AlgoResult],
-          policy: AlgoPolicy, buffers) -> list[AlgoResult]:
-    """cudnnFind*AlgorithmEx on real buffers: candidates timed, fastest first."""
-    import cupy
-
-    calls = CALLS[direction]
-    if buffers is None:
-        buffers = _temporaries(a_desc, b_desc, out_desc)
-    a, b, out = buffers
-    pa = a_desc.check(a, calls.operands[0], handle.device_id)
-    pb = b_desc.check(b, calls.operands[1], handle.device_id)
-    po = out_desc.check(out, calls.operands[2], handle.device_id)
-    need = max([c.workspace_bytes for c in candidates] + [0])
-    if policy.workspace_limit is not None:
-        need = min(need, policy.workspace_limit)
-    ws = None
-    while ws is None:
-        try:
-            ws = cupy.empty(max(need, 1), dtype=cupy.uint8)
-        except cupy.cuda.memory.OutOfMemoryError:  # see Note [algorithm fallback]
-            if need == 0:
-                raise
-            need //= 2
-    n = _max_count(handle, calls)
-    perfs = (AlgoPerf * n)()
-    got = c_int()
-    _lib.call(calls.find, handle.ptr, a_desc.ptr, pa, b_desc.ptr, pb, conv.ptr, out_desc.ptr, po, n,
-              byref(got), perfs, ws.data.ptr, need,
-              **{calls.operands[0]: a_desc.shape, calls.operands[1]: b_desc.shape,
-                 calls.operands[2]: out_desc.shape}, workspace=need)
-    handle.stream.synchronize()
-    del ws
-    results = []
-    for p in perfs[: got.value]:
-        if p.status != 0 or not _math_ok(conv, p):
-            continue
-        results.append(_result(direction, p, int(p.memory), True, "exhaustive"))
-    return results
-
-
-def search(handle, direction: Direction, conv, a_desc, b_desc, out_desc, policy: AlgoPolicy,
-           buffers=None) -> AlgoResult:
-    """Choose ``direction``'s algorithm for one convolution under ``policy`` (cached).
-
-    The descriptors are (A, B, Out) in the order of _Calls: fwd (x, w, y),
-    bwd-data (w, dy, dx), bwd-filter (x, dy, dw). ``buffers`` are real (A, B, Out)
-    arrays for exhaustive search; without them, random temporaries are used.
-    """
-    direction = Direction(direction)
-    choice = policy.choice(direction)
-    key = AlgoKey(direction, handle.device_id, dtype_name(a_desc.dtype), a_desc.shape, b_desc.shape,
-                  out_desc.shape, conv.params(), choice, policy.workspace_limit, policy.deterministic,
-                  policy.allow_winograd)
-    hit = _cache.get(key)
-    if hit is not None:
-        return hit
-
-    supported = supported_algorithms(handle, direction, conv, a_desc, b_desc, out_desc)
-    ok = [r for r in supported if _filter_reason(r, policy) is None]
-    if choice == "heuristic":
-        picked = ok[:1]
-    elif choice == "exhaustive":
-        timed = _find(handle, direction, conv, a_desc, b_desc, out_desc, ok, policy, buffers)
-        picked = [r for r in timed if _filter_reason(r, policy) is None][:1]
-    else:
-        want = algorithm_id(direction, choice)
-        usable = [r for r in supported if _filter_reason(r, policy, fixed=True) is None]
-        picked = [r for r in usable if r.algo == want]
-        if not picked:
-            why = next((_filter_reason(r, policy, fixed=True) for r in supported if r.algo == want), None)
-            listed = ", ".join(r.name for r in usable) or "none"
-            what = (f"{choice} {why}" if why else
-                    f"cuDNN does not support {direction} algorithm {choice} for "
-                    f"{a_desc.shape} x {b_desc.shape} -> {out_desc.shape} with pad {conv.pad}, "
-                    f"stride {conv.stride}, dilation {conv.dilation}")
-            raise AlgorithmNotSupportedError(f"{what}; supported here: {listed}")
-        picked = [AlgoResult(**{**picked[0].__dict__, "policy": "fixed"})]
-    if not picked:
-        raise AlgorithmNotSupportedError(
-            f"no {direction} algorithm fits {a_desc.shape} x {b_desc.shape} -> {out_desc.shape} under "
-            f"{policy}; supported without the filters: {', '.join(r.name for r in supported) or 'none'}")
-    result = picked[0]
-    if choice == "exhaustive":
-        # Find reports the memory it used; the workspace the call needs is authoritative.
-        ws = workspace_size(handle, direction, conv, a_desc, b_desc, out_desc, result.algo)
-        result = AlgoResult(**{**result.__dict__, "workspace_bytes": ws})
-    _cache[key] = result
-    return result
-
-
-__all__ = ["Direction", "AlgoPolicy", "AlgoResult", "AlgoKey", "Workspace", "search", "supported_algorithms",
-           "workspace_size", "algorithm_id", "algorithm_name", "ALGORITHM_NAMES", "CALLS", "clear_cache",
+__all__ = ["Direction", "AlgoPolicy", "AlgoResult", "Workspace", "supported_algorithms", "workspace_size",
+           "algorithm_id", "algorithm_name", "is_graph_plan_name", "ALGORITHM_NAMES", "CALLS", "ENGINES",
            "UnknownAlgorithmError", "AlgorithmNotSupportedError"]

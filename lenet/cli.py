@@ -7,8 +7,21 @@ import re
 import sys
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Help text wrapped at spaces only: flag names and algorithm specs stay whole."""
+
+    def _split_lines(self, text, width):
+        import textwrap
+
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2), no usage block."""
+    """argparse with one-line errors (exit 2), no usage block, help wrapped at spaces."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -54,18 +67,31 @@ def algo_spec(text: str) -> str:
 
 
 def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("convolution algorithms")
+    from descriptors.algorithms import ENGINES
+
+    g = p.add_argument_group("convolutions: engines, algorithms, chunks")
+    g.add_argument("--engine", choices=ENGINES, default="auto",
+                   help="auto: cuDNN's descriptor API and graph API compete and the fastest measured "
+                        "candidate wins, per operation and batch size; legacy: the descriptor API only; "
+                        "graph: the graph API only (needs nvidia-cudnn-frontend) (default: auto)")
     g.add_argument("--algo", type=algo_spec, default="heuristic", metavar="SPEC",
-                   help="heuristic (cuDNN's ranked guess), exhaustive (time every candidate), one "
-                        "algorithm name for every direction that has it (e.g. fft, implicit_gemm), or "
-                        "per direction: fwd=NAME,bwd-data=NAME,bwd-filter=NAME (default: heuristic)")
+                   help="heuristic (each engine's first-ranked candidate, timed against the other's), "
+                        "exhaustive (time every candidate), one algorithm or graph plan name for every "
+                        "direction that has it (e.g. fft, implicit_gemm, eng0), or per direction: "
+                        "fwd=NAME,bwd-data=NAME,bwd-filter=NAME (default: heuristic)")
+    g.add_argument("--chunk", type=positive_int, default=None, metavar="N",
+                   help="run every convolution and pooling in calls of at most N images (default: chosen by "
+                        "timing: the whole batch or chunks of 1024 to 16384)")
     g.add_argument("--workspace-limit", type=byte_size, default=None, metavar="BYTES",
-                   help="largest convolution workspace an algorithm may use, e.g. 64M (default: no limit)")
+                   help="largest convolution workspace a candidate may use, e.g. 64M (default: no limit)")
     g.add_argument("--deterministic", action="store_true",
-                   help="only algorithms cuDNN marks deterministic (bit-identical reruns)")
+                   help="only candidates cuDNN marks deterministic (bit-identical reruns)")
     g.add_argument("--allow-winograd", action="store_true",
                    help="let heuristic/exhaustive pick the Winograd algorithms, which are off by up to "
                         "~1e-3 relative in float32 (naming one in --algo always works)")
+    g.add_argument("--allow-tf32", action="store_true",
+                   help="let candidates use TF32 tensor cores (off by up to ~3e-3 relative; PyTorch's default "
+                        "for convolutions); default: exact float32")
 
 
 def add_speed_flags(p: argparse.ArgumentParser) -> None:
@@ -73,15 +99,23 @@ def add_speed_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture the whole step in a CUDA graph and replay it (default: on)")
     g.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
-                   help="conv+bias+ReLU in one cuDNN call where cuDNN runs it, and the fully connected layers "
-                        "as cuBLASLt matmuls with bias/ReLU/bias-gradient epilogues (default: on)")
+                   help="let operations fuse: conv+bias+ReLU in one cuDNN call where that is fastest, the fully "
+                        "connected layers as cuBLASLt matmuls with bias/ReLU/bias-gradient epilogues (default: on)")
 
 
 def policy_from(args):
+    """The AlgoPolicy the flags ask for; a one-line ValueError when --engine graph cannot run here."""
     from descriptors.algorithms import AlgoPolicy
 
+    if args.engine == "graph":
+        from descriptors.graph import available
+
+        ok, why = available()
+        if not ok:
+            raise ValueError(f"--engine graph: {why}")
     return AlgoPolicy.parse(args.algo, workspace_limit=args.workspace_limit, deterministic=args.deterministic,
-                            allow_winograd=args.allow_winograd)
+                            allow_winograd=args.allow_winograd, engine=args.engine, allow_tf32=args.allow_tf32,
+                            chunk=args.chunk)
 
 
 def run(main) -> None:
@@ -94,10 +128,12 @@ def run(main) -> None:
     except Exception as e:  # only the failures a user can act on are turned into one line
         from descriptors.algorithms import AlgorithmNotSupportedError
         from descriptors.errors import CudnnLoadError, NoGpuError
+        from descriptors.graph import GraphUnavailable
 
         from .data import DataError
 
-        if isinstance(e, (NoGpuError, CudnnLoadError, AlgorithmNotSupportedError, DataError, ValueError)):
+        if isinstance(e, (NoGpuError, CudnnLoadError, AlgorithmNotSupportedError, DataError, ValueError,
+                          GraphUnavailable)):
             print(f"error: {e}", file=sys.stderr)
             code = 2
         elif isinstance(e, ImportError):
@@ -111,34 +147,32 @@ def run(main) -> None:
 
 def device_facts(model) -> dict:
     import descriptors
+    from descriptors.graph import available
 
     v = model.blas.version()
+    ok, why = available()
     return {"gpu": model.handle.gpu_name, "cudnn": descriptors.version_string(),
-            "cublas": f"{v // 10000}.{v % 10000 // 100}.{v % 100}"}
+            "cublas": f"{v // 10000}.{v % 10000 // 100}.{v % 100}",
+            "graph_api": f"nvidia-cudnn-frontend {why}" if ok else f"unavailable: {why}"}
 
 
-def algorithm_rows(model, n: int) -> list[dict]:
-    return [{"layer": layer, **r.as_dict()} for (layer, _), r in model.algorithms(n).items()]
+def conv_rows(rows: list[dict]) -> list[dict]:
+    """The rows of the convolution directions (fwd, bwd-data, bwd-filter of each layer)."""
+    return [r for r in rows if r["op"].split("+")[0] in ("fwd", "bwd-data", "bwd-filter") and r["layer"][:4] == "conv"]
 
 
-def fused_line(model, n: int) -> str:
-    pl = model.plan(n)
-    fc = "cuBLASLt with bias/ReLU/bias-gradient epilogues" if pl.lt is not None else f"cuBLAS ({pl.lt_note})"
-    def conv(layer):
-        t = pl.fused_ms.get(layer)
-        if t is None:
-            return f"{layer} no" + (" (cuDNN cannot fuse this algorithm)" if model.fused else "")
-        return f"{layer} {'yes' if pl.fused[layer] else 'no'} ({t[0] * 1000:.1f} us fused, {t[1] * 1000:.1f} us plain)"
-    return "conv+bias+ReLU fused: " + ", ".join(conv(k) for k in pl.fused) + f"\nfully connected: {fc}"
-
-
-def format_algorithms(rows: list[dict], workspace: int) -> str:
-    lines = [f"{'layer':<6} {'direction':<10} {'algorithm':<22} {'policy':<10} {'time':>10} "
-             f"{'workspace':>12}  {'det':<3} math"]
+def format_rows(rows: list[dict], workspace: int) -> str:
+    """The planned operations as a table: what runs each, in how many calls, measured time."""
+    lines = [f"{'layer':<7} {'op':<18} {'engine':<8} {'plan / algorithm':<24} {'fused':<5} {'chunk':>12} "
+             f"{'time':>10} {'workspace':>11}  error"]
     for r in rows:
-        t = f"{r['time_ms'] * 1000:.1f} us" if r["time_ms"] is not None else "-"
-        lines.append(f"{r['layer']:<6} {r['direction']:<10} {r['algo']:<22} {r['policy']:<10} {t:>10} "
-                     f"{r['workspace_bytes']:>10} B  {'yes' if r['deterministic'] else 'no':<3} "
-                     f"{r['math_type']}")
-    lines.append(f"workspace total: {workspace} B (one buffer shared by all convolutions)")
+        t = f"{r['time_ms'] * 1000:.1f} us" if r.get("time_ms") is not None else "-"
+        chunk = f"{r['chunk']} x {r['chunks']}" if r.get("chunk") else "-"
+        fused = {True: "yes", False: "no"}.get(r.get("fused"), "-")
+        err = f"{r['error']:.1e}" if r.get("error") is not None else "-"
+        algo = r["algo"] + (f" (rest: {r['rest']})" if r.get("rest") else "")
+        lines.append(f"{r['layer']:<7} {r['op']:<18} {r['engine']:<8} {algo:<24} {fused:<5} {chunk:>12} {t:>10} "
+                     f"{r.get('workspace_bytes', 0):>9} B  {err}")
+    lines.append(f"workspace total: {workspace} B (one buffer shared by all convolutions); time: measured at plan "
+                 f"time for the whole batch")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from .schedule import SCHEDULES, Schedule
 # What must match for --resume to continue a run rather than start a different one.
 RESUME_KEYS = ("dataset", "batch_size", "seed", "lr", "momentum", "weight_decay", "schedule", "gamma", "power",
                "step_size", "step_gamma", "train_size", "algo", "workspace_limit", "deterministic",
-               "allow_winograd", "epochs")
+               "allow_winograd", "allow_tf32", "engine", "chunk", "epochs")
 
 
 class TrainingDiverged(RuntimeError):
@@ -72,8 +72,8 @@ def config_of(args, root: Path, train_size: int) -> dict:
             "schedule": args.schedule, "gamma": args.gamma, "power": args.power, "step_size": args.step_size,
             "step_gamma": args.step_gamma, "train_size": train_size, "algo": args.algo,
             "workspace_limit": args.workspace_limit, "deterministic": args.deterministic,
-            "allow_winograd": args.allow_winograd, "epochs": args.epochs, "cuda_graph": args.cuda_graph,
-            "fused": args.fused}
+            "allow_winograd": args.allow_winograd, "allow_tf32": args.allow_tf32, "engine": args.engine,
+            "chunk": args.chunk, "epochs": args.epochs, "cuda_graph": args.cuda_graph, "fused": args.fused}
 
 
 class Progress:

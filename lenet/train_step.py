@@ -1,9 +1,9 @@
 """python -m lenet.train_step: one SGD step (or --steps K) on one batch, with the facts.
 
-Prints the GPU, cuDNN and cuBLAS versions, the algorithm chosen for each
-convolution direction of each layer (time, workspace), the workspace total, the
-loss before and after, and the mean step time (CUDA events, after warm-up;
-algorithm search excluded).
+Prints the GPU, cuDNN, cuBLAS and graph-API versions; for each planned operation the
+engine, plan or algorithm, fusion, chunk size, measured time, workspace and distance from
+the exact reference; the workspace total, the loss before and after, and the mean step time
+(CUDA events, after warm-up; the search excluded).
 """
 
 from __future__ import annotations
@@ -120,11 +120,10 @@ def main(argv=None) -> int:
     after = model.state_dict()
 
     mean_ms = float(np.mean(times))
-    rows = cli.algorithm_rows(model, n)
+    rows = model.describe(n)
     facts = {**cli.device_facts(model), "batch_size": n, "data": source, "policy": str(policy),
-             "cuda_graph": args.cuda_graph, "fused": model.plan(n).fused,
-             "fc_cublaslt": model.plan(n).lt is not None, "algorithms": rows,
-             "workspace_bytes": model.workspace.size,
+             "engine": args.engine, "cuda_graph": args.cuda_graph, "fused": args.fused, "operations": rows,
+             "algorithms": cli.conv_rows(rows), "workspace_bytes": model.workspace.size,
              "lr": args.lr, "steps": args.steps, "loss_before": first_loss, "loss_after": after_loss,
              "step_ms": mean_ms, "images_per_s": n / (mean_ms / 1000.0)}
     if args.dump:
@@ -135,11 +134,10 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(facts, indent=2))
         return 0
-    print(f"GPU {facts['gpu']} | cuDNN {facts['cudnn']} | cuBLAS {facts['cublas']}")
+    print(f"GPU {facts['gpu']} | cuDNN {facts['cudnn']} | cuBLAS {facts['cublas']} | graph API: {facts['graph_api']}")
     print(f"batch {n} from {source}")
-    print(f"algorithms ({policy}):")
-    print(cli.format_algorithms(rows, model.workspace.size))
-    print(cli.fused_line(model, n))
+    print(f"operations ({policy}, fusion {'on' if args.fused else 'off'}):")
+    print(cli.format_rows(rows, model.workspace.size))
     print(f"loss before {first_loss:.6f} | after {args.steps} step{'s' if args.steps > 1 else ''} "
           f"{after_loss:.6f}")
     print(f"step {mean_ms * 1000:.1f} us mean over {args.steps} | {facts['images_per_s'] / 1e6:.3f} M img/s "

@@ -1,15 +1,15 @@
-"""Side-by-side benchmark: a full LeNet training step (forward, backward, SGD), ours and PyTorch's,
-in one process on one GPU, interleaved.
+"""Side-by-side benchmark: a full LeNet training step (forward, backward, momentum SGD), ours
+and PyTorch's, in one process on one GPU, interleaved.
 
     python3 scripts/bench.py                       # batch sizes 1 64 256 1024 8192 65536
     python3 scripts/bench.py --batch 64 256 --repeats 9 --json bench.json
 
-Variants: ours eager, ours CUDA graph (fused, the default), PyTorch eager and PyTorch with
-the whole step in a CUDA graph (and torch.compile with --compile). Each repeat times a run of
-steps with CUDA events after warm-up (algorithm search excluded); the table shows the median
-over repeats. Both sides compute in plain float32 (no TF32; PyTorch's own default would let
-cuDNN use TF32 for convolutions: --torch-tf32 to compare against that). Also times one epoch
-of 60,000 GPU-resident images at batch 64.
+PyTorch, plain float32 (TF32 off): eager and CUDA graph, each with cudnn.benchmark off and on;
+its fastest is the yardstick. PyTorch with TF32 convolutions (its default), CUDA graph, is an extra
+line, compared with ours under --allow-tf32. Ours, all as CUDA graphs: --engine legacy, graph and
+auto (exact float32), auto with --allow-tf32, and auto eager. Each repeat times a run of steps
+with CUDA events after warm-up (planning and search excluded); the table shows the median over
+repeats. Also times one epoch of 60,000 GPU-resident images at batch 64.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def steps_for(batch: int) -> int:
 
 class Ours:
     def __init__(self, batch, graph, policy, fused=True):
+        """policy: an AlgoPolicy (engine, TF32 and the rest)."""
         import cupy
         self.cupy = cupy
         pool = cupy.get_default_memory_pool()
@@ -53,8 +54,11 @@ class Ours:
         self.m.load_batch(rng.standard_normal((batch, 1, 28, 28)).astype(np.float32),
                           rng.integers(0, 10, batch).astype(np.int32))
         self.batch = batch
+        self.m.plan(batch)
+        pool.free_all_blocks()   # the search's temporaries
         self.step()
         self.m.stream.synchronize()
+        self.rows = self.m.describe(batch)
         # A step allocates nothing: what is in use after one is its peak (search temporaries excluded).
         self.peak = pool.used_bytes() - base
         # What the step needs: activations and their gradients, parameters, gradients, momentum,
@@ -73,7 +77,11 @@ class Ours:
 
 
 class Torch:
-    def __init__(self, batch, graph, compile_=False):
+    """PyTorch's step with its own backend flags (cudnn.benchmark, TF32), set before every use."""
+
+    def __init__(self, batch, graph, benchmark=False, tf32=False, compile_=False):
+        self.flags = (benchmark, tf32)
+        self._flags()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -87,7 +95,7 @@ class Torch:
         self.stream = torch.cuda.Stream()
         self.graph = None
         with torch.cuda.stream(self.stream):
-            for _ in range(3):   # warm-up, also on the side stream as CUDA-graph capture wants
+            for _ in range(3):   # warm-up (and cudnn.benchmark's search), on the side stream capture wants
                 self._step()
         torch.cuda.synchronize()
         if graph:
@@ -97,6 +105,9 @@ class Torch:
                 self._step()
         torch.cuda.synchronize()
         self.peak = torch.cuda.max_memory_allocated() - base
+
+    def _flags(self):
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = self.flags
 
     def _step(self):
         self.opt.zero_grad(set_to_none=self.graph is None)
@@ -126,6 +137,7 @@ def time_run(v, k: int) -> float:
         e.record(v.stream)
         e.synchronize()
         return cupy.cuda.get_elapsed_time(s, e) * 1000 / k
+    v._flags()
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(v.stream):
         s.record()
@@ -136,15 +148,30 @@ def time_run(v, k: int) -> float:
     return s.elapsed_time(e) * 1000 / k
 
 
-def bench_batch(batch, repeats, policy, compile_) -> dict:
-    makers = {"ours eager": lambda: Ours(batch, False, policy, fused=True),
-              "ours graph": lambda: Ours(batch, True, policy, fused=True),
-              "torch eager": lambda: Torch(batch, False),
-              "torch graph": lambda: Torch(batch, True)}
+TORCH_FP32 = ("torch eager", "torch eager bench", "torch graph", "torch graph bench")
+
+
+def makers(batch, algo, compile_):
+    ours = lambda engine, graph=True, tf32=False: (lambda: Ours(  # noqa: E731
+        batch, graph, AlgoPolicy.parse(algo, engine=engine, allow_tf32=tf32)))
+    m = {"torch eager": lambda: Torch(batch, False),
+         "torch eager bench": lambda: Torch(batch, False, benchmark=True),
+         "torch graph": lambda: Torch(batch, True),
+         "torch graph bench": lambda: Torch(batch, True, benchmark=True),
+         "torch graph tf32": lambda: Torch(batch, True, benchmark=True, tf32=True),
+         "ours eager auto": ours("auto", graph=False),
+         "ours legacy": ours("legacy"),
+         "ours graph": ours("graph"),
+         "ours auto": ours("auto"),
+         "ours auto tf32": ours("auto", tf32=True)}
     if compile_:
-        makers["torch compile"] = lambda: Torch(batch, False, compile_=True)
+        m["torch compile"] = lambda: Torch(batch, False, compile_=True)
+    return m
+
+
+def bench_batch(batch, repeats, algo, compile_) -> dict:
     variants, out = {}, {}
-    for name, make in makers.items():
+    for name, make in makers(batch, algo, compile_).items():
         try:
             variants[name] = make()
         except Exception as e:  # noqa: BLE001  a variant that cannot run is reported, not fatal
@@ -162,6 +189,7 @@ def bench_batch(batch, repeats, policy, compile_) -> dict:
                   "spread_pct": 100 * (max(times[n]) - min(times[n])) / us}
         if isinstance(v, Ours):
             out[n]["tensor_bytes"] = int(v.tensor_bytes)
+            out[n]["operations"] = v.rows
         v.close()
     return out
 
@@ -217,49 +245,55 @@ def main():
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per variant (median; default 7)")
     ap.add_argument("--algo", default="exhaustive", help="our algorithm policy (default: exhaustive)")
     ap.add_argument("--compile", action="store_true", help="also torch.compile (slow to build)")
-    ap.add_argument("--torch-tf32", action="store_true", help="let PyTorch use TF32 (its default) in cuDNN")
     ap.add_argument("--no-epoch", action="store_true", help="skip the epoch timing")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     exact_float32()
-    if args.torch_tf32:
-        torch.backends.cudnn.allow_tf32 = True
-    policy = AlgoPolicy.parse(args.algo)
     import descriptors
+    from descriptors.graph import available
     gpu = torch.cuda.get_device_name()
-    print(f"GPU {gpu} | cuDNN {descriptors.version_string()} | torch {torch.__version__} "
-          f"(cuDNN {torch.backends.cudnn.version()}) | float32{' (torch TF32)' if args.torch_tf32 else ''} "
-          f"| ours: {policy}, fused (cuDNN conv+bias+ReLU, cuBLASLt epilogues), momentum SGD")
+    print(f"GPU {gpu} | cuDNN {descriptors.version_string()} | graph API {available()[1]} | torch "
+          f"{torch.__version__} (cuDNN {torch.backends.cudnn.version()}) | ours: --algo {args.algo}, fused, "
+          f"CUDA graph unless eager | momentum SGD")
     results = {}
-    hdr = f"{'batch':>6} | {'variant':<13} | {'us/step':>10} | {'M img/s':>8} | {'peak MB':>8} | {'spread':>6}"
+    hdr = f"{'batch':>6} | {'variant':<17} | {'us/step':>10} | {'M img/s':>8} | {'peak MB':>8} | {'spread':>6}"
     print(hdr)
     print("-" * len(hdr))
     for b in args.batch:
-        r = bench_batch(b, args.repeats, policy, args.compile)
+        r = bench_batch(b, args.repeats, args.algo, args.compile)
         results[b] = r
-        best_torch = min((v["us_per_step"] for k, v in r.items() if k.startswith("torch") and "us_per_step" in v),
-                         default=float("nan"))
         for name, v in r.items():
             if "error" in v:
-                print(f"{b:>6} | {name:<13} | {v['error']}")
+                print(f"{b:>6} | {name:<17} | {v['error']}")
                 continue
-            print(f"{b:>6} | {name:<13} | {v['us_per_step']:>10.1f} | {v['m_img_per_s']:>8.3f} | "
+            print(f"{b:>6} | {name:<17} | {v['us_per_step']:>10.1f} | {v['m_img_per_s']:>8.3f} | "
                   f"{v['peak_bytes'] / 2**20:>8.1f} | {v['spread_pct']:>5.1f}%")
-        ours = r.get("ours graph", {}).get("us_per_step")
-        if ours:
-            r["speedup_vs_best_torch"] = best_torch / ours
-            mem = r["ours graph"]
-            print(f"{b:>6} | ours graph is {best_torch / ours:.2f}x the fastest PyTorch variant | our peak "
-                  f"{mem['peak_bytes'] / 2**20:.1f} MB for {mem['tensor_bytes'] / 2**20:.1f} MB of step tensors "
-                  f"({mem['peak_bytes'] / mem['tensor_bytes']:.2f}x)")
+        fp32 = {k: r[k]["us_per_step"] for k in TORCH_FP32 if "us_per_step" in r.get(k, {})}
+        if not fp32:
+            continue
+        best_name = min(fp32, key=fp32.get)
+        summary = {}
+        for ours in ("ours legacy", "ours graph", "ours auto"):
+            if "us_per_step" in r.get(ours, {}):
+                summary[ours] = fp32[best_name] / r[ours]["us_per_step"]
+        r["speedup_vs_best_torch_fp32"] = summary
+        line = ", ".join(f"{k[5:]} {v:.2f}x" for k, v in summary.items())
+        print(f"{b:>6} | vs the fastest PyTorch float32 ({best_name}, {fp32[best_name]:.1f} us): {line}")
+        if "us_per_step" in r.get("ours auto tf32", {}) and "us_per_step" in r.get("torch graph tf32", {}):
+            t = r["torch graph tf32"]["us_per_step"] / r["ours auto tf32"]["us_per_step"]
+            t32 = r["torch graph tf32"]["us_per_step"] / r["ours auto"]["us_per_step"] if "ours auto" in summary \
+                else float("nan")
+            r["tf32_speedup"] = {"ours_tf32": t, "ours_fp32": t32}
+            print(f"{b:>6} | vs PyTorch TF32 ({r['torch graph tf32']['us_per_step']:.1f} us): ours auto tf32 {t:.2f}x, "
+                  f"ours auto float32 {t32:.2f}x")
     if not args.no_epoch:
-        e = bench_epoch(policy)
+        e = bench_epoch(AlgoPolicy.parse(args.algo))
         results["epoch"] = e
         print(f"epoch of 60,000 GPU-resident images at batch 64 ({e['source']}): ours {e['ours_s']:.3f} s | "
               f"PyTorch eager {e['torch_eager_s']:.3f} s | {e['torch_eager_s'] / e['ours_s']:.1f}x")
     if args.json:
         Path(args.json).write_text(json.dumps({"gpu": gpu, "results": {str(k): v for k, v in results.items()}},
-                                              indent=1))
+                                              indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: run on a machine with an NVIDIA GPU, from the repository root.
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
-# Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then the programs
-# briefly, and ends with one summary line: passed / failed / skipped, GPU, cuDNN.
+# Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then train_step under
+# each engine and policy, and ends with one summary line: passed / failed / skipped, GPU, cuDNN.
 # Wheels in .whl/ (packages the machine lacks, e.g. nvmath-python) are installed to /tmp/site.
 set -u -o pipefail
 out=${OUT:-out/gpu-check}
@@ -19,9 +19,12 @@ LENET_REQUIRE_GPU=1 python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARG
 test_rc=${PIPESTATUS[0]}
 
 prog_rc=0
-for algo in heuristic exhaustive; do
-    python3 -m lenet.train_step --algo "$algo" --steps 100 2>&1 | tee "$out/train_step_$algo.txt"
-    [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
+for engine in auto graph legacy; do
+    for algo in heuristic exhaustive; do
+        python3 -m lenet.train_step --engine "$engine" --algo "$algo" --steps 100 2>&1 \
+            | tee "$out/train_step_${engine}_$algo.txt"
+        [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
+    done
 done
 python3 -m lenet.train_step --algo exhaustive --steps 20 --no-cuda-graph --no-fused 2>&1 | tee "$out/train_step_eager.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1

@@ -199,57 +199,75 @@ def test_relu_in_place(handle, torch_ref):
 
 # ------------------------------------------------------------------ search, policy, checks
 
+LENET_CONV2 = dict(x=(6, 12, 12), w=(16, 6, 5, 5))
+
+
 def test_search_policies(handle):
-    conv, xd, wd, yd, x, w, dy = _setup(64, CASES[1])
-    D.algorithms.clear_cache()
-    h = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy())
-    assert h.policy == "heuristic" and h.time_ms is None and h.status == "CUDNN_STATUS_SUCCESS"
-    assert D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy()) is h, "second search comes from the cache"
-    assert not h.name.startswith("winograd")
-    with handle.stream:
-        y = cupy_empty(yd.shape)
-    e = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy.parse("exhaustive"), buffers=(x, w, y))
-    assert e.policy == "exhaustive" and e.time_ms is not None and e.time_ms > 0
-    sup = D.supported_algorithms(handle, "fwd", conv, xd, wd, yd)
-    for r in sup:
-        f = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy(fwd=r.name))
-        assert f.algo == r.algo and f.policy == "fixed"
-    zero = D.search(handle, "bwd-filter", conv, xd, yd, wd, AlgoPolicy(workspace_limit=0))
-    assert zero.workspace_bytes == 0
-    det = D.search(handle, "bwd-filter", conv, xd, yd, wd, AlgoPolicy(deterministic=True))
-    assert det.deterministic
-
-
-def cupy_empty(shape):
-    import cupy
-    return cupy.empty(shape, cupy.float32)
+    from descriptors.search import EXACT_RTOL, table
+    spec = D.ConvSpec("fwd", 64, **LENET_CONV2)
+    D.clear_caches()
+    h = table(handle, spec, AlgoPolicy())
+    assert 1 <= len(h) <= 2 and len({t.candidate.engine for t in h}) == len(h), "heuristic: one per engine"
+    assert table(handle, spec, AlgoPolicy()) is h, "a second search comes from the cache"
+    assert all(not t.candidate.name.startswith("winograd") and t.error <= EXACT_RTOL for t in h)
+    e = table(handle, spec, AlgoPolicy.parse("exhaustive"))
+    assert len(e) > len(h) and [t.ms for t in e] == sorted(t.ms for t in e) and all(t.ms > 0 for t in e)
+    assert {t.candidate.engine for t in e} == {"legacy", "graph"}
+    assert all(t.error <= EXACT_RTOL for t in e), [(t.candidate.label, t.error) for t in e]
+    for r in D.supported_algorithms(handle, "fwd", D.ConvolutionDescriptor(), D.TensorDescriptor((64, 6, 12, 12)),
+                                    D.FilterDescriptor((16, 6, 5, 5)), D.TensorDescriptor((64, 16, 8, 8))):
+        f = table(handle, spec, AlgoPolicy(fwd=r.name, engine="legacy"))
+        assert {t.candidate.name for t in f} == {r.name}
+    graph_plan = next(t.candidate.name for t in e if t.candidate.engine == "graph")
+    f = table(handle, spec, AlgoPolicy(fwd=graph_plan))
+    assert {(t.candidate.engine, t.candidate.name) for t in f} == {("graph", graph_plan)}
+    wgrad = spec.__class__("bwd-filter", 64, **LENET_CONV2)
+    zero = table(handle, wgrad, AlgoPolicy.parse("exhaustive", workspace_limit=0))
+    assert all(t.candidate.workspace_bytes == 0 for t in zero)
+    det = table(handle, wgrad, AlgoPolicy.parse("exhaustive", deterministic=True))
+    assert det and all(t.candidate.deterministic for t in det)
 
 
 def test_fixed_unsupported_lists_supported(handle):
+    from descriptors.search import table
     conv, xd, wd, yd, *_ = _setup(64, CASES[2])   # strided: FFT is not supported
     sup = {r.name for r in D.supported_algorithms(handle, "fwd", conv, xd, wd, yd)}
     missing = [n for n in ALGORITHM_NAMES[Direction.FORWARD] if n not in sup]
     assert missing, "expected some forward algorithm to be unsupported for a strided convolution"
+    spec = D.ConvSpec("fwd", 64, (3, 17, 17), (8, 3, 3, 3), pad=(1, 1), stride=(2, 2))
     with pytest.raises(D.AlgorithmNotSupportedError) as e:
-        D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy(fwd=missing[0]))
+        table(handle, spec, AlgoPolicy(fwd=missing[0], engine="legacy"))
     msg = str(e.value)
-    assert missing[0] in msg and "supported here:" in msg and all(s in msg for s in sup)
+    assert missing[0] in msg and "supported here:" in msg and all(s in msg for s in sup - {"winograd"}), msg
+    with pytest.raises(D.AlgorithmNotSupportedError, match="supported here:"):
+        table(handle, spec, AlgoPolicy(fwd="eng99999", engine="graph"))
 
 
 def test_workspace_limit_excludes_fixed(handle):
+    from descriptors.search import table
     conv, xd, wd, yd, *_ = _setup(64, CASES[1])
     big = [r for r in D.supported_algorithms(handle, "fwd", conv, xd, wd, yd) if r.workspace_bytes > 0]
     if not big:
         pytest.fail("expected a forward algorithm that needs workspace")
     with pytest.raises(D.AlgorithmNotSupportedError, match="over the limit of 0 B"):
-        D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy(fwd=big[0].name, workspace_limit=0))
+        table(handle, D.ConvSpec("fwd", 64, **LENET_CONV2), AlgoPolicy(fwd=big[0].name, workspace_limit=0))
+
+
+def test_chunk_choice_prefers_chunks_for_a_large_weight_gradient(handle):
+    # Note [chunks]: conv1's weight gradient costs ~14x more per image in one call of 65536.
+    from descriptors.search import choose
+    c = choose(handle, D.ConvSpec("bwd-filter", 65536, (1, 28, 28), (6, 1, 5, 5)), AlgoPolicy())
+    assert c.chunk < 65536 and c.chunks == 65536 // c.chunk, c
+    forced = choose(handle, D.ConvSpec("bwd-filter", 20000, (1, 28, 28), (6, 1, 5, 5)), AlgoPolicy(chunk=8192))
+    assert [(s, k) for s, k, _ in forced.calls()] == [(0, 8192), (8192, 8192), (16384, 3616)]
+    assert forced.rest is not None and forced.rest.candidate is not None
 
 
 def test_mismatched_arrays_are_refused(handle):
     import cupy
     conv, xd, wd, yd, x, w, dy = _setup(4, CASES[0])
     y = cupy.empty(yd.shape, cupy.float32)
-    r = D.search(handle, "fwd", conv, xd, wd, yd, AlgoPolicy(fwd="implicit_gemm"))
+    r = 0   # implicit_gemm: no workspace
     cases = [
         (dict(x=x[:2]), r"x has shape \(2, 1, 28, 28\), the descriptor wants \(4, 1, 28, 28\)"),
         (dict(x=x.astype(cupy.float64)), "x has dtype float64, the descriptor wants float32"),
@@ -260,6 +278,11 @@ def test_mismatched_arrays_are_refused(handle):
         args = {"x": x, "w": w, "y": y, **kw}
         with pytest.raises(ValueError, match=msg):
             conv.forward(handle, xd, args["x"], wd, args["w"], yd, args["y"], r)
+
+
+def cupy_empty(shape):
+    import cupy
+    return cupy.empty(shape, cupy.float32)
 
 
 def test_workspace_too_small_is_refused(handle):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import WINOGRAD_RTOL, assert_close
-from descriptors import AlgoPolicy, Direction
+from descriptors import AlgoPolicy
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def torch_step(torch, state, x, y, lr, momentum=0.0, wd=0.0, steps=1):
     return out, after
 
 
-def check_one_step(torch, model, n, lr=0.1, seed=0, what="", winograd=False):
+def check_one_step(torch, model, n, lr=0.1, seed=0, what="", winograd=False, rtol=1e-4):
     from lenet.params import init_host
     from torch_lenet import well_conditioned_batch
     # A fresh PyTorch-default init each time: a model trained on the same few batches
@@ -70,11 +70,11 @@ def check_one_step(torch, model, n, lr=0.1, seed=0, what="", winograd=False):
             cos = a @ b / (np.linalg.norm(a) * np.linalg.norm(b))
             assert cos > 0.99, f"{what} grad {k}: cosine {cos:.4f} with PyTorch's"
         return
-    assert_close(logits, ref_logits, f"{what} logits")
-    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss), f"{what} loss {loss} vs {ref_loss}"
+    assert_close(logits, ref_logits, f"{what} logits", rtol)
+    assert abs(loss - ref_loss) <= rtol * abs(ref_loss), f"{what} loss {loss} vs {ref_loss}"
     for k in ref_grads:
-        assert_close(grads[k], ref_grads[k], f"{what} grad {k}")
-        assert_close(after[k], ref_after[k], f"{what} {k} after SGD")
+        assert_close(grads[k], ref_grads[k], f"{what} grad {k}", rtol)
+        assert_close(after[k], ref_after[k], f"{what} {k} after SGD", rtol)
 
 
 @pytest.fixture(scope="module")
@@ -85,36 +85,45 @@ def models():
 
 @pytest.mark.parametrize("n", [1, 7, 64, 256])
 @pytest.mark.parametrize("policy", ["heuristic", "exhaustive"])
+@pytest.mark.parametrize("engine", ["legacy", "graph", "auto"])
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
-def test_parity_policies(torch_ref, models, n, policy, fused):
+def test_parity_engines_and_policies(torch_ref, models, n, policy, engine, fused):
     model = models[n]
-    model.set_policy(AlgoPolicy.parse(policy))
+    model.set_policy(AlgoPolicy.parse(policy, engine=engine))
     model.set_fused(fused)
-    check_one_step(torch_ref, model, n, what=f"n={n} {policy} {'fused' if fused else 'unfused'}")
+    rows = conv_rows(model.describe(n))
+    assert len(rows) == 5 and all(r["engine"] in ({"legacy", "graph"} if engine == "auto" else {engine})
+                                  for r in rows), rows
+    assert fused or not any(r["fused"] for r in rows)
+    check_one_step(torch_ref, model, n, what=f"n={n} {engine} {policy} {'fused' if fused else 'unfused'}")
+
+
+def conv_rows(rows):
+    from lenet.cli import conv_rows as f
+    return f(rows)
 
 
 def test_fusion_is_planned(models):
-    # cuDNN fuses conv+bias+ReLU for some forward algorithms (Note [fused convolution]); the plan
-    # times both paths where it can and takes the faster one. With the heuristic's choice on this
-    # GPU, at least one layer can fuse.
+    # Where fusion is allowed, the forward convolutions fuse bias and ReLU when that is fastest (it is,
+    # on an H100, for both engines); without fusion nothing fuses and the fully connected layers use cuBLAS.
     model = models[64]
-    model.set_policy(AlgoPolicy())
+    model.set_policy(AlgoPolicy.parse("exhaustive"))
     model.set_fused(True)
-    pl = model.plan(64)
-    assert any(t is not None for t in pl.fused_ms.values()), model.algorithms(64)
-    for layer, t in pl.fused_ms.items():
-        assert pl.fused[layer] == (t is not None and t[0] <= t[1])
+    rows = model.describe(64)
+    assert any(r["fused"] for r in conv_rows(rows)), rows
+    assert next(r for r in rows if r["layer"] == "fc1+fc2")["engine"] == "cublaslt"
     model.set_fused(False)
-    assert not any(model.plan(64).fused.values()) and model.plan(64).lt is None
+    rows = model.describe(64)
+    assert not any(r.get("fused") for r in rows) and next(r for r in rows if r["layer"] == "fc1+fc2")["engine"] == \
+        "cublas"
     model.set_fused(True)
-    assert pl.lt is not None, f"cuBLASLt epilogues unavailable: {pl.lt_note}"
 
 
-def _fixed_combinations(model, n, winograd=False):
-    """Every (fwd, bwd-data, bwd-filter) name combination both layers support at batch n;
-    with winograd=False none of them Winograd, with True each combination that has one."""
-    names = model.supported_names(n)
-    combos = list(itertools.product(*(names[d] for d in Direction)))
+def _fixed_combinations(model, n, winograd=False, engine="legacy"):
+    """Every (fwd, bwd-data, bwd-filter) name combination both layers support at batch n; with
+    winograd=False none of them Winograd, with True each combination that has one."""
+    names = model.supported_names(n, engine)
+    combos = list(itertools.product(*(names[d] for d in ("fwd", "bwd-data", "bwd-filter"))))
     return [c for c in combos if any(a.startswith("winograd") for a in c) == winograd]
 
 
@@ -123,12 +132,34 @@ def test_parity_every_fixed_combination(torch_ref, models, n):
     model = models[n]
     combos = _fixed_combinations(model, n)
     assert combos
-    model.set_fused(True)   # each layer fused where cuDNN runs it with that algorithm, plain elsewhere
+    model.set_fused(True)   # each layer fused where that is fastest with that algorithm
     for fwd, bd, bf in combos:
-        model.set_policy(AlgoPolicy(fwd=fwd, bwd_data=bd, bwd_filter=bf))
-        check_one_step(torch_ref, model, n, seed=len(fwd) + len(bd),
-                       what=f"n={n} {fwd}/{bd}/{bf} fused={model.plan(n).fused}")
+        model.set_policy(AlgoPolicy(fwd=fwd, bwd_data=bd, bwd_filter=bf, engine="legacy"))
+        check_one_step(torch_ref, model, n, seed=len(fwd) + len(bd), what=f"n={n} {fwd}/{bd}/{bf}")
     print(f"n={n}: {len(combos)} combinations")
+
+
+@pytest.mark.parametrize("n", [1, 64])
+def test_parity_every_graph_plan(torch_ref, models, n):
+    # Each exact graph plan both layers build (Note [exact candidates]), named as train_step prints
+    # it, one direction at a time.
+    from descriptors.search import table
+    from lenet.ops.conv import ConvLayer
+    model = models[n]
+    convs = [layer for layer in model.layers if isinstance(layer, ConvLayer)]
+    tried = 0
+    for d, field, epilogue in (("fwd", "fwd", "bias_relu"), ("bwd-data", "bwd_data", "drelu"),
+                               ("bwd-filter", "bwd_filter", "")):
+        layers = [c for c in convs if d != "bwd-data" or c.dx]
+        names = set.intersection(*({t.candidate.name for t in table(model.handle, c.spec(d, n, epilogue),
+                                                                     AlgoPolicy.parse("exhaustive", engine="graph"))}
+                                   for c in layers))
+        assert names, f"no exact graph plan common to both layers for {d}"
+        for name in sorted(names):
+            model.set_policy(AlgoPolicy(engine="graph", **{field: name}))
+            check_one_step(torch_ref, model, n, seed=tried, what=f"n={n} graph {d}={name}")
+            tried += 1
+    print(f"n={n}: {tried} graph plans")
 
 
 @pytest.mark.parametrize("n", [1, 64])
@@ -137,17 +168,28 @@ def test_parity_winograd_combinations(torch_ref, models, n):
     combos = _fixed_combinations(model, n, winograd=True)
     assert combos, "cuDNN reports no Winograd algorithm for LeNet's shapes"
     for fwd, bd, bf in combos:
-        model.set_policy(AlgoPolicy(fwd=fwd, bwd_data=bd, bwd_filter=bf))
+        model.set_policy(AlgoPolicy(fwd=fwd, bwd_data=bd, bwd_filter=bf, engine="legacy"))
         check_one_step(torch_ref, model, n, seed=3, what=f"n={n} {fwd}/{bd}/{bf}", winograd=True)
 
 
-def test_deterministic_policy_switches_pooling(models):
+def test_deterministic_policy(models):
     model = models[7]
     model.set_policy(AlgoPolicy(deterministic=True))
     assert model.pool.read()["mode"] == "max_deterministic"
-    assert all(r.deterministic for r in model.algorithms(7).values())
+    rows = conv_rows(model.describe(7))
+    assert all(r["deterministic"] for r in rows) and all(r["engine"] == "legacy" for r in rows), rows
+    model.set_policy(AlgoPolicy(deterministic=True, engine="graph"))
+    assert all(r["deterministic"] for r in conv_rows(model.describe(7)))
     model.set_policy(AlgoPolicy())
     assert model.pool.read()["mode"] == "max"
+
+
+def test_tf32_step_within_its_bound(torch_ref):
+    # --allow-tf32: TF32 candidates may win; the step stays within TF32_RTOL of exact float32.
+    from descriptors.search import TF32_RTOL
+    from lenet.model import LeNet
+    model = LeNet(max_batch=256, seed=4, policy=AlgoPolicy.parse("exhaustive", allow_tf32=True))
+    check_one_step(torch_ref, model, 256, what="allow_tf32", rtol=TF32_RTOL)
 
 
 def test_smaller_batch_than_max(torch_ref):
@@ -286,11 +328,61 @@ def test_train_step_program(tmp_path):
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "supported here" in out.stderr, out.stderr
 
 
-def test_pooling_in_chunks(torch_ref, monkeypatch):
-    # Batches above POOL_CHUNK pool in several cuDNN calls (Note [pooling batch limit]); a small
-    # chunk size exercises the same code a batch of 65536 takes.
-    import lenet.model as M
-    monkeypatch.setattr(M, "POOL_CHUNK", 16)
-    model = M.LeNet(max_batch=40, seed=6)
-    assert [c[:2] for c in model.plan(40).pool_chunks] == [(0, 16), (16, 16), (32, 8)]
-    check_one_step(torch_ref, model, 40, seed=8, what="pooling in chunks of 16")
+def test_chunks_with_a_remainder(torch_ref):
+    # Every convolution and pooling in calls of 16 images: 16, 16 and a remainder of 8, each with its
+    # own plan (Note [chunks]); the weight gradients sum per-chunk partials.
+    from lenet.model import LeNet
+    model = LeNet(max_batch=40, seed=6, policy=AlgoPolicy(chunk=16))
+    rows = model.describe(40)
+    assert all(r["chunk"] == 16 and r["chunks"] == 3 for r in rows if r["layer"] in ("conv1", "conv2", "pool1", "pool2")
+               and r["op"] != "bias-grad"), rows
+    check_one_step(torch_ref, model, 40, seed=8, what="chunks of 16")
+
+
+@pytest.mark.parametrize("engine", ["graph", "auto"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
+@pytest.mark.parametrize("chunk", [8192, None], ids=["chunks-8192", "timed-chunks"])
+def test_large_batch_with_a_remainder(torch_ref, engine, graph, chunk):
+    # n = 20000: chunks of 8192 leave a remainder of 3616 (or whatever the timings choose).
+    from lenet.model import LeNet
+    n = 20000
+    model = LeNet(max_batch=n, seed=11, cuda_graph=graph, policy=AlgoPolicy(engine=engine, chunk=chunk))
+    rows = conv_rows(model.describe(n))
+    if chunk:
+        assert all(r["chunk"] == 8192 and r["chunks"] == 3 for r in rows), rows
+    check_one_step_graph(torch_ref, model, n, what=f"n={n} {engine} {'graph' if graph else 'eager'} chunk={chunk}")
+
+
+def check_one_step_graph(torch, model, n, seed=0, what=""):
+    """check_one_step through model.step (eager, or the captured CUDA graph)."""
+    from lenet.params import init_host
+    from torch_lenet import well_conditioned_batch
+    model.load_state_dict(init_host(500 + seed))
+    state = model.state_dict()
+    x, y = well_conditioned_batch(state, n, seed)
+    [(ref_logits, ref_loss, ref_grads)], ref_after = torch_step(torch, state, x, y, 0.1)
+    model.load_batch(x, y)
+    model.step(n, 0.1)
+    loss, logits, grads, after = model.loss(), model.logits(), model.grad_dict(), model.state_dict()
+    assert_close(logits, ref_logits, f"{what} logits")
+    assert abs(loss - ref_loss) <= 1e-4 * abs(ref_loss), f"{what} loss {loss} vs {ref_loss}"
+    for k in ref_grads:
+        assert_close(grads[k], ref_grads[k], f"{what} grad {k}")
+        assert_close(after[k], ref_after[k], f"{what} {k} after SGD")
+
+
+def test_recapture_after_the_workspace_grows(torch_ref):
+    # Note [re-capture]: plan and capture batch a, then plan a larger b whose convolution needs a
+    # larger workspace (the descriptor API's FFT grows with the batch), then step a again: its graph
+    # must be captured anew, or it would read the freed workspace.
+    from lenet.model import LeNet
+    policy = AlgoPolicy(bwd_data="fft", bwd_filter="fft", engine="legacy")
+    model = LeNet(max_batch=4096, seed=12, cuda_graph=True, policy=policy)   # plans nothing yet
+    a, b = 64, 4096
+    check_one_step_graph(torch_ref, model, a, what="batch a, first capture")
+    gen, size, captures = model.workspace.generation, model.workspace.size, model.runner.captures
+    model.plan(b)
+    assert model.workspace.size > size and model.workspace.generation > gen, "batch b did not grow the workspace"
+    check_one_step_graph(torch_ref, model, a, seed=1, what="batch a after the workspace grew")
+    assert model.runner.captures == captures + 1, "batch a's graph was not captured again"
+    check_one_step_graph(torch_ref, model, b, seed=2, what="batch b")

@@ -1,0 +1,147 @@
+"""A convolution layer (conv + bias + ReLU), planned per batch size.
+
+Each direction (forward with bias and ReLU, weight gradient, data gradient) is chosen by
+descriptors.search over every engine, chunk sizes included, and bound here to the model's
+buffers; the layer never knows which engine won.
+
+Note [relu at the pooled level]: ReLU commutes with max pooling (both are monotone), so
+p = maxpool(relu(c)) = relu(maxpool(c)) and the ReLU mask of a stage can be applied to the
+pooled gradient, before the pool's backward routes it: maxpool_backward(dp * (p > 0))
+equals relu_backward(maxpool_backward(dp)) exactly (the routed position holds p itself;
+where p == 0 both give 0). The pooled tensor is 4x smaller, and the mask becomes the
+epilogue of whatever computes dp: conv2's data gradient (``act`` = p1, fused into the graph
+where cuDNN builds it) and fc1's input gradient (act = p2).
+"""
+
+from __future__ import annotations
+
+import math
+
+from descriptors.engines import BATCH_ROLES, ENGINES, ConvSpec
+from descriptors.search import ConvChoice, choose
+
+
+class BoundConv:
+    """A ConvChoice bound to full-batch arrays: one launcher per chunk, and, for a weight gradient
+    in several chunks, per-chunk partials summed into ``dw`` by one cuBLAS gemv.
+
+    Note [chunked weight gradient]: the graph API's weight gradient has no beta, so each chunk
+    writes its own partial (chunks x K*C*R*S floats, allocated here at plan time) and one gemv
+    adds them in a fixed order: deterministic, and equal to one call's result up to float32
+    summation order.
+    """
+
+    def __init__(self, handle, choice: ConvChoice, arrays: dict, workspace, blas=None, ones=None):
+        import cupy
+
+        self.choice, spec = choice, choice.spec
+        self.partials, self._reduce = None, None
+        if spec.direction == "bwd-filter" and choice.chunks > 1:
+            self.partials = cupy.zeros((choice.chunks, math.prod(spec.w)), dtype=cupy.float32)  # (chunks, K*C*R*S)
+            dw = arrays["dw"].reshape(-1)
+            self._reduce = lambda: blas.column_sums(self.partials, ones, dw)
+        self.calls = []
+        for i, (start, count, timed) in enumerate(choice.calls()):
+            a = {r: (arr[start:start + count] if r in BATCH_ROLES else arr) for r, arr in arrays.items()}
+            if self.partials is not None:
+                a["dw"] = self.partials[i].reshape(spec.w)
+            engine = ENGINES[timed.candidate.engine]
+            self.calls.append(engine.bind(handle, spec.at(count), timed.candidate, a, workspace))
+
+    def __call__(self) -> None:
+        for call in self.calls:
+            call()
+        if self._reduce is not None:
+            self._reduce()
+
+    @property
+    def workspace_bytes(self) -> int:
+        c = self.choice
+        return max(c.full.candidate.workspace_bytes, c.rest.candidate.workspace_bytes if c.rest else 0)
+
+    def describe(self, layer: str) -> dict:
+        c, t = self.choice, self.choice.full.candidate
+        row = {"layer": layer, "op": c.spec.direction + (f"+{c.spec.epilogue}" if c.spec.epilogue else ""),
+               "engine": t.engine, "algo": t.name, "fused": t.fused, "chunk": c.chunk, "chunks": c.chunks,
+               "time_ms": c.ms, "workspace_bytes": self.workspace_bytes, "error": c.full.error,
+               "deterministic": t.deterministic, "math": t.math, "policy": c.policy}
+        if c.rest is not None and c.rest.candidate != t:
+            row["rest"] = c.rest.candidate.label
+        return row
+
+
+class ConvLayer:
+    """y = relu(conv(x, w) + b) over named model buffers; dy is ``"d" + y``.
+
+    ``dx`` names the input gradient to compute (None: none, as for the first layer), and
+    ``act`` the ReLU output whose mask that gradient takes (see Note [relu at the pooled level]).
+    """
+
+    def __init__(self, name: str, x: str, y: str, x_chw: tuple, w_kcrs: tuple, *, dx: str | None = None,
+                 act: str | None = None, pad=0, stride=1, dilation=1):
+        self.name, self.x, self.y, self.dx, self.act = name, x, y, dx, act
+        self.x_chw, self.w_kcrs = tuple(x_chw), tuple(w_kcrs)
+        self.conv = dict(pad=pad, stride=stride, dilation=dilation)
+
+    def spec(self, direction: str, n: int, epilogue: str = "") -> ConvSpec:
+        pair = (lambda v: (v, v) if isinstance(v, int) else tuple(v))
+        return ConvSpec(direction, n, self.x_chw, self.w_kcrs, pair(self.conv["pad"]), pair(self.conv["stride"]),
+                        pair(self.conv["dilation"]), epilogue)
+
+    def plan(self, model, n: int) -> "PlannedConvLayer":
+        return PlannedConvLayer(self, model, n)
+
+
+class PlannedConvLayer:
+    def __init__(self, layer: ConvLayer, model, n: int):
+        self.layer, self.n = layer, n
+        buf, p, g = model.buf, model.p, model.g
+        h, pol, ws = model.handle, model.policy, model.workspace
+        kw = dict(fused=model.fused, captured=model.cuda_graph)
+        x, y, dy = buf[layer.x][:n], buf[layer.y][:n], buf["d" + layer.y][:n]
+        w, b = p[f"{layer.name}.weight"], p[f"{layer.name}.bias"].reshape(1, -1, 1, 1)
+        self.forward = BoundConv(h, choose(h, layer.spec("fwd", n, "bias_relu"), pol, **kw),
+                                 {"x": x, "w": w, "b": b, "y": y}, ws)
+        self.wgrad = BoundConv(h, choose(h, layer.spec("bwd-filter", n), pol, **kw),
+                               {"x": x, "dy": dy, "dw": g[f"{layer.name}.weight"]}, ws, model.blas, model.ones)
+        self.dgrad = None
+        if layer.dx is not None:
+            arrays = {"dy": dy, "w": w, "dx": buf[layer.dx][:n]}
+            if layer.act is not None:
+                arrays["act"] = buf[layer.act][:n]
+            self.dgrad = BoundConv(h, choose(h, layer.spec("bwd-data", n, "drelu" if layer.act else ""), pol, **kw),
+                                   arrays, ws)
+        self._bias = _bias_gradient(model, dy, g[f"{layer.name}.bias"])
+
+    def backward(self) -> None:
+        self.wgrad()
+        self._bias()
+        if self.dgrad is not None:
+            self.dgrad()
+
+    @property
+    def workspace_bytes(self) -> int:
+        return max(c.workspace_bytes for c in (self.forward, self.wgrad, self.dgrad) if c is not None)
+
+    def describe(self) -> list[dict]:
+        rows = [c.describe(self.layer.name) for c in (self.forward, self.wgrad, self.dgrad) if c is not None]
+        rows.append({"layer": self.layer.name, "op": "bias-grad", "engine": "cublas", "algo": "2 x gemv",
+                     "chunk": self.n, "chunks": 1})
+        return rows
+
+
+def _bias_gradient(model, dy, db):
+    """db[c] = sum of dy[:, c, :, :], as two cuBLAS gemv: over the batch, then over H*W.
+
+    Note [conv bias gradient]: cudnnConvolutionBackwardBias launches one block per channel;
+    measured with ncu on an H100 (cuDNN 9.19, batch 64) it took 58 us for conv1 and 32 us for
+    conv2, the largest items of the step. Two gemv take ~4 us each.
+    """
+    n, c, hh, ww = dy.shape
+    tmp = model.bias_scratch[: c * hh * ww]
+    flat, blas, ones = dy.reshape(n, c * hh * ww), model.blas, model.ones
+
+    def run():
+        blas.column_sums(flat, ones, tmp)                    # (C*H*W,) sum over N
+        blas.row_sums(tmp.reshape(c, hh * ww), ones, db)     # (C,) sum over H*W
+    return run

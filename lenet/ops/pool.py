@@ -1,0 +1,94 @@
+"""2x2/2 max pooling on cuDNN's descriptor API (the graph API's Python frontend 1.28 has no
+pooling), planned per batch size in chunks chosen by timing, like the convolutions.
+
+Note [pooling batch limit]: cuDNN's max-pooling forward kernel puts the batch in the grid's
+z dimension, which CUDA caps at 65535: at N = 65536 cudnnPoolingForward answers
+NOT_SUPPORTED (seen on an H100, cuDNN 9.19). Chunk sizes above POOL_LIMIT are therefore not
+candidates; below it the chunk size is timed like a convolution's (see Note [chunks] in
+descriptors/search.py).
+"""
+
+from __future__ import annotations
+
+from descriptors import TensorDescriptor
+from descriptors.search import choose_chunk, chunk_sizes
+from descriptors.timing import time_launcher
+
+POOL_LIMIT = 32768
+
+_times: dict = {}
+
+
+def _time_at(handle, pool, chw: tuple, c: int, captured: bool) -> float | None:
+    """ms of forward + backward on c random images (cached); None above POOL_LIMIT."""
+    if c > POOL_LIMIT:
+        return None
+    mode = pool.read()["mode"]
+    key = (handle.device_id, chw, c, mode, captured)
+    if key not in _times:
+        import cupy
+
+        ch, hh, ww = chw
+        xd, yd = TensorDescriptor((c, ch, hh, ww)), TensorDescriptor((c, ch, hh // 2, ww // 2))
+        rng = cupy.random.default_rng(0)
+        x, dy = rng.standard_normal(xd.shape, dtype=cupy.float32), rng.standard_normal(yd.shape, dtype=cupy.float32)
+        y, dx = cupy.empty(yd.shape, cupy.float32), cupy.empty(xd.shape, cupy.float32)
+        cupy.cuda.get_current_stream().synchronize()
+
+        def run():
+            pool.forward(handle, xd, x, yd, y)
+            pool.backward(handle, yd, y, yd, dy, xd, x, xd, dx)
+        _times[key] = time_launcher(run, handle.stream, graph=captured)
+    return _times[key]
+
+
+class MaxPool:
+    """y = maxpool2x2(x) over named model buffers; backward dx from dy (``"d" + name``)."""
+
+    def __init__(self, name: str, x: str, y: str, x_chw: tuple):
+        self.name, self.x, self.y, self.x_chw = name, x, y, tuple(x_chw)
+
+    def plan(self, model, n: int) -> "PlannedPool":
+        return PlannedPool(self, model, n)
+
+
+class PlannedPool:
+    def __init__(self, layer: MaxPool, model, n: int):
+        self.layer, self.n = layer, n
+        h, pool = model.handle, model.pool
+        self.mode = pool.read()["mode"]
+        chw = layer.x_chw
+        pol = model.policy
+        sizes = chunk_sizes(n, pol.chunk, pol.deterministic and pol.fwd == "heuristic")
+        if min(sizes) > POOL_LIMIT:       # a forced chunk above the limit: the largest that runs
+            sizes = [POOL_LIMIT]
+        self.chunk, self.ms = choose_chunk(n, sizes, lambda c: _time_at(h, pool, chw, c, model.cuda_graph))
+        b = model.buf
+        x, y, dx, dy = (b[k][:n] for k in (layer.x, layer.y, "d" + layer.x, "d" + layer.y))
+        descs = {}
+        self._fwd, self._bwd = [], []
+        for start in range(0, n, self.chunk):
+            k = min(self.chunk, n - start)
+            if k not in descs:
+                descs[k] = (TensorDescriptor((k, *chw)), TensorDescriptor((k, chw[0], chw[1] // 2, chw[2] // 2)))
+            xd, yd = descs[k]
+            s = slice(start, start + k)
+            xs, ys, dxs, dys = x[s], y[s], dx[s], dy[s]
+            self._fwd.append(lambda xd=xd, yd=yd, xs=xs, ys=ys: pool.forward(h, xd, xs, yd, ys))
+            self._bwd.append(lambda xd=xd, yd=yd, xs=xs, ys=ys, dxs=dxs, dys=dys:
+                             pool.backward(h, yd, ys, yd, dys, xd, xs, xd, dxs))
+        self._descs = descs   # the descriptors live as long as the plan
+
+    def forward(self) -> None:
+        for f in self._fwd:
+            f()
+
+    def backward(self) -> None:
+        for f in self._bwd:
+            f()
+
+    workspace_bytes = 0
+
+    def describe(self) -> list[dict]:
+        return [{"layer": self.layer.name, "op": "pool fwd+bwd", "engine": "legacy", "algo": self.mode,
+                 "chunk": self.chunk, "chunks": -(-self.n // self.chunk), "time_ms": self.ms, "workspace_bytes": 0}]
