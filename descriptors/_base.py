@@ -12,9 +12,10 @@ from collections import Counter
 from . import _lib
 
 # Every live cuDNN object, by kind: lets a test (or a leak hunt) see that each
-# object is destroyed exactly once.
+# object is destroyed exactly once. The lock is reentrant: the garbage collector can run a
+# finalizer (which releases an object) inside the registering thread's critical section.
 _live: dict[str, set[int]] = {}
-_live_lock = threading.Lock()
+_live_lock = threading.RLock()
 
 
 def live_objects() -> Counter:

@@ -15,6 +15,13 @@ in ``cudnn.Handle``), and plans are run with the handle of the caller, as PyTorc
 its cached plans with the current thread's handle. Each execute costs ~19 us of host
 time (measured on an H100), so small batches are timed, and run, inside CUDA graphs.
 
+Note [graph execute]: the frontend's public ``execute_plan_at_index`` re-checks every note
+filter against every plan on each call: 72-81 us of host time per execute on the GPU machine,
+against 12.6-13.7 us for the lowered graph's own ``_execute_plan_at_index`` (the call it
+ends in, with the same {uid: pointer} pack, workspace pointer, backend plan index and raw
+cudnnHandle_t). Plans are run through the latter; the pinned frontend (1.28) has it, and a
+CPU test fails if a frontend without it is installed.
+
 Note [graph plan filters]: exact float32 is the default. Plans whose numerical notes
 say TENSOR_CORE or DOWN_CONVERT_INPUTS (TF32) are left out unless ``allow_tf32``, the
 filter PyTorch applies (``filterEngineConfigs``); WINOGRAD ones unless
@@ -158,6 +165,7 @@ class GraphPlan:
     index: int
     name: str
     workspace_bytes: int
+    backend_index: int   # its index in the lowered graph's own plan list (see Note [graph execute])
 
 
 class ConvGraph(Owned):
@@ -290,7 +298,8 @@ class ConvGraph(Owned):
         for i in range(g.get_execution_plan_count()):
             try:
                 g.build_plan_at_index(i)
-                self.plans.append(GraphPlan(i, g.get_plan_name_at_index(i), int(g.get_workspace_size_plan_at_index(i))))
+                self.plans.append(GraphPlan(i, g.get_plan_name_at_index(i), int(g.get_workspace_size_plan_at_index(i)),
+                                            g.plans[i].cpp_index))
             except Exception as e:  # filtered out, or cuDNN could not build it: recorded, not raised
                 try:
                     name = g.get_plan_name_at_index(i)
@@ -330,9 +339,9 @@ class ConvGraph(Owned):
         if plan.workspace_bytes > size:
             raise ValueError(f"graph plan {plan.name} needs a workspace of {plan.workspace_bytes} bytes, "
                              f"the one given has {size}")
-        try:
-            self._g.execute_plan_at_index(pack, workspace.ptr if workspace is not None else 0, plan.index,
-                                          handle=_frontend_handle(handle))
+        try:   # see Note [graph execute]
+            self._g._lowered_graph._execute_plan_at_index(pack, workspace.ptr if workspace is not None else 0,
+                                                          plan.backend_index, handle.ptr)
         except Exception as e:
             raise graph_error(e, f"cudnn_frontend execute (plan {plan.name})", self.info) from None
 

@@ -8,7 +8,9 @@ costs; the second call gives a rough time t0), then k calls (k chosen for about
 ``budget_ms`` of work) are captured in a CUDA graph and the graph is replayed ``repeats``
 times; the time is the fastest replay divided by k. The same method times descriptor-API
 algorithms, graph-API plans and our own kernels, so their numbers compare. A candidate
-whose t0 is already over ``cutoff_ms`` is not replayed: t0 is its time (it lost). With
+whose t0 is already over ``cutoff_ms`` and over CUTOFF_FLOOR_MS is not replayed: t0 is its
+time (it lost). The floor matters: below ~1 ms an eager t0 is mostly host time (a graph-API
+plan's eager call costs more than its kernel), so only slow candidates are cut short. With
 ``graph=False`` the k calls are timed as eager launches instead: how a step that is not
 captured will run them, host time included.
 """
@@ -16,6 +18,8 @@ captured will run them, host time included.
 from __future__ import annotations
 
 import math
+
+CUTOFF_FLOOR_MS = 1.0
 
 
 def time_launcher(fn, stream, *, budget_ms: float = 1.0, repeats: int = 3, max_calls: int = 50,
@@ -30,7 +34,7 @@ def time_launcher(fn, stream, *, budget_ms: float = 1.0, repeats: int = 3, max_c
     end.record(stream)
     end.synchronize()
     t0 = cupy.cuda.get_elapsed_time(start, end)
-    if cutoff_ms is not None and t0 > cutoff_ms:
+    if cutoff_ms is not None and t0 > max(cutoff_ms, CUTOFF_FLOOR_MS):
         return t0
     k = int(min(max_calls, max(1, math.floor(budget_ms / max(t0, 1e-3)))))
     if not graph:

@@ -186,11 +186,14 @@ class LeNet:
         for n in sizes:
             self.plan(n)
 
-    def set_policy(self, policy: AlgoPolicy) -> None:
-        """Choose every operation again under ``policy`` for every planned batch size."""
+    def set_policy(self, policy: AlgoPolicy, fused: bool | None = None) -> None:
+        """Choose every operation again under ``policy`` (and ``fused``, when given) for every
+        planned batch size."""
         if policy.deterministic != self.policy.deterministic:
             self.pool = self._pooling(policy)
         self.policy = policy
+        if fused is not None:
+            self.fused = bool(fused)
         self._replan()
 
     def set_fused(self, fused: bool) -> None:

@@ -3,6 +3,7 @@ SGD, at several batch sizes and for every algorithm choice (see Note [tolerance]
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import subprocess
@@ -83,14 +84,17 @@ def models():
     return {n: LeNet(max_batch=n, seed=n) for n in (1, 7, 64, 256)}
 
 
-@pytest.mark.parametrize("n", [1, 7, 64, 256])
-@pytest.mark.parametrize("policy", ["heuristic", "exhaustive"])
-@pytest.mark.parametrize("engine", ["legacy", "graph", "auto"])
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "unfused"])
+# Every engine x policy x fusion at batch 64; batch 1, 7 and 256 for a few of them.
+PARITY = [(64, e, p, f) for e in ("legacy", "graph", "auto") for p in ("heuristic", "exhaustive") for f in (True, False)]
+PARITY += [(n, e, p, f) for n in (1, 7, 256) for e, p, f in (("auto", "heuristic", True), ("auto", "exhaustive", True),
+                                                             ("graph", "exhaustive", False))]
+
+
+@pytest.mark.parametrize("n,engine,policy,fused", PARITY,
+                         ids=[f"{n}-{e}-{p}-{'fused' if f else 'unfused'}" for n, e, p, f in PARITY])
 def test_parity_engines_and_policies(torch_ref, models, n, policy, engine, fused):
     model = models[n]
-    model.set_policy(AlgoPolicy.parse(policy, engine=engine))
-    model.set_fused(fused)
+    model.set_policy(AlgoPolicy.parse(policy, engine=engine), fused)
     rows = conv_rows(model.describe(n))
     assert len(rows) == 5 and all(r["engine"] in ({"legacy", "graph"} if engine == "auto" else {engine})
                                   for r in rows), rows
@@ -107,8 +111,7 @@ def test_fusion_is_planned(models):
     # Where fusion is allowed, the forward convolutions fuse bias and ReLU when that is fastest (it is,
     # on an H100, for both engines); without fusion nothing fuses and the fully connected layers use cuBLAS.
     model = models[64]
-    model.set_policy(AlgoPolicy.parse("exhaustive"))
-    model.set_fused(True)
+    model.set_policy(AlgoPolicy.parse("exhaustive"), fused=True)
     rows = model.describe(64)
     assert any(r["fused"] for r in conv_rows(rows)), rows
     assert next(r for r in rows if r["layer"] == "fc1+fc2")["engine"] == "cublaslt"
@@ -339,9 +342,11 @@ def test_chunks_with_a_remainder(torch_ref):
     check_one_step(torch_ref, model, 40, seed=8, what="chunks of 16")
 
 
-@pytest.mark.parametrize("engine", ["graph", "auto"])
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "cuda-graph"])
-@pytest.mark.parametrize("chunk", [8192, None], ids=["chunks-8192", "timed-chunks"])
+LARGE = [("graph", False, 8192), ("graph", True, None), ("auto", True, 8192), ("auto", False, None)]
+
+
+@pytest.mark.parametrize("engine,graph,chunk", LARGE, ids=[f"{e}-{'cuda-graph' if g else 'eager'}-{c or 'timed'}"
+                                                          for e, g, c in LARGE])
 def test_large_batch_with_a_remainder(torch_ref, engine, graph, chunk):
     # n = 20000: chunks of 8192 leave a remainder of 3616 (or whatever the timings choose).
     from lenet.model import LeNet
@@ -353,13 +358,18 @@ def test_large_batch_with_a_remainder(torch_ref, engine, graph, chunk):
     check_one_step_graph(torch_ref, model, n, what=f"n={n} {engine} {'graph' if graph else 'eager'} chunk={chunk}")
 
 
-def check_one_step_graph(torch, model, n, seed=0, what=""):
-    """check_one_step through model.step (eager, or the captured CUDA graph)."""
+@functools.lru_cache(maxsize=4)
+def _conditioned(n, seed):
     from lenet.params import init_host
     from torch_lenet import well_conditioned_batch
-    model.load_state_dict(init_host(500 + seed))
-    state = model.state_dict()
-    x, y = well_conditioned_batch(state, n, seed)
+    state = init_host(500 + seed)
+    return (state, *well_conditioned_batch(state, n, seed))
+
+
+def check_one_step_graph(torch, model, n, seed=0, what=""):
+    """check_one_step through model.step (eager, or the captured CUDA graph)."""
+    state, x, y = _conditioned(n, seed)
+    model.load_state_dict(state)
     [(ref_logits, ref_loss, ref_grads)], ref_after = torch_step(torch, state, x, y, 0.1)
     model.load_batch(x, y)
     model.step(n, 0.1)
