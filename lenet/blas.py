@@ -67,12 +67,14 @@ class Blas:
                        self._s(beta), c.data.ptr, n)
 
     def column_sums(self, a, ones, out, *, alpha: float = 1.0, beta: float = 0.0) -> None:
-        """out = alpha * a.sum(axis=0) + beta * out for row-major a (r, c); ``ones`` holds >= r ones."""
+        """out = alpha * a.sum(axis=0) + beta * out for row-major a (r, c), whose rows may be
+        padded (a view of a wider matrix); ``ones`` holds >= r ones."""
         r, c = a.shape
-        if out.shape != (c,) or ones.shape[0] < r:
-            raise ValueError(f"column_sums: a {a.shape}, out {out.shape}, ones {ones.shape}")
-        # Row-major a (r, c) is column-major (c, r): out = A_cm @ ones.
-        self._cb.sgemv(self.handle, self._cb.Operation.N, c, r, self._s(alpha), a.data.ptr, c,
+        ld = a.strides[0] // a.itemsize if r > 1 else c
+        if out.shape != (c,) or ones.shape[0] < r or a.strides[1] != a.itemsize or ld < c:
+            raise ValueError(f"column_sums: a {a.shape} (strides {a.strides}), out {out.shape}, ones {ones.shape}")
+        # Row-major a (r, c) is column-major (c, r) with leading dimension ld: out = A_cm @ ones.
+        self._cb.sgemv(self.handle, self._cb.Operation.N, c, r, self._s(alpha), a.data.ptr, ld,
                        ones.data.ptr, 1, self._s(beta), out.data.ptr, 1)
 
     def row_sums(self, a, ones, out, *, alpha: float = 1.0, beta: float = 0.0) -> None:

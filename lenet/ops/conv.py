@@ -28,7 +28,9 @@ class BoundConv:
     Note [chunked weight gradient]: the graph API's weight gradient has no beta, so each chunk
     writes its own partial (chunks x K*C*R*S floats, allocated here at plan time) and one gemv
     adds them in a fixed order: deterministic, and equal to one call's result up to float32
-    summation order.
+    summation order. Each partial starts on a 256-byte boundary: graph plans refuse a pointer
+    that is not aligned (CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen on an H100 for rows of
+    150 floats).
     """
 
     def __init__(self, handle, choice: ConvChoice, arrays: dict, workspace, blas=None, ones=None):
@@ -37,7 +39,9 @@ class BoundConv:
         self.choice, spec = choice, choice.spec
         self.partials, self._reduce = None, None
         if spec.direction == "bwd-filter" and choice.chunks > 1:
-            self.partials = cupy.zeros((choice.chunks, math.prod(spec.w)), dtype=cupy.float32)  # (chunks, K*C*R*S)
+            size = math.prod(spec.w)
+            rows = cupy.zeros((choice.chunks, -(-size // 64) * 64), dtype=cupy.float32)   # (chunks, padded K*C*R*S)
+            self.partials = rows[:, :size]
             dw = arrays["dw"].reshape(-1)
             self._reduce = lambda: blas.column_sums(self.partials, ones, dw)
         self.calls = []
