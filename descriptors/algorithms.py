@@ -18,7 +18,9 @@ winograd_nonfused unless ``allow_winograd`` is set; naming one fixes it regardle
 
 Note [algorithm fallback]: a candidate is dropped only when cuDNN reports it
 NOT_SUPPORTED (any 3000-range status) or as failing to allocate; a BAD_PARAM is a bug
-in the caller and is raised, never skipped.
+in the caller and is raised, never skipped. While searching, a candidate whose kernel cuDNN
+cannot launch for the shape is dropped too (EXECUTION_FAILED, 5000-range): seen on an H100
+for TF32 graph plan eng71 of conv1's forward at 65536 images (EXECUTION_FAILED_CUDA_DRIVER).
 """
 
 from __future__ import annotations

@@ -37,6 +37,11 @@ class CudnnError(RuntimeError):
         return self.category == 3000
 
     @property
+    def is_execution_failure(self) -> bool:
+        # CUDNN_STATUS_EXECUTION_FAILED and its sub-codes (5000-range)
+        return self.category == 5000
+
+    @property
     def is_alloc_failure(self) -> bool:
         # CUDNN_STATUS_INTERNAL_ERROR_{HOST,DEVICE}_ALLOCATION_FAILED
         return self.status in (4003, 4004)

@@ -194,7 +194,7 @@ def table(handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True, cap
             run = ENGINES[c.engine].bind(handle, spec, c, arrays, ws)
             ms = time_launcher(run, stream, graph=captured, cutoff_ms=3 * best if best < math.inf else None)
         except CudnnError as e:
-            if e.is_not_supported or e.is_alloc_failure:   # see Note [algorithm fallback]
+            if e.is_not_supported or e.is_alloc_failure or e.is_execution_failure:   # Note [algorithm fallback]
                 dropped[c.label] = e.status_name
                 continue
             raise

@@ -44,9 +44,12 @@ def steps_for(batch: int) -> int:
 class Ours:
     def __init__(self, batch, graph, policy, fused=True):
         """policy: an AlgoPolicy (engine, TF32 and the rest)."""
+        import gc
+
         import cupy
         self.cupy = cupy
         pool = cupy.get_default_memory_pool()
+        gc.collect()
         pool.free_all_blocks()
         base = pool.used_bytes()
         self.m = LeNet(max_batch=batch, policy=policy, seed=0, cuda_graph=graph, fused=fused, momentum=0.9)

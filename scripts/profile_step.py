@@ -1,8 +1,11 @@
 """Run training steps of our LeNet (and optionally PyTorch's) for a profiler to look at.
 
-    ncu --clock-control none --print-summary per-kernel python3 scripts/profile_step.py --batch 64
+    ncu --clock-control none --nvtx --nvtx-include "step/" --metrics gpu__time_duration.sum \
+        --print-summary per-kernel python3 scripts/profile_step.py --batch 64
 
-Warm-up steps run first, then --steps more: profile those (ncu's --launch-skip).
+The model is planned as the CUDA-graph step plans it (the search times candidates as a graph
+runs them) and warmed up; then --steps steps run with the same planned operations launched
+one by one, inside an NVTX range named "step", so a profiler sees each kernel of the step.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--algo", default="exhaustive")
-    ap.add_argument("--graph", action="store_true", help="replay the step from a CUDA graph")
+    ap.add_argument("--engine", default="auto", choices=("auto", "legacy", "graph"))
+    ap.add_argument("--graph", action="store_true", help="replay the profiled steps from the CUDA graph")
     ap.add_argument("--no-fused", action="store_true", help="the plain step (no cuDNN/cuBLASLt fusion)")
     ap.add_argument("--torch", action="store_true", help="profile PyTorch's step instead (float32, no TF32)")
     args = ap.parse_args()
@@ -33,15 +37,20 @@ def main():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, args.batch).astype(np.int32)
-    m = LeNet(max_batch=args.batch, policy=AlgoPolicy.parse(args.algo), cuda_graph=args.graph,
+    import cupy
+
+    m = LeNet(max_batch=args.batch, policy=AlgoPolicy.parse(args.algo, engine=args.engine), cuda_graph=True,
               fused=not args.no_fused)
     m.load_batch(x, y)
     for _ in range(5):
         m.step(args.batch, 0.01)
+    m.cuda_graph = args.graph   # the same planned operations, launched one by one unless --graph
     m.stream.synchronize()
+    cupy.cuda.nvtx.RangePush("step")
     for _ in range(args.steps):
         m.step(args.batch, 0.01)
     m.stream.synchronize()
+    cupy.cuda.nvtx.RangePop()
     print(f"loss {m.loss():.4f}")
 
 
