@@ -21,6 +21,10 @@ def gpu_status() -> tuple[bool, str]:
     try:
         n = runtime.getDeviceCount()
     except Exception as e:  # CUDARuntimeError: no driver, driver too old, ...
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return False, "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)"
         return False, f"the CUDA runtime could not count GPUs (cudaGetDeviceCount: {e})"
     if n == 0:
         return False, "the CUDA driver reports no GPU (cudaGetDeviceCount returned 0)"

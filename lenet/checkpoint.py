@@ -1,60 +1,55 @@
 """Checkpoints: one .npz holding the flat parameters, the momentum buffer and a JSON record
-(epoch, iteration, config, normalization, metrics so far). Written atomically."""
+(epoch, step inside the epoch, iteration, config, normalization, metrics so far). Written
+atomically (lenet/files.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from . import files
 from . import params as P
 
 FORMAT = 1
+WHAT = "a LeNet checkpoint is the checkpoint.npz that python -m lenet.train writes (params, velocity, meta)"
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit."""
 
 
-def save_npz_atomic(path, arrays: dict) -> None:
-    """Write an .npz through a temporary file in the same folder and a rename: an
-    interrupted write leaves the previous file as it was, never a broken one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def save(path, params_flat: np.ndarray, velocity_flat: np.ndarray, meta: dict) -> None:
-    save_npz_atomic(path, {"params": params_flat.astype(np.float32), "velocity": velocity_flat.astype(np.float32),
-                           "meta": np.array(json.dumps({"format": FORMAT, **meta}))})
+    files.save_npz(path, {"params": params_flat.astype(np.float32), "velocity": velocity_flat.astype(np.float32),
+                          "meta": np.array(json.dumps({"format": FORMAT, **meta}))})
 
 
 def load(path) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(params flat, velocity flat, meta); CheckpointError for anything that is not ours."""
+    """(params flat, velocity flat, meta); CheckpointError, one line, for anything that is not ours."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file; {WHAT}")
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint")
     try:
         with np.load(path, allow_pickle=False) as z:
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise CheckpointError(f"{path} is a single NumPy array, not a checkpoint; {WHAT}")
+            missing = [k for k in ("params", "velocity", "meta") if k not in z.files]
+            if missing:
+                raise CheckpointError(f"{path} is an .npz without {', '.join(missing)}: not a checkpoint (an "
+                                      f"export, perhaps); {WHAT}")
             params, velocity, meta = z["params"], z["velocity"], json.loads(str(z["meta"]))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: no such checkpoint") from None
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not a readable LeNet checkpoint ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, this version reads {FORMAT}")
+    except CheckpointError:
+        raise
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, json.JSONDecodeError):
+        # NumPy's own message for some of these invites unpickling: never pass it on.
+        raise CheckpointError(f"{path} is not a LeNet checkpoint (not a readable .npz); {WHAT}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{path}: checkpoint format {got!r}, this version reads {FORMAT}")
     if params.shape != (P.TOTAL,) or velocity.shape != (P.TOTAL,):
         raise CheckpointError(f"{path}: parameter buffer of {params.shape}, LeNet's is ({P.TOTAL},)")
     if not np.all(np.isfinite(params)):

@@ -17,11 +17,28 @@ class _Formatter(argparse.HelpFormatter):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (exit 2), no usage block, help wrapped at spaces."""
+    """argparse with one-line errors (exit 2), no usage block, help wrapped at spaces; a value
+    that starts with '-' (``--workspace-limit -5M``) reaches its flag's check instead of being
+    taken for a flag."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        takes_value = {s for a in self._actions if isinstance(a, argparse._StoreAction) and a.nargs is None
+                       for s in a.option_strings}
+        out, i = [], 0
+        while i < len(args):
+            if args[i] in takes_value and i + 1 < len(args) and args[i + 1].startswith("-") \
+                    and args[i + 1] not in self._option_string_actions:
+                out.append(f"{args[i]}={args[i + 1]}")
+                i += 2
+                continue
+            out.append(args[i])
+            i += 1
+        return super().parse_known_args(out, namespace)
 
     def error(self, message: str):  # noqa: D102
         self.exit(2, f"{self.prog}: error: {message}\n")
@@ -31,7 +48,8 @@ def byte_size(text: str) -> int:
     """'1048576', '64M', '1.5G', '512k' -> bytes."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)(?:i?[bB])?\s*", text)
     if not m:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use bytes or a number with K, M or G")
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use a size >= 0 in bytes or with K, M or G "
+                                         f"(e.g. 64M)")
     return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
 
 
@@ -42,6 +60,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 1") from None
     if v < 1:
         raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 1")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 0") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 0")
     return v
 
 

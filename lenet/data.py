@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,42 +26,58 @@ class DataError(ValueError):
     """A dataset that is missing, truncated or corrupt; names the file and what is wrong."""
 
 
-def _open_bytes(path: Path) -> bytes:
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            return gzip.decompress(raw)
-        except (OSError, EOFError, gzip.BadGzipFile) as e:
-            raise DataError(f"{path}: corrupt gzip data ({e})") from None
-    return raw
+# More than any IDX dataset this reads (EMNIST's largest split is ~0.6 GB): a header that
+# declares more is refused before anything is read.
+MAX_BYTES = 4 << 30
 
 
 def read_idx(path, *, ndim: int | None = None) -> np.ndarray:
-    """Read one IDX file (raw or gzipped), validating magic, dims and size."""
+    """Read one IDX file (raw or gzipped), validating magic, dims and size.
+
+    Note [bounded IDX reading]: the header is read first and the data after it is read up to
+    the size the header declares plus one byte, so a gzip file that inflates beyond what its
+    header says is an error found after reading that much, never a memory spike.
+    """
     path = Path(path)
-    raw = _open_bytes(path)
-    if len(raw) < 4:
-        raise DataError(f"{path}: too short for an IDX header ({len(raw)} bytes)")
-    if raw[0] != 0 or raw[1] != 0 or raw[2] not in _TYPES:
-        raise DataError(f"{path}: bad IDX magic number {raw[:4].hex()} (want 0000 then a type code "
-                        f"and a dim count, e.g. 00000803 for images)")
-    dt, nd = np.dtype(_TYPES[raw[2]]), raw[3]
-    if ndim is not None and nd != ndim:
-        raise DataError(f"{path}: has {nd} dimensions, expected {ndim}")
-    if len(raw) < 4 + 4 * nd:
-        raise DataError(f"{path}: truncated header ({len(raw)} bytes)")
-    dims = tuple(int(d) for d in np.frombuffer(raw, ">u4", nd, 4))
-    if any(d == 0 for d in dims):
-        raise DataError(f"{path}: a dimension is zero {dims}")
-    want = int(np.prod(dims)) * dt.itemsize
-    have = len(raw) - 4 - 4 * nd
-    if have != want:
-        what = "truncated" if have < want else "has trailing bytes"
-        raise DataError(f"{path}: {what}: header says {dims} ({want} data bytes), file has {have}")
-    return np.frombuffer(raw, dt, offset=4 + 4 * nd).reshape(dims)
+    if path.is_dir():
+        raise DataError(f"{path} is a folder, not an IDX file")
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    with f:
+        gz = f.read(2) == b"\x1f\x8b"
+        f.seek(0)
+        src = gzip.GzipFile(fileobj=f) if gz else f
+        try:
+            head = src.read(4)
+            if len(head) < 4:
+                raise DataError(f"{path}: too short for an IDX header ({len(head)} bytes)")
+            if head[0] != 0 or head[1] != 0 or head[2] not in _TYPES:
+                raise DataError(f"{path}: bad IDX magic number {head.hex()} (want 0000 then a type code "
+                                f"and a dim count, e.g. 00000803 for images)")
+            dt, nd = np.dtype(_TYPES[head[2]]), head[3]
+            if ndim is not None and nd != ndim:
+                raise DataError(f"{path}: has {nd} dimensions, expected {ndim}")
+            dims_raw = src.read(4 * nd)
+            if len(dims_raw) < 4 * nd:
+                raise DataError(f"{path}: truncated header ({4 + len(dims_raw)} bytes)")
+            dims = tuple(int(d) for d in np.frombuffer(dims_raw, ">u4", nd))
+            if any(d == 0 for d in dims):
+                raise DataError(f"{path}: a dimension is zero {dims}")
+            want = int(np.prod(dims, dtype=np.float64)) * dt.itemsize
+            if want > MAX_BYTES:
+                raise DataError(f"{path}: header declares {dims}, {want} data bytes: more than the "
+                                f"{MAX_BYTES >> 30} GiB an IDX file of a dataset for LeNet can hold")
+            body = src.read(want + 1)   # see Note [bounded IDX reading]
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataError(f"{path}: corrupt gzip data ({e})") from None
+    if len(body) != want:
+        if len(body) < want:
+            raise DataError(f"{path}: truncated: header says {dims} ({want} data bytes), file has {len(body)}")
+        what = "inflates beyond the size its header declares" if gz else "has trailing bytes"
+        raise DataError(f"{path}: {what}: header says {dims} ({want} data bytes)")
+    return np.frombuffer(body, dt).reshape(dims)
 
 
 def _file(root: Path, stem: str) -> Path:
@@ -117,11 +134,35 @@ def find_dataset(data_dir=None) -> Path | None:
     return None
 
 
+def missing_files(root: Path) -> list[str]:
+    """The IDX files a dataset folder lacks (each may also be .gz)."""
+    out = []
+    for pair in SPLITS.values():
+        for stem in pair:
+            try:
+                _file(root, stem)
+            except DataError:
+                out.append(stem)
+    return out
+
+
 def not_found_message(data_dir=None) -> str:
+    if data_dir is not None:
+        root = Path(data_dir)
+        if not root.exists():
+            return f"--data-dir {root}: no such folder"
+        if not root.is_dir():
+            return f"--data-dir {root} is a file, not a folder holding the four IDX files"
+        missing = missing_files(root)
+        if missing:
+            return (f"--data-dir {root}: missing {', '.join(missing)} (each raw or .gz); a dataset folder holds "
+                    f"{', '.join(s for pair in SPLITS.values() for s in pair)}")
+    partial = [f"{p} lacks {', '.join(missing_files(p))}" for p in candidates(data_dir)
+               if p.is_dir() and 0 < len(missing_files(p)) < 4]
     where = ", ".join(str(p) for p in candidates(data_dir))
-    return (f"no IDX dataset found (looked in: {where}); get Fashion-MNIST with "
-            f"'apt-get install dataset-fashion-mnist' or put the four IDX files in ./data/fashion-mnist "
-            f"or a directory named by --data-dir or $LENET_DATA")
+    return (f"no IDX dataset found (looked in: {where}{'; ' + '; '.join(partial) if partial else ''}); get "
+            f"Fashion-MNIST with 'apt-get install dataset-fashion-mnist' or put the four IDX files in "
+            f"./data/fashion-mnist or a directory named by --data-dir or $LENET_DATA")
 
 
 def pixel_stats(images: np.ndarray) -> tuple[float, float]:

@@ -1,21 +1,46 @@
 """python -m lenet.export CHECKPOINT --to model.safetensors
 
 Writes the parameters under PyTorch's state_dict names and shapes: a torch.nn LeNet
-loads them with load_state_dict. .safetensors (needs the safetensors package) or .npz.
+loads them with load_state_dict. .safetensors or .npz. Needs no GPU.
 """
 
 from __future__ import annotations
 
+import io
 import json
-import os
 from pathlib import Path
 
+import numpy as np
+
 from . import checkpoint as ckpt
-from . import cli
+from . import cli, files
+
+SUFFIXES = (".safetensors", ".npz")
+
+
+def save(state: dict, to, info: dict | None = None) -> Path:
+    """Write a state dict (PyTorch names and shapes, NumPy arrays) to ``to`` (.safetensors or
+    .npz), atomically; ``info`` (strings) goes into the file's metadata."""
+    from . import params as P
+
+    to = Path(to)
+    if to.suffix not in SUFFIXES:
+        raise ValueError(f"--to must end in .safetensors or .npz, got {to.name!r}")
+    state = P.unpack(P.pack(state))   # checks names, shapes and values
+    info = {k: str(v) for k, v in (info or {}).items()}
+    if to.suffix == ".safetensors":
+        from safetensors.numpy import save as to_bytes
+
+        files.write_atomic(to, to_bytes(state, metadata=info))
+    else:
+        buf = io.BytesIO()
+        np.savez(buf, **state, meta=np.array(json.dumps(info)))
+        files.write_atomic(to, buf.getvalue())
+    return to
 
 
 def parser() -> cli.Parser:
-    p = cli.Parser(prog="python -m lenet.export", description=__doc__.split("\n\n")[1].replace("\n", " "))
+    p = cli.Parser(prog="python -m lenet.export", description=" ".join(__doc__.split("\n\n")[1].split()))
     p.add_argument("checkpoint", help="a checkpoint.npz written by python -m lenet.train")
     p.add_argument("--to", required=True, metavar="PATH", help="output file: .safetensors or .npz")
     return p
@@ -24,33 +49,23 @@ def parser() -> cli.Parser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     to = Path(args.to)
-    if to.suffix not in (".safetensors", ".npz"):
+    if to.suffix not in SUFFIXES:
         raise ValueError(f"--to must end in .safetensors or .npz, got {to.name!r}")
+    files.check_output_file(to, "--to", inputs=[args.checkpoint])
     params, _, meta = ckpt.load(args.checkpoint)
     from . import params as P
 
     state = P.unpack(params)
-    info = {"format": "lenet-cudnn", "epoch": str(meta["epoch"]), "mean": repr(meta["config"]["mean"]),
-            "std": repr(meta["config"]["std"]), "dataset": meta["config"]["dataset"]}
-    tmp = to.with_name(f".{to.name}.tmp")
-    try:
-        if to.suffix == ".safetensors":
-            try:
-                from safetensors.numpy import save_file
-            except ImportError:
-                raise ValueError("writing .safetensors needs the safetensors package "
-                                 "(pip install '.[train]'), or export to .npz") from None
-            save_file(state, str(tmp), metadata=info)
-        else:
-            ckpt.save_npz_atomic(tmp.with_suffix(".npz"), {**state, "meta": json.dumps(info)})
-            tmp = tmp.with_suffix(".npz")
-        os.replace(tmp, to)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    cfg = meta["config"]
+    save(state, to, {"format": "lenet-cudnn", "epoch": meta["epoch"], "mean": repr(cfg["mean"]),
+                     "std": repr(cfg["std"]), "dataset": cfg["dataset"]})
     print(f"wrote {to}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in state.items())}")
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

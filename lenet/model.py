@@ -251,9 +251,10 @@ class LeNet:
             self._lr_host = lr
         self.n = n
 
-    def reset_running_loss(self) -> None:
+    def reset_running_loss(self, value: float = 0.0) -> None:
+        """Set the running sum of step losses (0, or a resumed epoch's sum so far)."""
         with self.stream:
-            self.running_loss.fill(0)
+            self.running_loss.fill(value)
 
     def read_running_loss(self) -> float:
         """Sum of the step losses since the last reset (synchronizes)."""

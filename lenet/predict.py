@@ -33,7 +33,7 @@ def read_picture(path: Path, invert: bool) -> np.ndarray:
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise ValueError("reading pictures needs Pillow (pip install '.[train]')") from None
+        raise ValueError("reading pictures needs Pillow (pip install Pillow)") from None
     try:
         with Image.open(path) as im:
             g = im.convert("L").resize((28, 28), Image.BILINEAR)
@@ -47,6 +47,8 @@ def load_inputs(paths: list[str], invert: bool) -> tuple[np.ndarray, list[str]]:
     images, names = [], []
     for s in paths:
         p = Path(s)
+        if p.is_dir():
+            raise data.DataError(f"{p} is a folder; give IDX image files or PNG/JPEG pictures")
         if not p.is_file():
             raise data.DataError(f"{p}: no such file")
         head = p.read_bytes()[:4]
@@ -103,5 +105,9 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

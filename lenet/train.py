@@ -4,14 +4,27 @@ The datasets go to the GPU once, as uint8; each batch is gathered and normalized
 there from a per-epoch permutation that depends only on (seed, epoch), so the host
 never waits inside the step loop and a resumed run sees the batches an
 uninterrupted one would. Under --out: metrics.jsonl, curves.png, checkpoint.npz
-(written atomically after every epoch).
+(written atomically after every epoch, every --checkpoint-every steps, and when a signal
+stops the run).
+
+Everything that needs no GPU is checked first: the flags, the dataset's files, --out,
+--resume's checkpoint. Only then is the GPU touched.
+
+Note [stopping]: the first SIGINT or SIGTERM asks the loop to stop after the step in flight;
+it then writes a checkpoint that records the position inside the epoch (epoch, step, the
+epoch's running loss), prints one line saying where it stopped and how to resume, and exits
+130 (SIGINT) or 143 (SIGTERM). A second signal stops at once: a checkpoint being written is
+abandoned (its temporary file removed), so the last good checkpoint stays as it was.
+--resume continues from the recorded step; with --deterministic, a run stopped at any step
+and resumed ends bit-identical to an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
-import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,17 +32,57 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import cli, data
+from . import cli, data, files
 from .schedule import SCHEDULES, Schedule
 
 # What must match for --resume to continue a run rather than start a different one.
 RESUME_KEYS = ("dataset", "batch_size", "seed", "lr", "momentum", "weight_decay", "schedule", "gamma", "power",
                "step_size", "step_gamma", "train_size", "algo", "workspace_limit", "deterministic",
                "allow_winograd", "allow_tf32", "engine", "chunk", "epochs")
+RUN_FILES = ("checkpoint.npz", "metrics.jsonl", "curves.png")
+CHECKPOINT_EVERY = 10000   # steps: a few checkpoints an epoch at batch 1, none mid-epoch at 64 (938 steps)
 
 
 class TrainingDiverged(RuntimeError):
     pass
+
+
+class StoppedAtOnce(BaseException):
+    """A second signal: leave now (see Note [stopping])."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Signals:
+    """SIGINT and SIGTERM while training: the first is recorded for the loop to act on after the
+    step in flight, the second raises StoppedAtOnce (see Note [stopping])."""
+
+    NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+
+    def __init__(self):
+        self.signum = None
+        self._old = {}
+
+    def _handle(self, signum, frame):
+        if self.signum is None:
+            self.signum = signum
+            return
+        raise StoppedAtOnce(signum)
+
+    def __enter__(self):
+        for s in self.NAMES:
+            self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    @property
+    def name(self) -> str:
+        return self.NAMES.get(self.signum, str(self.signum))
 
 
 def parser() -> cli.Parser:
@@ -51,7 +104,8 @@ def parser() -> cli.Parser:
     p.add_argument("--step-size", type=cli.positive_int, default=10, metavar="EPOCHS",
                    help="step schedule: epochs between decays (default: 10)")
     p.add_argument("--step-gamma", type=cli.nonneg_float, default=0.1, help="step schedule's factor (default: 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the init and the batch order (default: 0)")
+    p.add_argument("--seed", type=cli.nonneg_int, default=0,
+                   help="seed of the init and the batch order, an integer >= 0 (default: 0)")
     p.add_argument("--train-size", type=cli.positive_int, default=None, metavar="N",
                    help="train on the first N training images only (default: all)")
     p.add_argument("--test-size", type=cli.positive_int, default=None, metavar="N",
@@ -61,7 +115,13 @@ def parser() -> cli.Parser:
     cli.add_speed_flags(p)
     p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, curves.png and checkpoint.npz here")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
-                   help="continue a run from its checkpoint (default: DIR/checkpoint.npz of --out)")
+                   help="continue a run from its checkpoint, mid-epoch if it stopped there (default: "
+                        "DIR/checkpoint.npz of --out)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an --out folder that holds an earlier one, replacing its files")
+    p.add_argument("--checkpoint-every", type=cli.nonneg_int, default=CHECKPOINT_EVERY, metavar="STEPS",
+                   help=f"also write the checkpoint every STEPS steps inside an epoch; 0: at epoch ends only "
+                        f"(default: {CHECKPOINT_EVERY})")
     p.add_argument("--quiet", action="store_true", help="plain log lines, no progress bar")
     return p
 
@@ -129,25 +189,26 @@ def plot(path: Path, history: list[dict]) -> bool:
     b.set_xlabel("epoch"), b.set_ylabel("test accuracy (%)"), b.grid(alpha=0.3)
     fig.suptitle("LeNet-5 on cuDNN + cuBLAS")
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
+    files.write_atomic(path, buf.getvalue())
     return True
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    policy = cli.policy_from(args)
-    out = Path(args.out) if args.out else None
-    resume_path = None
-    if args.resume is not None:
-        resume_path = Path(args.resume) if args.resume else (out / "checkpoint.npz" if out else None)
-        if resume_path is None:
-            raise ValueError("--resume needs a checkpoint path or --out DIR holding checkpoint.npz")
-    from descriptors import require_gpu
+def _resume_path(args, out: Path | None) -> Path | None:
+    if args.resume is None:
+        return None
+    if args.resume:
+        return Path(args.resume)
+    if out is None:
+        raise ValueError("--resume needs a checkpoint path, or --out DIR holding checkpoint.npz")
+    return out / "checkpoint.npz"
 
-    gpu = require_gpu()
+
+def prepare(args) -> dict:
+    """Every check that needs no GPU, in the order a user fixes them: the dataset, --out,
+    --resume. Returns what the run needs; one-line errors (exit 2) otherwise."""
     root = data.find_dataset(args.data_dir)
     if root is None:
         raise data.DataError(data.not_found_message(args.data_dir))
@@ -157,107 +218,177 @@ def main(argv=None) -> int:
     test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
     mean, std = data.pixel_stats(train_x)
     config = {**config_of(args, root, len(train_x)), "mean": mean, "std": std}
-
-    start_epoch, iteration, history, meta = 0, 0, [], None
-    if resume_path is not None:
-        params_flat, velocity_flat, meta = ckpt.load(resume_path)
+    out = Path(args.out) if args.out else None
+    resume = _resume_path(args, out)
+    if out is not None:
+        files.check_output_dir(out, "--out")
+        earlier = [n for n in RUN_FILES if (out / n).exists()]
+        if earlier and resume is None and not args.overwrite:
+            raise files.OutputError(f"--out {out} holds an earlier run ({', '.join(earlier)}); continue it with "
+                                    f"--resume, write to a new folder, or replace it with --overwrite")
+    meta = params_flat = velocity_flat = None
+    if resume is not None:
+        if not resume.exists() and not resume.is_dir():
+            raise ckpt.CheckpointError(f"--resume {resume}: no such checkpoint")
+        params_flat, velocity_flat, meta = ckpt.load(resume)
         # More epochs may be asked for, except under cosine, whose curve depends on the total.
         diff = [k for k in RESUME_KEYS if (k != "epochs" or args.schedule == "cosine")
                 and meta["config"].get(k) != config.get(k)]
         if diff:
             k = diff[0]
-            raise ValueError(f"{resume_path} was made with {k}={meta['config'].get(k)!r}, this run has "
+            raise ValueError(f"{resume} was made with {k}={meta['config'].get(k)!r}, this run has "
                              f"{k}={config.get(k)!r}; resume with the same settings")
-        start_epoch, iteration, history = meta["epoch"], meta["iteration"], meta["history"]
-        mean, std = meta["config"]["mean"], meta["config"]["std"]
-        config["mean"], config["std"] = mean, std
+        config["mean"], config["std"] = meta["config"]["mean"], meta["config"]["std"]
+    return {"root": root, "train": (train_x, train_y), "test": (test_x, test_y), "config": config, "out": out,
+            "resume": resume, "meta": meta, "params": params_flat, "velocity": velocity_flat}
 
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    policy = cli.policy_from(args)
+    run = prepare(args)   # everything that needs no GPU, first
+    from descriptors import require_gpu
+
+    gpu = require_gpu()
     from .model import LeNet
 
+    config, out, meta = run["config"], run["out"], run["meta"]
     B = args.batch_size
     model = LeNet(max_batch=max(B, args.eval_batch_size), policy=policy, seed=args.seed,
                   momentum=args.momentum, weight_decay=args.weight_decay, cuda_graph=args.cuda_graph,
                   fused=args.fused)
+    start_epoch, start_step, iteration, history, running = 0, 0, 0, [], 0.0
     if meta is not None:
-        model.load_flat(params_flat, velocity_flat)
-    train = data.GpuDataset(train_x, train_y, mean, std, model.stream)
-    test = data.GpuDataset(test_x, test_y, mean, std, model.stream)
+        model.load_flat(run["params"], run["velocity"])
+        start_epoch, iteration, history = meta["epoch"], meta["iteration"], meta["history"]
+        start_step, running = meta.get("step", 0), meta.get("running_loss", 0.0)
+    train = data.GpuDataset(*run["train"], config["mean"], config["std"], model.stream)
+    test = data.GpuDataset(*run["test"], config["mean"], config["std"], model.stream)
     steps = math.ceil(train.size / B)
     total_iters = steps * args.epochs
     sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma)
-    # Plan every batch size the run will use now, so algorithm search stays out of the epochs.
+    # Plan every batch size the run will use now, so the search stays out of the epochs.
     for n in {B if train.size >= B else train.size, train.size - (steps - 1) * B,
               min(args.eval_batch_size, test.size), test.size % args.eval_batch_size or args.eval_batch_size}:
         model.plan(n)
 
     say = (lambda s: print(s, flush=True))
-    say(f"GPU {gpu} | dataset {config['dataset']} ({train.size} train, {test.size} test, {root}) | "
+    say(f"GPU {gpu} | dataset {config['dataset']} ({train.size} train, {test.size} test, {run['root']}) | "
         f"policy {policy} | cuda graph {'on' if args.cuda_graph else 'off'}")
-    if start_epoch:
-        say(f"resumed from {resume_path} after epoch {start_epoch}")
+    if meta is not None:
+        where = f"epoch {start_epoch + 1}, step {start_step}/{steps}" if start_step else f"epoch {start_epoch}"
+        say(f"resumed from {run['resume']} after {where}")
     if start_epoch >= args.epochs:
         say(f"nothing to do: the checkpoint is at epoch {start_epoch} of {args.epochs}")
+    written = set()
     if out:
         out.mkdir(parents=True, exist_ok=True)
-        if not start_epoch and (out / "metrics.jsonl").exists():
-            (out / "metrics.jsonl").unlink()
+        if meta is None and args.overwrite:
+            for name in RUN_FILES:
+                (out / name).unlink(missing_ok=True)
+    checkpoint_path = out / "checkpoint.npz" if out else None
+
+    def save_checkpoint(epoch_done: int, step: int, running_sum: float) -> None:
+        if out is None:
+            return
+        params_flat, velocity_flat = model.flat_state()
+        ckpt.save(checkpoint_path, params_flat, velocity_flat,
+                  {"epoch": epoch_done, "step": step, "iteration": iteration, "running_loss": running_sum,
+                   "config": config, "history": history})
+        written.add("checkpoint.npz")
 
     import cupy
 
     ev0, ev1 = cupy.cuda.Event(), cupy.cuda.Event()
-    for epoch in range(start_epoch, args.epochs):
-        order = train.order(args.seed, epoch)
-        model.reset_running_loss()
-        bar = Progress(train.size, epoch + 1, args.epochs, args.quiet)
-        t0 = time.perf_counter()
-        ev0.record(model.stream)
-        done_imgs, report_every = 0, max(1, steps // 20)
-        for s in range(steps):
-            start = s * B
-            n = min(B, train.size - start)
-            model.load_from(train, order, start, n, lr=sched.at(iteration, steps, total_iters))
-            model.step(n)
-            iteration += 1
-            done_imgs += n
-            if (s + 1) % report_every == 0 or s + 1 == steps:
-                running = model.read_running_loss() / (s + 1)   # one sync per report, not per step
-                if not math.isfinite(running):
-                    bar.close()
-                    raise TrainingDiverged(
-                        f"loss became {running} in epoch {epoch + 1} by step {s + 1}; stopped. "
-                        + (f"The last good checkpoint is {out / 'checkpoint.npz'} (epoch {epoch})"
-                           if out and epoch > 0 else "No checkpoint was written")
-                        + "; try a smaller --lr")
-                bar.update(done_imgs, running, done_imgs / (time.perf_counter() - t0))
-                done_imgs = 0
-        ev1.record(model.stream)
-        ev1.synchronize()
-        seconds = cupy.cuda.get_elapsed_time(ev0, ev1) / 1000.0
-        bar.close()
-        train_loss = model.read_running_loss() / steps
-        test_loss, test_acc = evaluate(model, test, args.eval_batch_size)
-        rec = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss, "test_accuracy": test_acc,
-               "images_per_s": train.size / seconds, "seconds": seconds, "lr": sched.at(iteration - 1, steps,
-                                                                                         total_iters)}
-        history.append(rec)
-        say(f"epoch {epoch + 1}/{args.epochs} | train loss {train_loss:.4f} | test loss {test_loss:.4f} | "
-            f"test acc {100 * test_acc:.2f}% | {seconds:.2f} s | {rec['images_per_s'] / 1e6:.2f} M img/s")
-        if out:
-            params_flat, velocity_flat = model.flat_state()
-            ckpt.save(out / "checkpoint.npz", params_flat, velocity_flat,
-                      {"epoch": epoch + 1, "iteration": iteration, "config": config, "history": history})
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(rec) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            plot(out / "curves.png", history)
+    try:
+        with Signals() as sig:
+            for epoch in range(start_epoch, args.epochs):
+                order = train.order(args.seed, epoch)
+                first = start_step if epoch == start_epoch else 0
+                model.reset_running_loss(running if first else 0.0)
+                bar = Progress(train.size - first * B, epoch + 1, args.epochs, args.quiet)
+                t0 = time.perf_counter()
+                ev0.record(model.stream)
+                done_imgs, report_every = 0, max(1, steps // 20)
+                for s in range(first, steps):
+                    start = s * B
+                    n = min(B, train.size - start)
+                    model.load_from(train, order, start, n, lr=sched.at(iteration, steps, total_iters))
+                    model.step(n)
+                    iteration += 1
+                    done_imgs += n
+                    if sig.signum is not None:   # see Note [stopping]
+                        bar.close()
+                        save_checkpoint(epoch, s + 1, model.read_running_loss())
+                        code = 130 if sig.signum == signal.SIGINT else 143
+                        where = f"epoch {epoch + 1}/{args.epochs}, step {s + 1}/{steps} (iteration {iteration})"
+                        say(f"stopped by {sig.name} at {where}; " + (
+                            f"checkpoint {checkpoint_path}; continue with: python -m lenet.train "
+                            f"{' '.join(_resume_args(argv))} --resume" if out else "no --out, nothing was saved"))
+                        return code
+                    if args.checkpoint_every and iteration % args.checkpoint_every == 0 and s + 1 < steps:
+                        save_checkpoint(epoch, s + 1, model.read_running_loss())
+                    if (s + 1) % report_every == 0 or s + 1 == steps:
+                        mean_loss = model.read_running_loss() / (s + 1)   # one sync per report, not per step
+                        if not math.isfinite(mean_loss):
+                            bar.close()
+                            raise TrainingDiverged(
+                                f"loss became {mean_loss} in epoch {epoch + 1} by step {s + 1}; stopped. "
+                                + (f"The last good checkpoint is {checkpoint_path}" if "checkpoint.npz" in written
+                                   or (out and (out / "checkpoint.npz").exists()) else "No checkpoint was written")
+                                + "; try a smaller --lr")
+                        bar.update(done_imgs, mean_loss, done_imgs / (time.perf_counter() - t0))
+                        done_imgs = 0
+                ev1.record(model.stream)
+                ev1.synchronize()
+                seconds = cupy.cuda.get_elapsed_time(ev0, ev1) / 1000.0
+                bar.close()
+                train_loss = model.read_running_loss() / steps
+                test_loss, test_acc = evaluate(model, test, args.eval_batch_size)
+                rec = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss,
+                       "test_accuracy": test_acc, "images_per_s": (steps - first) * B / seconds,
+                       "seconds": seconds, "lr": sched.at(iteration - 1, steps, total_iters)}
+                history.append(rec)
+                say(f"epoch {epoch + 1}/{args.epochs} | train loss {train_loss:.4f} | test loss {test_loss:.4f} | "
+                    f"test acc {100 * test_acc:.2f}% | {seconds:.2f} s | {rec['images_per_s'] / 1e6:.2f} M img/s")
+                if out:
+                    save_checkpoint(epoch + 1, 0, 0.0)
+                    files.append_line(out / "metrics.jsonl", json.dumps(rec))
+                    written.add("metrics.jsonl")
+                    if plot(out / "curves.png", history):
+                        written.add("curves.png")
+    except StoppedAtOnce as e:
+        name = Signals.NAMES.get(e.signum, str(e.signum))
+        print(f"stopped at once by a second {name}; "
+              + (f"the last good checkpoint is {checkpoint_path}" if out and checkpoint_path.exists()
+                 else "no checkpoint was written"), flush=True)
+        return 128 + e.signum
     if history:
         last = history[-1]
         say(f"final | test accuracy {100 * last['test_accuracy']:.2f}% | test loss {last['test_loss']:.4f} | "
             f"mean epoch {np.mean([h['seconds'] for h in history]):.2f} s")
-    if out:
-        say(f"wrote {out / 'metrics.jsonl'}, {out / 'curves.png'}, {out / 'checkpoint.npz'}")
+    if written:
+        missing = " (curves.png skipped: matplotlib is not installed)" if "curves.png" not in written else ""
+        say(f"wrote {', '.join(str(out / n) for n in RUN_FILES if n in written)}{missing}")
     return 0
+
+
+def _resume_args(argv) -> list[str]:
+    """The command line of this run without --resume/--overwrite, for the resume hint."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    out, skip = [], False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a in ("--overwrite",) or a.startswith("--resume="):
+            continue
+        if a == "--resume":
+            if i + 1 < len(args) and not args[i + 1].startswith("-"):
+                skip = True
+            continue
+        out.append(a)
+    return out
 
 
 def run() -> None:

@@ -9,12 +9,10 @@ the exact reference; the workspace total, the loss before and after, and the mea
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 import numpy as np
 
-from . import cli
+from . import cli, files
 
 
 def parser() -> cli.Parser:
@@ -26,9 +24,10 @@ def parser() -> cli.Parser:
     p.add_argument("--lr", type=cli.nonneg_float, default=0.01, help="learning rate (default: 0.01)")
     p.add_argument("--steps", type=cli.positive_int, default=1, metavar="K",
                    help="SGD steps on the same batch (default: 1)")
-    p.add_argument("--warmup", type=int, default=3, metavar="W",
+    p.add_argument("--warmup", type=cli.nonneg_int, default=3, metavar="W",
                    help="untimed steps first, their updates undone (default: 3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the parameters and the batch (default: 0)")
+    p.add_argument("--seed", type=cli.nonneg_int, default=0,
+                   help="seed of the parameters and the batch, an integer >= 0 (default: 0)")
     cli.add_algorithm_flags(p)
     cli.add_speed_flags(p)
     p.add_argument("--data-dir", default=None, metavar="DIR",
@@ -64,27 +63,15 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
     return x, labels[idx].astype(np.int32), f"{root} (train split, {n} images of a seeded permutation)"
 
 
-def save_npz_atomic(path: str, arrays: dict) -> None:
-    """Write an .npz through a temporary file and a rename: never a half-written file."""
-    d = os.path.dirname(os.path.abspath(path)) or "."
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
+    if args.dump:
+        files.check_output_file(args.dump, "--dump")
+    x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
 
-    require_gpu()  # before reading any data: say it plainly and early
-    x, y, source = make_batch(args)
+    require_gpu()
 
     import cupy
 
@@ -129,7 +116,7 @@ def main(argv=None) -> int:
     if args.dump:
         arrays = {"x": x, "y": y, **before, **{f"grad.{k}": v for k, v in first_grads.items()},
                   **{f"after.{k}": v for k, v in after.items()}}
-        save_npz_atomic(args.dump, arrays)
+        files.save_npz(args.dump, arrays)
         facts["dump"] = args.dump
     if args.json:
         print(json.dumps(facts, indent=2))
@@ -147,5 +134,9 @@ def main(argv=None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run() -> None:
     cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

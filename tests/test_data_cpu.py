@@ -77,7 +77,10 @@ def test_missing_files(tmp_path):
     assert data.find_dataset(tmp_path) is None
     with pytest.raises(data.DataError, match="no t10k-images-idx3-ubyte"):
         data.load_split(tmp_path, "test")
-    assert "apt-get install dataset-fashion-mnist" in data.not_found_message(tmp_path)
+    msg = data.not_found_message(tmp_path)
+    assert "missing t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte" in msg and "train-images" not in msg.split(";")[0]
+    assert "apt-get install dataset-fashion-mnist" in data.not_found_message(tmp_path / "nowhere") or \
+        "no such folder" in data.not_found_message(tmp_path / "nowhere")
 
 
 def test_search_order(tmp_path, monkeypatch):

@@ -259,7 +259,21 @@ def test_handle_without_gpu_says_so_plainly():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("no usable NVIDIA GPU: "), out.stdout
-    assert "cudaGetDeviceCount" in out.stdout or "no GPU" in out.stdout
+    assert "cudaGetDeviceCount" in out.stdout or "no GPU" in out.stdout or "no NVIDIA driver" in out.stdout
+
+
+def test_no_driver_is_named_as_such():
+    # Without libcuda at all the line says there is no driver, not that "the driver is insufficient".
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("an NVIDIA driver is installed here; this checks the message of a machine without one")
+    code = "import descriptors\nprint(descriptors.gpu_status()[1])\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "no NVIDIA driver is installed (libcuda.so.1 cannot be loaded)", out
 
 
 def test_winograd_is_opt_in():

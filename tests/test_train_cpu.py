@@ -42,7 +42,7 @@ def test_interrupted_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     assert p.read_bytes() == before and [f.name for f in tmp_path.iterdir()] == ["c.npz"]
 
 
-@pytest.mark.parametrize("content,msg", [(b"not a zip", "not a readable LeNet checkpoint"),
+@pytest.mark.parametrize("content,msg", [(b"not a zip", "is not a LeNet checkpoint"),
                                          (None, "no such checkpoint")])
 def test_bad_checkpoints(tmp_path, content, msg):
     p = tmp_path / "c.npz"
