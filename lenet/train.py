@@ -202,13 +202,15 @@ def _resume_path(args, out: Path | None) -> Path | None:
     if args.resume:
         return Path(args.resume)
     if out is None:
-        raise ValueError("--resume needs a checkpoint path, or --out DIR holding checkpoint.npz")
+        raise ValueError("--resume needs a checkpoint path or --out DIR holding checkpoint.npz")
     return out / "checkpoint.npz"
 
 
 def prepare(args) -> dict:
     """Every check that needs no GPU, in the order a user fixes them: the dataset, --out,
     --resume. Returns what the run needs; one-line errors (exit 2) otherwise."""
+    out = Path(args.out) if args.out else None
+    resume = _resume_path(args, out)   # a flag error: before anything is read
     root = data.find_dataset(args.data_dir)
     if root is None:
         raise data.DataError(data.not_found_message(args.data_dir))
@@ -218,8 +220,6 @@ def prepare(args) -> dict:
     test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
     mean, std = data.pixel_stats(train_x)
     config = {**config_of(args, root, len(train_x)), "mean": mean, "std": std}
-    out = Path(args.out) if args.out else None
-    resume = _resume_path(args, out)
     if out is not None:
         files.check_output_dir(out, "--out")
         earlier = [n for n in RUN_FILES if (out / n).exists()]
