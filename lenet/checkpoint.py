@@ -34,9 +34,10 @@ def load(path) -> tuple[np.ndarray, np.ndarray, dict]:
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
     try:
-        with np.load(path, allow_pickle=False) as z:
-            if not isinstance(z, np.lib.npyio.NpzFile):
-                raise CheckpointError(f"{path} is a single NumPy array, not a checkpoint; {WHAT}")
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise CheckpointError(f"{path} is a single NumPy array, not a checkpoint; {WHAT}")
+        with z:
             missing = [k for k in ("params", "velocity", "meta") if k not in z.files]
             if missing:
                 raise CheckpointError(f"{path} is an .npz without {', '.join(missing)}: not a checkpoint (an "
