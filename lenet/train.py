@@ -341,7 +341,7 @@ def main(argv=None) -> int:
                         done_imgs = 0
                 ev1.record(model.stream)
                 ev1.synchronize()
-                seconds = cupy.cuda.get_elapsed_time(ev0, ev1) / 1000.0
+                seconds = max(cupy.cuda.get_elapsed_time(ev0, ev1) / 1000.0, 1e-9)
                 bar.close()
                 train_loss = model.read_running_loss() / steps
                 test_loss, test_acc = evaluate(model, test, args.eval_batch_size)

@@ -2,7 +2,8 @@
 # The GPU check: run on a machine with an NVIDIA GPU, from the repository root.
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
 # Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then train_step under
-# each engine and policy, and ends with one summary line: passed / failed / skipped, GPU, cuDNN.
+# each engine and policy, then compute-sanitizer memcheck over a few steps (eager and CUDA graph),
+# and ends with one summary line: passed / failed / skipped, programs, memcheck, GPU, cuDNN.
 # Wheels in .whl/ (packages the machine lacks, e.g. nvmath-python) are installed to /tmp/site.
 set -u -o pipefail
 out=${OUT:-out/gpu-check}
@@ -28,19 +29,30 @@ for engine in auto graph legacy; do
 done
 python3 -m lenet.train_step --algo exhaustive --steps 20 --no-cuda-graph --no-fused 2>&1 | tee "$out/train_step_eager.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
+# compute-sanitizer memcheck over a few steps, eager and CUDA graph: an invalid access, or an
+# allocation still held at exit (the step frees everything first), fails the check.
+san_rc=0
+for mode in eager graph; do
+    flag=$([ "$mode" = graph ] && echo --graph)
+    compute-sanitizer --tool memcheck --leak-check full --error-exitcode 7 \
+        python3 scripts/profile_step.py --batch 64 --steps 3 --algo heuristic --deterministic $flag \
+        > "$out/sanitizer_$mode.txt" 2>&1 || san_rc=1
+    grep -E "ERROR SUMMARY|LEAK SUMMARY|^loss" "$out/sanitizer_$mode.txt" | sed "s/^/sanitizer $mode: /"
+done
+
 for extra in ${GPU_CHECK_EXTRA:-}; do   # more commands, e.g. a short training run, named by the caller
     bash -c "$extra" 2>&1 | tee -a "$out/extra.txt"; [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
 done
 
-python3 - "$out/pytest.log" "$test_rc" "$prog_rc" <<'PY' | tee "$out/summary.txt"
+python3 - "$out/pytest.log" "$test_rc" "$prog_rc" "$san_rc" <<'PY' | tee "$out/summary.txt"
 import re, sys
-log, test_rc, prog_rc = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3])
+log, test_rc, prog_rc, san_rc = open(sys.argv[1]).read(), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 count = lambda w: sum(int(n) for n in re.findall(r"(\d+) " + w, log.strip().splitlines()[-1] if log.strip() else ""))
 gpu = re.findall(r"^GPU: (.*) \| cuDNN (.*)$", log, re.M)
 g, c = gpu[-1] if gpu else ("unknown", "unknown")
-ok = test_rc == 0 and prog_rc == 0 and count("passed") > 0 and count("skipped") == 0
+ok = test_rc == 0 and prog_rc == 0 and san_rc == 0 and count("passed") > 0 and count("skipped") == 0
 print(f"gpu-check: {'PASS' if ok else 'FAIL'} | {count('passed')} passed, {count('failed')} failed, "
       f"{count('skipped')} skipped, {count('error')} errors | programs {'ok' if prog_rc == 0 else 'FAILED'} "
-      f"| GPU {g} | cuDNN {c}")
+      f"| memcheck {'clean' if san_rc == 0 else 'FAILED'} | GPU {g} | cuDNN {c}")
 sys.exit(0 if ok else 1)
 PY

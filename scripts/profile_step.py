@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--graph", action="store_true", help="replay the profiled steps from the CUDA graph")
     ap.add_argument("--no-fused", action="store_true", help="the plain step (no cuDNN/cuBLASLt fusion)")
     ap.add_argument("--torch", action="store_true", help="profile PyTorch's step instead (float32, no TF32)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="reproducible choices: no timing decides (fewest kernels: for compute-sanitizer)")
     args = ap.parse_args()
     if args.torch:
         return torch_steps(args)
@@ -39,8 +41,9 @@ def main():
     y = rng.integers(0, 10, args.batch).astype(np.int32)
     import cupy
 
-    m = LeNet(max_batch=args.batch, policy=AlgoPolicy.parse(args.algo, engine=args.engine), cuda_graph=True,
-              fused=not args.no_fused)
+    m = LeNet(max_batch=args.batch, policy=AlgoPolicy.parse(args.algo, engine=args.engine,
+                                                            deterministic=args.deterministic),
+              cuda_graph=True, fused=not args.no_fused)
     m.load_batch(x, y)
     for _ in range(5):
         m.step(args.batch, 0.01)
@@ -52,6 +55,16 @@ def main():
     m.stream.synchronize()
     cupy.cuda.nvtx.RangePop()
     print(f"loss {m.loss():.4f}")
+    # Free everything before exit, so a leak check lists only what was really lost.
+    import gc
+
+    import descriptors
+
+    del m
+    descriptors.clear_caches()
+    gc.collect()
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
 def torch_steps(args):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -207,3 +208,87 @@ def test_training_loop_matches_pytorch_step_by_step(dataset, torch_ref):
     assert dev[:3].max() < 1e-6, f"first 3 steps differ: {dev[:3]}"
     assert dev[:10].max() < 2e-4, f"first 10 steps differ: {dev[:10]}"
     assert dev.max() < 5e-2, f"step losses drift apart: max relative {dev.max():.2e} at step {dev.argmax()}"
+
+
+def _popen(*args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "lenet.train", "--quiet", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _signal_after_first_epoch(p, *signals):
+    """Wait for the first epoch's line, then send the signals back to back."""
+    for line in p.stdout:
+        if line.startswith("epoch 1/"):
+            break
+    else:
+        pytest.fail(f"the run ended before its first epoch: {p.stderr.read()}")
+    for s in signals:
+        p.send_signal(s)
+    out, err = p.communicate(timeout=120)
+    return out, err
+
+
+@pytest.mark.parametrize("sig,graph,epochs", [(signal.SIGINT, "--no-cuda-graph", 6), (signal.SIGTERM, "--cuda-graph", 40)],
+                         ids=["SIGINT-eager", "SIGTERM-cuda-graph"])
+def test_signal_mid_epoch_then_bit_identical_resume(dataset, tmp_path, sig, graph, epochs):
+    # Note [stopping]: the step in flight finishes, a checkpoint records the position inside the epoch,
+    # one line says where and how to resume, the exit status is 128 + the signal; resumed with
+    # --deterministic, the run ends bit-identical to one never stopped.
+    common = ["--data-dir", str(dataset), "--train-size", "3000", "--test-size", "300", "--deterministic",
+              "--batch-size", "8", "--lr", "0.02", "--epochs", str(epochs), graph]
+    a, b = tmp_path / "a", tmp_path / "b"
+    p = _popen(*common, "--out", str(b))
+    out, err = _signal_after_first_epoch(p, sig)
+    name = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}[sig]
+    assert p.returncode == 128 + sig, (p.returncode, out, err)
+    line = next(x for x in out.splitlines() if x.startswith("stopped by"))
+    assert f"stopped by {name} at epoch" in line and "--resume" in line and str(b / "checkpoint.npz") in line, line
+    meta = __import__("lenet.checkpoint", fromlist=["load"]).load(b / "checkpoint.npz")[2]
+    assert meta["step"] >= 1 and meta["iteration"] == meta["epoch"] * 375 + meta["step"], meta
+    r = train(*common, "--out", str(b), "--resume")
+    assert r.returncode == 0 and f"resumed from {b / 'checkpoint.npz'} after epoch" in r.stdout, r.stderr
+    r = train(*common, "--out", str(a))
+    assert r.returncode == 0, r.stderr
+    za, zb = np.load(a / "checkpoint.npz"), np.load(b / "checkpoint.npz")
+    assert np.array_equal(za["params"], zb["params"]) and np.array_equal(za["velocity"], zb["velocity"]), \
+        "the resumed run differs from the uninterrupted one"
+    assert [x["test_loss"] for x in metrics(a)] == [x["test_loss"] for x in metrics(b)]
+    assert [x["train_loss"] for x in metrics(a)] == [x["train_loss"] for x in metrics(b)]
+
+
+def test_a_second_signal_stops_at_once_keeping_the_last_good_checkpoint(dataset, tmp_path):
+    p = _popen("--data-dir", str(dataset), "--train-size", "3000", "--test-size", "300", "--batch-size", "8",
+               "--epochs", "40", "--out", str(tmp_path))
+    out, err = _signal_after_first_epoch(p, signal.SIGTERM, signal.SIGTERM)
+    assert p.returncode == 143, (out, err)
+    assert "stopped at once by a second SIGTERM" in out or "stopped by SIGTERM" in out, out
+    __import__("lenet.checkpoint", fromlist=["load"]).load(tmp_path / "checkpoint.npz")   # still a good one
+    assert not list(tmp_path.glob(".*.tmp")), "a temporary file was left behind"
+
+
+def test_models_built_stepped_and_dropped_leak_nothing():
+    import gc
+
+    import cupy
+
+    import descriptors as D
+    from lenet.model import LeNet
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 16).astype(np.int32)
+
+    def one(graph):
+        m = LeNet(max_batch=16, seed=1, cuda_graph=graph)
+        m.train_step(x, y, 0.01)
+        m.stream.synchronize()
+
+    one(True), one(False)   # caches (searches, engines' descriptors and graphs) and kernels, once
+    gc.collect()
+    pool = cupy.get_default_memory_pool()
+    objects, used = D.live_objects(), pool.used_bytes()
+    for i in range(200):
+        one(i % 2 == 0)
+    gc.collect()
+    assert D.live_objects() == objects, (D.live_objects(), objects)
+    assert pool.used_bytes() == used, f"pool grew by {pool.used_bytes() - used} bytes over 200 models"
