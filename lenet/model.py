@@ -87,7 +87,11 @@ class LeNet:
     """The network, its parameters and its optimizer state, on one CUDA stream.
 
     >>> model = LeNet(max_batch=64, seed=0)
-    >>> loss = model.train_step(x, y, lr=0.01)   # device scalar; float(loss) or model.loss()
+    >>> model.train_step(x, y, lr=0.01)   # queued on model.stream; returns the device loss (1,)
+    >>> model.loss()                      # waits for the stream, then reads it
+
+    The device scalar lives on the model's own (non-blocking) stream: read it with ``loss()``, or
+    after ``model.stream.synchronize()``; CuPy's default stream does not wait for it.
     """
 
     def __init__(self, max_batch: int = 64, *, policy: AlgoPolicy | None = None, seed: int = 0,

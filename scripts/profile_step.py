@@ -63,8 +63,10 @@ def main():
     del m
     descriptors.clear_caches()
     gc.collect()
-    cupy.get_default_memory_pool().free_all_blocks()
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
     cupy.get_default_pinned_memory_pool().free_all_blocks()
+    print(f"after cleanup: pool holds {pool.total_bytes()} bytes ({pool.used_bytes()} in use)")
 
 
 def torch_steps(args):
