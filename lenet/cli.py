@@ -53,22 +53,24 @@ def byte_size(text: str) -> int:
     return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
 
 
-def _int_at_least(text: str, low: int) -> int:
+def positive_int(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
-        v = None
-    if v is None or v < low:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= {low}")
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 1") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 1")
     return v
 
 
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1)
-
-
 def nonneg_int(text: str) -> int:
-    return _int_at_least(text, 0)
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 0") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 0")
+    return v
 
 
 def nonneg_float(text: str) -> float:
