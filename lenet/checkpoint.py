@@ -1,6 +1,7 @@
-"""Checkpoints: one .npz holding the flat parameters, the momentum buffer and a JSON record
-(epoch, step inside the epoch, iteration, config, normalization, metrics so far). Written
-atomically (lenet/files.py)."""
+"""Checkpoints: one .npz holding the flat parameters, the momentum buffer, the weights' moving
+average when the run keeps one (``ema``), and a JSON record (epoch, step inside the epoch,
+iteration, config, normalization, metrics so far). Written atomically (lenet/files.py).
+Evaluation and export use the moving average when it is there (``weights``)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,18 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit."""
 
 
-def save(path, params_flat: np.ndarray, velocity_flat: np.ndarray, meta: dict) -> None:
-    files.save_npz(path, {"params": params_flat.astype(np.float32), "velocity": velocity_flat.astype(np.float32),
-                          "meta": np.array(json.dumps({"format": FORMAT, **meta}))})
+def save(path, params_flat: np.ndarray, velocity_flat: np.ndarray, meta: dict, ema_flat: np.ndarray | None = None
+         ) -> None:
+    arrays = {"params": params_flat.astype(np.float32), "velocity": velocity_flat.astype(np.float32),
+              "meta": np.array(json.dumps({"format": FORMAT, **meta}))}
+    if ema_flat is not None:
+        arrays["ema"] = ema_flat.astype(np.float32)
+    files.save_npz(path, arrays)
 
 
 def load(path) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(params flat, velocity flat, meta); CheckpointError, one line, for anything that is not ours."""
+    """(params flat, velocity flat, meta); the moving average, when saved, is meta["ema"] (a flat
+    array). CheckpointError, one line, for anything that is not ours."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder, not a checkpoint file; {WHAT}")
@@ -43,6 +49,7 @@ def load(path) -> tuple[np.ndarray, np.ndarray, dict]:
                 raise CheckpointError(f"{path} is an .npz without {', '.join(missing)}: not a checkpoint (an "
                                       f"export, perhaps); {WHAT}")
             params, velocity, meta = z["params"], z["velocity"], json.loads(str(z["meta"]))
+            ema = z["ema"] if "ema" in z.files else None
     except CheckpointError:
         raise
     except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, json.JSONDecodeError):
@@ -55,8 +62,20 @@ def load(path) -> tuple[np.ndarray, np.ndarray, dict]:
         raise CheckpointError(f"{path}: parameter buffer of {params.shape}, LeNet's is ({P.TOTAL},)")
     if not np.all(np.isfinite(params)):
         raise CheckpointError(f"{path}: parameters hold non-finite values")
+    if ema is not None:
+        if ema.shape != (P.TOTAL,) or not np.all(np.isfinite(ema)):
+            raise CheckpointError(f"{path}: the moving average is not {P.TOTAL} finite values")
+        meta["ema"] = ema
     return params, velocity, meta
 
 
+def weights(params_flat: np.ndarray, meta: dict) -> tuple[np.ndarray, str]:
+    """(the flat weights to evaluate and export, which): the moving average when the checkpoint
+    holds one, else the parameters."""
+    ema = meta.get("ema")
+    return (ema, "moving average") if ema is not None else (params_flat, "parameters")
+
+
 def state_dict(path) -> dict[str, np.ndarray]:
-    return P.unpack(load(path)[0])
+    params, _, meta = load(path)
+    return P.unpack(weights(params, meta)[0])

@@ -83,6 +83,62 @@ def nonneg_float(text: str) -> float:
     return v
 
 
+def unit_interval(text: str, *, closed_low: bool = True) -> float:
+    """A number in [0, 1) (or (0, 1) when not closed_low)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    ok = (0.0 <= v < 1.0) if closed_low else (0.0 < v < 1.0)
+    if not ok:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be a number in "
+                                         f"{'[0, 1)' if closed_low else '(0, 1)'}")
+    return v
+
+
+def open_unit_interval(text: str) -> float:
+    return unit_interval(text, closed_low=False)
+
+
+def accuracy(text: str) -> float:
+    """An accuracy as a fraction: '0.91', '91' or '91%' -> 0.91."""
+    t = text.strip().rstrip("%")
+    try:
+        v = float(t)
+    except ValueError:
+        v = float("nan")
+    if text.strip().endswith("%") or v > 1.0:
+        v /= 100.0
+    if not (0.0 < v <= 1.0):
+        raise argparse.ArgumentTypeError(f"invalid accuracy {text!r}: use a fraction in (0, 1] or a percentage "
+                                         f"in (0, 100], e.g. 0.91 or 91%")
+    return v
+
+
+def process_seconds() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere since lenet.cli was imported)."""
+    import os
+    import time
+
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+def _now() -> float:
+    import time
+
+    return time.perf_counter()
+
+
+_IMPORTED = _now()
+
+
 def algo_spec(text: str) -> str:
     # Names are checked here, without a GPU; support for the shapes is checked when the model is built.
     from descriptors.algorithms import AlgoPolicy

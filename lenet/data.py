@@ -186,6 +186,43 @@ def epoch_order(seed: int, epoch: int, n: int) -> np.ndarray:
     return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(n).astype(np.int32)
 
 
+def _mix(h: np.ndarray) -> np.ndarray:
+    """lowbias32, as lenet_mix in kernels/data.cu (uint32 arithmetic, wrapping)."""
+    h = h ^ (h >> np.uint32(16))
+    h = h * np.uint32(0x7FEB352D)
+    h = h ^ (h >> np.uint32(15))
+    h = h * np.uint32(0x846CA68B)
+    return h ^ (h >> np.uint32(16))
+
+
+def augment_params(seed: int, epoch: int, positions, shift: int, flip: bool):
+    """(dy, dx, mirrored) of the images at ``positions`` of an epoch's order: the numbers the
+    gather kernel (kernels/data.cu) draws, computed on the host for references and tests."""
+    with np.errstate(over="ignore"):
+        i = np.asarray(positions, dtype=np.uint32)
+        s = _mix(np.uint32((seed + 0x9E3779B9) & 0xFFFFFFFF) * np.ones_like(i))
+        h = _mix(_mix(s ^ np.uint32(epoch & 0xFFFFFFFF)) ^ i)
+    span = np.uint32(2 * shift + 1)
+    dx = (h % span).astype(np.int64) - shift
+    dy = ((h // span) % span).astype(np.int64) - shift
+    mirrored = ((h >> np.uint32(24)) & np.uint32(1)).astype(bool) & bool(flip)
+    if shift == 0:
+        dx[:], dy[:] = 0, 0
+    return dy, dx, mirrored
+
+
+def augment_images(images: np.ndarray, dy, dx, mirrored) -> np.ndarray:
+    """uint8 (n, 28, 28) images mirrored where asked, then translated by (dy, dx) with a zero border:
+    out[r, c] = image[r - dy, c' - dx], c' = 27 - c when mirrored (the gather kernel's rule)."""
+    n = images.shape[0]
+    r = np.arange(28)[None, :, None] - np.asarray(dy)[:, None, None]             # (n, 28, 1)
+    c = np.arange(28)[None, None, :]
+    c = np.where(np.asarray(mirrored)[:, None, None], 27 - c, c) - np.asarray(dx)[:, None, None]  # (n, 1, 28)
+    inside = (r >= 0) & (r < 28) & (c >= 0) & (c < 28)
+    out = images[np.arange(n)[:, None, None], np.clip(r, 0, 27), np.clip(c, 0, 27)]
+    return np.where(inside, out, 0).astype(np.uint8)
+
+
 class GpuDataset:
     """One split on the GPU as uint8, sent once; batches are gathered and normalized there."""
 

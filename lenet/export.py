@@ -55,11 +55,12 @@ def main(argv=None) -> int:
     params, _, meta = ckpt.load(args.checkpoint)
     from . import params as P
 
-    state = P.unpack(params)
+    flat, which = ckpt.weights(params, meta)
+    state = P.unpack(flat)
     cfg = meta["config"]
     save(state, to, {"format": "lenet-cudnn", "epoch": meta["epoch"], "mean": repr(cfg["mean"]),
-                     "std": repr(cfg["std"]), "dataset": cfg["dataset"]})
-    print(f"wrote {to}: {', '.join(f'{k} {tuple(v.shape)}' for k, v in state.items())}")
+                     "std": repr(cfg["std"]), "dataset": cfg["dataset"], "weights": which})
+    print(f"wrote {to} ({which}): {', '.join(f'{k} {tuple(v.shape)}' for k, v in state.items())}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
@@ -37,32 +38,59 @@ class SoftmaxCE:
         self._fn = kernel("softmax_ce", "softmax_ce_kernel")
 
     def forward_backward(self, logits, labels, dlogits, out, correct, n: int, *,
-                         grad_scale: float, loss_scale: float, accumulate: bool = False, running=None) -> None:
+                         grad_scale: float, loss_scale: float, accumulate: bool = False, running=None,
+                         label_smoothing: float = 0.0) -> None:
         """out[0] = loss_scale * sum of row losses (+ out[0] when accumulating);
-        dlogits = grad_scale * (softmax - onehot), unless dlogits is None;
-        running[0] += the same loss, when running is given."""
+        dlogits = grad_scale * (softmax - target), unless dlogits is None;
+        running[0] += the same loss, when running is given. The target is the one-hot label,
+        smoothed by ``label_smoothing`` as PyTorch's cross_entropy does."""
         classes = logits.shape[1]
         blocks = max(1, min(SCE_MAX_BLOCKS, (n + SCE_THREADS - 1) // SCE_THREADS))
         self._fn((blocks,), (SCE_THREADS,), (
             logits, labels, np.uint64(dlogits.data.ptr if dlogits is not None else 0), out, correct,
             self.partial_loss, self.partial_correct, self.ticket,
             np.uint64(running.data.ptr if running is not None else 0), np.int32(n), np.int32(classes),
-            np.float32(grad_scale), np.float32(loss_scale), np.int32(1 if accumulate else 0)))
+            np.float32(grad_scale), np.float32(loss_scale), np.int32(1 if accumulate else 0),
+            np.float32(label_smoothing)))
 
 
-def sgd_update(params, grads, velocity, lr_dev, momentum: float, weight_decay: float) -> None:
-    """params -= lr * (momentum-smoothed grads + weight_decay * params), in one launch."""
+def sgd_update(params, grads, velocity, lr_dev, momentum: float, weight_decay: float, nesterov: bool = False,
+               ema=None, ema_decay: float = 0.0) -> None:
+    """params -= lr * (momentum-smoothed grads + weight_decay * params), in one launch; Nesterov
+    momentum when asked; and ema += (1 - ema_decay) * (params - ema) when ema is given."""
     n = params.size
     blocks = max(1, min(1024, (n + SGD_THREADS - 1) // SGD_THREADS))
     kernel("sgd", "sgd_kernel")((blocks,), (SGD_THREADS,), (
-        params, grads, velocity, lr_dev, np.float32(momentum), np.float32(weight_decay), np.int32(n)))
+        params, grads, velocity, lr_dev, np.float32(momentum), np.float32(weight_decay), np.int32(bool(nesterov)),
+        np.uint64(ema.data.ptr if ema is not None else 0), np.float32(1.0 - ema_decay), np.int32(n)))
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Random translation by up to ``shift`` pixels each way and, with ``flip``, a left-right
+    mirror, drawn per image from (seed, epoch, position in the epoch): see lenet/kernels/data.cu."""
+
+    shift: int = 0
+    flip: bool = False
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (isinstance(self.shift, int) and 0 <= self.shift <= 13):
+            raise ValueError(f"augmentation shift must be an integer in 0..13 pixels, got {self.shift!r}")
+
+    @property
+    def on(self) -> bool:
+        return self.shift > 0 or self.flip
 
 
 def gather_batch(images, labels, order, start: int, n: int, mean: float, std: float, x, y,
-                 lr: float | None = None, lr_out=None) -> None:
-    """x[:n], y[:n] = normalized images[order[start:start+n]], labels[...]; lr_out[0] = lr if given."""
+                 lr: float | None = None, lr_out=None, augment: Augment | None = None, epoch: int = 0) -> None:
+    """x[:n], y[:n] = normalized (augmented) images[order[start:start+n]], labels[...];
+    lr_out[0] = lr if given."""
     threads = 256
     blocks = max(1, min(4096, (n * 784 + threads - 1) // threads))
+    a = augment or Augment()
     kernel("data", "gather_batch_kernel")((blocks,), (threads,), (
         images, labels, order, np.int32(start), np.int32(n), np.float32(mean), np.float32(std), x, y,
-        np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0)))
+        np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0),
+        np.int32(a.shift), np.int32(bool(a.flip)), np.uint32(a.seed & 0xFFFFFFFF), np.uint32(epoch & 0xFFFFFFFF)))

@@ -95,14 +95,22 @@ class LeNet:
     """
 
     def __init__(self, max_batch: int = 64, *, policy: AlgoPolicy | None = None, seed: int = 0,
-                 momentum: float = 0.0, weight_decay: float = 0.0, stream=None, cuda_graph: bool = False,
-                 fused: bool = True):
+                 momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+                 label_smoothing: float = 0.0, ema_decay: float | None = None, stream=None,
+                 cuda_graph: bool = False, fused: bool = True):
         if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not (0.0 <= momentum < 1.0):
             raise ValueError(f"momentum must be in [0, 1), got {momentum}")
         if not (weight_decay >= 0.0 and math.isfinite(weight_decay)):
             raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
+        if nesterov and momentum == 0.0:
+            raise ValueError("Nesterov momentum needs a momentum > 0")
+        if not (0.0 <= label_smoothing < 1.0):
+            raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
+        if ema_decay is not None and not (0.0 < ema_decay < 1.0):
+            raise ValueError(f"the EMA decay must be in (0, 1), got {ema_decay}")
+        self.label_smoothing = float(label_smoothing)
         import cupy
 
         self.max_batch = N = int(max_batch)
@@ -119,6 +127,10 @@ class LeNet:
             self.params = cupy.asarray(P.pack(P.init_host(seed)))     # (TOTAL,)
             self.grads = cupy.zeros(P.TOTAL, dtype=cupy.float32)      # (TOTAL,)
             self.velocity = cupy.zeros(P.TOTAL, dtype=cupy.float32)   # (TOTAL,)
+            # The weights' moving average (evaluation and export use it), and where the live
+            # weights wait while an evaluation runs on it.
+            self.ema = self.params.copy() if ema_decay is not None else None   # (TOTAL,) or None
+            self.params_aside = cupy.empty(P.TOTAL, dtype=cupy.float32) if ema_decay is not None else None
             self.p, self.g = P.views(self.params), P.views(self.grads)
             self.pb = {k: self.p[k].reshape(1, -1, 1, 1) for k in ("fc1.bias", "fc2.bias")}  # (1, C, 1, 1)
             self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
@@ -157,7 +169,7 @@ class LeNet:
             FullyConnected(x="p2", dx="dp2", act="p2"),
         )
         self.loss_op = SoftmaxCrossEntropy()
-        self.sgd = SGD(momentum, weight_decay)
+        self.sgd = SGD(momentum, weight_decay, nesterov, ema_decay)
         self.momentum, self.weight_decay = self.sgd.momentum, self.sgd.weight_decay
         self.runner = Runner(self.stream, self.workspace, self._save_state, self._restore_state)
         self._steps: dict[int, Step] = {}
@@ -241,16 +253,19 @@ class LeNet:
         self.n = n
         return n
 
-    def load_from(self, dataset, order, start: int, n: int, lr: float | None = None) -> None:
+    def load_from(self, dataset, order, start: int, n: int, lr: float | None = None, augment=None,
+                  epoch: int = 0) -> None:
         """Gather batch order[start:start+n] of a GPU-resident dataset into the input buffers
-        (one launch, no host wait); also sets the learning rate when lr is given."""
+        (one launch, no host wait), augmented by ``augment`` (lenet.kernels.Augment) with the
+        draws of ``epoch``; also sets the learning rate when lr is given."""
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
         if lr is not None and not (math.isfinite(lr) and lr >= 0):
             raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
         with self.stream:
             gather_batch(dataset.images, dataset.labels, order, start, n, dataset.mean, dataset.std,
-                         self.buf["x"], self.buf["labels"], lr, self.lr_dev if lr is not None else None)
+                         self.buf["x"], self.buf["labels"], lr, self.lr_dev if lr is not None else None,
+                         augment, epoch)
         if lr is not None:
             self._lr_host = lr
         self.n = n
@@ -315,12 +330,15 @@ class LeNet:
         self.runner.run(("train", n), lambda: self._train(step), self.cuda_graph)
         return self.loss_dev
 
+    def _state(self) -> list:
+        return [a for a in (self.params, self.velocity, self.running_loss, self.ema) if a is not None]
+
     def _save_state(self):
-        return [a.copy() for a in (self.params, self.velocity, self.running_loss)]
+        return [a.copy() for a in self._state()]
 
     def _restore_state(self, saved) -> None:
         with self.stream:
-            for a, s in zip((self.params, self.velocity, self.running_loss), saved):
+            for a, s in zip(self._state(), saved):
                 a[...] = s
 
     def train_step(self, x, y, lr: float):
@@ -346,6 +364,33 @@ class LeNet:
         self.stream.synchronize()
         return float(self.loss_dev.get()[0]), int(self.correct_dev.get()[0])
 
+    def evaluate(self, dataset, batch: int = 1000) -> tuple[float, float]:
+        """(mean loss, accuracy) over a whole GPU-resident split, forward only, with the moving
+        average of the weights when the model keeps one. Every batch, its gather and the totals
+        run as one CUDA graph (with cuda_graph), and the host waits once, for the totals."""
+        if not 1 <= batch:
+            raise ValueError(f"evaluation batch size must be >= 1, got {batch}")
+        batch = min(batch, self.max_batch, dataset.size)
+        sizes = [min(batch, dataset.size - s) for s in range(0, dataset.size, batch)]
+        steps = [self.plan(n) for n in sorted(set(sizes))]   # plans first: planning must not be captured
+        del steps
+
+        def run():
+            self.evaluate_begin()
+            if self.ema is not None:
+                with self.stream:
+                    self.params_aside[...] = self.params
+                    self.params[...] = self.ema
+            for start, n in zip(range(0, dataset.size, batch), sizes):
+                self.load_from(dataset, dataset.identity, start, n)
+                self.evaluate_batch(n)
+            if self.ema is not None:
+                with self.stream:
+                    self.params[...] = self.params_aside
+        self.runner.run(("eval", dataset, batch), run, self.cuda_graph)
+        loss_sum, correct = self.evaluate_end()
+        return loss_sum / dataset.size, correct / dataset.size
+
     # ------------------------------------------------------------------ host views
 
     def loss(self) -> float:
@@ -366,12 +411,15 @@ class LeNet:
         self.stream.synchronize()
         return P.unpack(self.grads.get())
 
-    def flat_state(self) -> tuple[np.ndarray, np.ndarray]:
-        """(parameters, momentum buffer) as flat host arrays: what a checkpoint holds."""
+    def flat_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(parameters, momentum buffer, moving average or None) as flat host arrays: what a
+        checkpoint holds."""
         self.stream.synchronize()
-        return self.params.get(), self.velocity.get()
+        return self.params.get(), self.velocity.get(), (self.ema.get() if self.ema is not None else None)
 
-    def load_flat(self, params_flat: np.ndarray, velocity_flat: np.ndarray) -> None:
+    def load_flat(self, params_flat: np.ndarray, velocity_flat: np.ndarray, ema_flat: np.ndarray | None = None) -> None:
+        """Load a checkpoint's flat buffers. Without ``ema_flat`` a model that keeps a moving
+        average starts it at the parameters."""
         import cupy
 
         if params_flat.shape != (P.TOTAL,) or velocity_flat.shape != (P.TOTAL,):
@@ -379,7 +427,14 @@ class LeNet:
         with self.stream:
             self.params[...] = cupy.asarray(params_flat, dtype=cupy.float32)
             self.velocity[...] = cupy.asarray(velocity_flat, dtype=cupy.float32)
+            if self.ema is not None:
+                self.ema[...] = cupy.asarray(ema_flat if ema_flat is not None else params_flat, dtype=cupy.float32)
         self.stream.synchronize()
+
+    def eval_state_dict(self) -> dict[str, np.ndarray]:
+        """The weights evaluation and export use: the moving average when kept, else the parameters."""
+        self.stream.synchronize()
+        return P.unpack((self.ema if self.ema is not None else self.params).get())
 
     def load_state_dict(self, state: dict) -> None:
         """Load parameters (PyTorch names and shapes; NumPy or torch CPU tensors)."""

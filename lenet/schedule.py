@@ -14,6 +14,10 @@ class Schedule:
     step:     lr * step_gamma ** (epoch // step_size)
     cosine:   lr * (1 + cos(pi * it / total)) / 2
     inv:      lr * (1 + gamma * it) ** -power          (Caffe's LeNet solver)
+
+    With ``warmup`` W > 0 iterations, any of them is multiplied by min(1, (it + 1) / W): a linear
+    warm-up from lr / W to the schedule's own value (PyTorch's LinearLR with start_factor 1/W,
+    in front of the schedule).
     """
 
     kind: str = "inv"
@@ -22,12 +26,17 @@ class Schedule:
     power: float = 0.75
     step_size: int = 10
     step_gamma: float = 0.1
+    warmup: int = 0
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.kind!r}; use one of {', '.join(SCHEDULES)}")
 
     def at(self, it: int, iters_per_epoch: int, total_iters: int) -> float:
+        lr = self._at(it, iters_per_epoch, total_iters)
+        return lr * min(1.0, (it + 1) / self.warmup) if self.warmup > 0 else lr
+
+    def _at(self, it: int, iters_per_epoch: int, total_iters: int) -> float:
         if self.kind == "constant":
             return self.lr
         if self.kind == "step":

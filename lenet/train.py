@@ -3,9 +3,11 @@
 The datasets go to the GPU once, as uint8; each batch is gathered and normalized
 there from a per-epoch permutation that depends only on (seed, epoch), so the host
 never waits inside the step loop and a resumed run sees the batches an
-uninterrupted one would. Under --out: metrics.jsonl, curves.png, checkpoint.npz
-(written atomically after every epoch, every --checkpoint-every steps, and when a signal
-stops the run).
+uninterrupted one would; augmentation (--shift, --flip) happens in the same gather kernel.
+Evaluation replays a CUDA graph of the whole test split and waits once. Under --out:
+metrics.jsonl, curves.png, checkpoint.npz (written atomically, off the loop's thread: after
+every epoch, every --checkpoint-every steps, and when a signal stops the run; the plot every
+PLOT_SECONDS and at the end; see Note [background writes] in lenet/background.py).
 
 Everything that needs no GPU is checked first: the flags, the dataset's files, --out,
 --resume's checkpoint. Only then is the GPU touched.
@@ -33,14 +35,19 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from . import cli, data, files
+from .background import Background
 from .schedule import SCHEDULES, Schedule
 
 # What must match for --resume to continue a run rather than start a different one.
 RESUME_KEYS = ("dataset", "batch_size", "seed", "lr", "momentum", "weight_decay", "schedule", "gamma", "power",
                "step_size", "step_gamma", "train_size", "algo", "workspace_limit", "deterministic",
-               "allow_winograd", "allow_tf32", "engine", "chunk", "epochs")
+               "allow_winograd", "allow_tf32", "engine", "chunk", "epochs", "nesterov", "label_smoothing",
+               "warmup_epochs", "ema", "shift", "flip")
 RUN_FILES = ("checkpoint.npz", "metrics.jsonl", "curves.png")
 CHECKPOINT_EVERY = 10000   # steps: a few checkpoints an epoch at batch 1, none mid-epoch at 64 (938 steps)
+RECIPE_OFF = {"nesterov": False, "label_smoothing": 0.0, "warmup_epochs": 0.0, "ema": None, "shift": 0,
+              "flip": False}   # what a checkpoint written before these flags existed trained with
+PLOT_SECONDS = 30.0        # curves.png at most this often while training, and always at the end
 
 
 class TrainingDiverged(RuntimeError):
@@ -111,6 +118,26 @@ def parser() -> cli.Parser:
     p.add_argument("--test-size", type=cli.positive_int, default=None, metavar="N",
                    help="evaluate on the first N test images only (default: all)")
     p.add_argument("--eval-batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
+    r = p.add_argument_group("recipe")
+    r.add_argument("--nesterov", action="store_true", help="Nesterov momentum (PyTorch's SGD(nesterov=True))")
+    r.add_argument("--label-smoothing", type=cli.unit_interval, default=0.0, metavar="EPS",
+                   help="smooth the targets: (1 - EPS) * one-hot + EPS / 10, as PyTorch's "
+                        "cross_entropy(label_smoothing=EPS); the reported test loss stays plain (default: 0)")
+    r.add_argument("--warmup-epochs", type=cli.nonneg_float, default=0.0, metavar="E",
+                   help="ramp the learning rate linearly from lr/W to the schedule over the first E epochs "
+                        "(W = their steps), in front of any schedule (default: 0)")
+    r.add_argument("--ema", type=cli.open_unit_interval, default=None, metavar="DECAY",
+                   help="keep an exponential moving average of the weights, ema += (1 - DECAY) * (w - ema) "
+                        "after every step, and evaluate and export it (e.g. 0.999; default: off)")
+    r.add_argument("--shift", type=cli.nonneg_int, default=0, metavar="K",
+                   help="augment: translate each training image by up to K pixels each way, a zero border "
+                        "filling in (0..13; default: 0)")
+    r.add_argument("--flip", action="store_true",
+                   help="augment: mirror half the training images left-right (right for clothes, wrong for "
+                        "digits, so never guessed from the dataset)")
+    r.add_argument("--target-accuracy", type=cli.accuracy, default=None, metavar="A",
+                   help="stop after the first epoch whose test accuracy reaches A (0.91 or 91%%) and report the "
+                        "wall clock from program start to there")
     cli.add_algorithm_flags(p)
     cli.add_speed_flags(p)
     p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, curves.png and checkpoint.npz here")
@@ -133,7 +160,9 @@ def config_of(args, root: Path, train_size: int) -> dict:
             "step_gamma": args.step_gamma, "train_size": train_size, "algo": args.algo,
             "workspace_limit": args.workspace_limit, "deterministic": args.deterministic,
             "allow_winograd": args.allow_winograd, "allow_tf32": args.allow_tf32, "engine": args.engine,
-            "chunk": args.chunk, "epochs": args.epochs, "cuda_graph": args.cuda_graph, "fused": args.fused}
+            "chunk": args.chunk, "epochs": args.epochs, "cuda_graph": args.cuda_graph, "fused": args.fused,
+            "nesterov": args.nesterov, "label_smoothing": args.label_smoothing, "warmup_epochs": args.warmup_epochs,
+            "ema": args.ema, "shift": args.shift, "flip": args.flip}
 
 
 class Progress:
@@ -161,25 +190,18 @@ class Progress:
             self.bar.close()
 
 
-def evaluate(model, ds: data.GpuDataset, batch: int) -> tuple[float, float]:
-    """(mean loss, accuracy) over a whole split, forward only."""
-    model.evaluate_begin()
-    for start in range(0, ds.size, batch):
-        n = min(batch, ds.size - start)
-        model.load_from(ds, ds.identity, start, n)
-        model.evaluate_batch(n)
-    loss_sum, correct = model.evaluate_end()
-    return loss_sum / ds.size, correct / ds.size
+def can_plot() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
 
 
-def plot(path: Path, history: list[dict]) -> bool:
-    try:
-        import matplotlib
+def plot(path: Path, history: list[dict]) -> None:
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     ep = [h["epoch"] for h in history]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.plot(ep, [h["train_loss"] for h in history], "o-", label="train")
@@ -193,7 +215,6 @@ def plot(path: Path, history: list[dict]) -> bool:
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     files.write_atomic(path, buf.getvalue())
-    return True
 
 
 def _resume_path(args, out: Path | None) -> Path | None:
@@ -211,6 +232,10 @@ def prepare(args) -> dict:
     --resume. Returns what the run needs; one-line errors (exit 2) otherwise."""
     out = Path(args.out) if args.out else None
     resume = _resume_path(args, out)   # a flag error: before anything is read
+    if args.shift > 13:
+        raise ValueError(f"--shift {args.shift}: translate by 0 to 13 pixels (a 28x28 image)")
+    if args.nesterov and args.momentum == 0:
+        raise ValueError("--nesterov needs --momentum > 0")
     root = data.find_dataset(args.data_dir)
     if root is None:
         raise data.DataError(data.not_found_message(args.data_dir))
@@ -233,7 +258,7 @@ def prepare(args) -> dict:
         params_flat, velocity_flat, meta = ckpt.load(resume)
         # More epochs may be asked for, except under cosine, whose curve depends on the total.
         diff = [k for k in RESUME_KEYS if (k != "epochs" or args.schedule == "cosine")
-                and meta["config"].get(k) != config.get(k)]
+                and meta["config"].get(k, RECIPE_OFF.get(k)) != config.get(k)]
         if diff:
             k = diff[0]
             raise ValueError(f"{resume} was made with {k}={meta['config'].get(k)!r}, this run has "
@@ -250,31 +275,40 @@ def main(argv=None) -> int:
     from descriptors import require_gpu
 
     gpu = require_gpu()
+    from .kernels import Augment
     from .model import LeNet
 
     config, out, meta = run["config"], run["out"], run["meta"]
     B = args.batch_size
     model = LeNet(max_batch=max(B, args.eval_batch_size), policy=policy, seed=args.seed,
-                  momentum=args.momentum, weight_decay=args.weight_decay, cuda_graph=args.cuda_graph,
+                  momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
+                  label_smoothing=args.label_smoothing, ema_decay=args.ema, cuda_graph=args.cuda_graph,
                   fused=args.fused)
     start_epoch, start_step, iteration, history, running = 0, 0, 0, [], 0.0
     if meta is not None:
-        model.load_flat(run["params"], run["velocity"])
+        model.load_flat(run["params"], run["velocity"], meta.get("ema"))
         start_epoch, iteration, history = meta["epoch"], meta["iteration"], meta["history"]
         start_step, running = meta.get("step", 0), meta.get("running_loss", 0.0)
     train = data.GpuDataset(*run["train"], config["mean"], config["std"], model.stream)
     test = data.GpuDataset(*run["test"], config["mean"], config["std"], model.stream)
+    augment = Augment(args.shift, args.flip, args.seed)
     steps = math.ceil(train.size / B)
     total_iters = steps * args.epochs
-    sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma)
+    sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma,
+                     warmup=round(args.warmup_epochs * steps))
     # Plan every batch size the run will use now, so the search stays out of the epochs.
     for n in {B if train.size >= B else train.size, train.size - (steps - 1) * B,
               min(args.eval_batch_size, test.size), test.size % args.eval_batch_size or args.eval_batch_size}:
         model.plan(n)
 
     say = (lambda s: print(s, flush=True))
+    recipe = ["nesterov" if args.nesterov else "", f"label smoothing {args.label_smoothing:g}" if args.label_smoothing
+              else "", f"warm-up {args.warmup_epochs:g} epochs" if args.warmup_epochs else "",
+              f"ema {args.ema:g}" if args.ema else "", f"shift {args.shift}" if args.shift else "",
+              "flip" if args.flip else ""]
     say(f"GPU {gpu} | dataset {config['dataset']} ({train.size} train, {test.size} test, {run['root']}) | "
-        f"policy {policy} | cuda graph {'on' if args.cuda_graph else 'off'}")
+        f"policy {policy} | cuda graph {'on' if args.cuda_graph else 'off'}"
+        + (f" | {', '.join(r for r in recipe if r)}" if any(recipe) else ""))
     if meta is not None:
         where = f"epoch {start_epoch + 1}, step {start_step}/{steps}" if start_step else f"epoch {start_epoch}"
         say(f"resumed from {run['resume']} after {where}")
@@ -287,19 +321,42 @@ def main(argv=None) -> int:
             for name in RUN_FILES:
                 (out / name).unlink(missing_ok=True)
     checkpoint_path = out / "checkpoint.npz" if out else None
+    plotting = bool(out) and can_plot()
+    writer = Background() if out else None
+    clock = {"start-up": cli.process_seconds(), "training": 0.0, "evaluation": 0.0, "writing": 0.0}
+    t_begin = time.perf_counter() - clock["start-up"]   # the program's start, on perf_counter's scale
+    last_plot = [time.perf_counter()]
 
-    def save_checkpoint(epoch_done: int, step: int, running_sum: float) -> None:
+    def wall() -> float:
+        return time.perf_counter() - t_begin
+
+    def save_checkpoint(epoch_done: int, step: int, running_sum: float, now: bool = False) -> None:
         if out is None:
             return
-        params_flat, velocity_flat = model.flat_state()
-        ckpt.save(checkpoint_path, params_flat, velocity_flat,
-                  {"epoch": epoch_done, "step": step, "iteration": iteration, "running_loss": running_sum,
-                   "config": config, "history": history})
+        t = time.perf_counter()
+        params_flat, velocity_flat, ema_flat = model.flat_state()   # waits for the step in flight
+        m = {"epoch": epoch_done, "step": step, "iteration": iteration, "running_loss": running_sum,
+             "config": config, "history": list(history)}
+        job = (lambda: ckpt.save(checkpoint_path, params_flat, velocity_flat, m, ema_flat))
+        if now:
+            writer.wait()
+            job()
+        else:
+            writer.submit("checkpoint", job)
         written.add("checkpoint.npz")
+        clock["writing"] += time.perf_counter() - t
+
+    def submit_plot(force: bool) -> None:
+        if plotting and (force or time.perf_counter() - last_plot[0] >= PLOT_SECONDS):
+            snapshot = list(history)
+            writer.submit("plot", lambda: plot(out / "curves.png", snapshot))
+            written.add("curves.png")
+            last_plot[0] = time.perf_counter()
 
     import cupy
 
     ev0, ev1 = cupy.cuda.Event(), cupy.cuda.Event()
+    reached = None
     try:
         with Signals() as sig:
             for epoch in range(start_epoch, args.epochs):
@@ -309,17 +366,19 @@ def main(argv=None) -> int:
                 bar = Progress(train.size - first * B, epoch + 1, args.epochs, args.quiet)
                 t0 = time.perf_counter()
                 ev0.record(model.stream)
-                done_imgs, report_every = 0, max(1, steps // 20)
+                done_imgs = 0
+                report_every = steps if args.quiet else max(1, steps // 20)   # a host sync per report
                 for s in range(first, steps):
                     start = s * B
                     n = min(B, train.size - start)
-                    model.load_from(train, order, start, n, lr=sched.at(iteration, steps, total_iters))
+                    model.load_from(train, order, start, n, lr=sched.at(iteration, steps, total_iters),
+                                    augment=augment, epoch=epoch)
                     model.step(n)
                     iteration += 1
                     done_imgs += n
                     if sig.signum is not None:   # see Note [stopping]
                         bar.close()
-                        save_checkpoint(epoch, s + 1, model.read_running_loss())
+                        save_checkpoint(epoch, s + 1, model.read_running_loss(), now=True)
                         code = 130 if sig.signum == signal.SIGINT else 143
                         where = f"epoch {epoch + 1}/{args.epochs}, step {s + 1}/{steps} (iteration {iteration})"
                         say(f"stopped by {sig.name} at {where}; " + (
@@ -332,6 +391,8 @@ def main(argv=None) -> int:
                         mean_loss = model.read_running_loss() / (s + 1)   # one sync per report, not per step
                         if not math.isfinite(mean_loss):
                             bar.close()
+                            if writer is not None:
+                                writer.wait()
                             raise TrainingDiverged(
                                 f"loss became {mean_loss} in epoch {epoch + 1} by step {s + 1}; stopped. "
                                 + (f"The last good checkpoint is {checkpoint_path}" if "checkpoint.npz" in written
@@ -344,21 +405,40 @@ def main(argv=None) -> int:
                 seconds = max(cupy.cuda.get_elapsed_time(ev0, ev1) / 1000.0, 1e-9)
                 bar.close()
                 train_loss = model.read_running_loss() / steps
-                test_loss, test_acc = evaluate(model, test, args.eval_batch_size)
+                t1 = time.perf_counter()
+                clock["training"] += t1 - t0
+                test_loss, test_acc = model.evaluate(test, args.eval_batch_size)
+                clock["evaluation"] += time.perf_counter() - t1
                 rec = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss,
                        "test_accuracy": test_acc, "images_per_s": (steps - first) * B / seconds,
-                       "seconds": seconds, "lr": sched.at(iteration - 1, steps, total_iters)}
+                       "seconds": seconds, "lr": sched.at(iteration - 1, steps, total_iters), "wall_s": wall()}
+                if args.target_accuracy is not None and test_acc >= args.target_accuracy:
+                    reached = rec["target_reached_s"] = rec["wall_s"]
                 history.append(rec)
                 say(f"epoch {epoch + 1}/{args.epochs} | train loss {train_loss:.4f} | test loss {test_loss:.4f} | "
                     f"test acc {100 * test_acc:.2f}% | {seconds:.2f} s | {rec['images_per_s'] / 1e6:.2f} M img/s")
                 if out:
+                    last = epoch + 1 == args.epochs or reached is not None
                     save_checkpoint(epoch + 1, 0, 0.0)
-                    files.append_line(out / "metrics.jsonl", json.dumps(rec))
+                    t = time.perf_counter()
+                    line = json.dumps(rec)
+                    writer.submit(f"metrics {epoch + 1}", lambda line=line: files.append_line(out / "metrics.jsonl",
+                                                                                              line))
                     written.add("metrics.jsonl")
-                    if plot(out / "curves.png", history):
-                        written.add("curves.png")
+                    submit_plot(force=last)
+                    clock["writing"] += time.perf_counter() - t
+                if reached is not None:
+                    say(f"target accuracy {100 * args.target_accuracy:.2f}% reached at epoch {epoch + 1} "
+                        f"({100 * test_acc:.2f}%), {reached:.2f} s after the program started")
+                    break
+            if writer is not None:
+                t = time.perf_counter()
+                writer.close()
+                clock["writing"] += time.perf_counter() - t
     except StoppedAtOnce as e:
         name = Signals.NAMES.get(e.signum, str(e.signum))
+        if writer is not None:
+            writer.close(timeout=5.0)   # a write in flight finishes (atomic either way)
         print(f"stopped at once by a second {name}; "
               + (f"the last good checkpoint is {checkpoint_path}" if out and checkpoint_path.exists()
                  else "no checkpoint was written"), flush=True)
@@ -366,9 +446,15 @@ def main(argv=None) -> int:
     if history:
         last = history[-1]
         say(f"final | test accuracy {100 * last['test_accuracy']:.2f}% | test loss {last['test_loss']:.4f} | "
-            f"mean epoch {np.mean([h['seconds'] for h in history]):.2f} s")
+            f"mean epoch {np.mean([h['seconds'] for h in history]):.2f} s"
+            + (f" | target not reached ({100 * args.target_accuracy:.2f}%)"
+               if args.target_accuracy is not None and reached is None else ""))
+    total = wall()
+    other = total - sum(clock.values())
+    say(f"wall clock {total:.2f} s: start-up {clock['start-up']:.2f} s, training {clock['training']:.2f} s, "
+        f"evaluation {clock['evaluation']:.2f} s, writing {clock['writing']:.2f} s, other {other:.2f} s")
     if written:
-        missing = " (curves.png skipped: matplotlib is not installed)" if "curves.png" not in written else ""
+        missing = " (curves.png skipped: matplotlib is not installed)" if out and not plotting else ""
         say(f"wrote {', '.join(str(out / n) for n in RUN_FILES if n in written)}{missing}")
     return 0
 

@@ -67,6 +67,35 @@ def main():
     pool.free_all_blocks()
     cupy.get_default_pinned_memory_pool().free_all_blocks()
     print(f"after cleanup: pool holds {pool.total_bytes()} bytes ({pool.used_bytes()} in use)")
+    if pool.used_bytes():
+        report_holders()
+
+
+def report_holders(depth: int = 6) -> None:
+    """Print what keeps a model or a random generator alive: the chain of referrers up to ``depth``."""
+    import gc
+    import types
+
+    roots = [o for o in gc.get_objects() if type(o).__name__ in ("LeNet", "XORWOW", "Workspace")]
+    print(f"alive: {len(roots)} of LeNet / XORWOW / Workspace")
+    for i in range(min(4, len(roots))):
+        chain, obj, ours = [], roots[i], {id(roots)}
+        for _ in range(depth):
+            refs = gc.get_referrers(obj)
+            ours.add(id(refs))
+            refs = [r for r in refs if id(r) not in ours
+                    and not (isinstance(r, types.FrameType) and r.f_code.co_name == "report_holders")]
+            ours.add(id(refs))
+            if not refs:
+                break
+            obj = refs[0]
+            ours.add(id(obj))
+            chain.append(f"frame {obj.f_code.co_name} {obj.f_code.co_filename}:{obj.f_lineno}"
+                         if isinstance(obj, types.FrameType) else
+                         f"{type(obj).__name__} keys={list(obj)[:5]}" if isinstance(obj, dict) else
+                         f"{type(obj).__name__} {str(obj)[:100]}")
+            del refs
+        print(f"  {type(roots[i]).__name__} <- " + " <- ".join(chain))
 
 
 def torch_steps(args):

@@ -1,20 +1,51 @@
-// Gather one batch from the GPU-resident uint8 dataset and normalize it, in one launch:
-//   x[b, p] = (images[order[start + b], p] / 255 - mean) / std     b < n, p < 784
-//   y[b]    = labels[order[start + b]]
-// and, when lr_out is given, set the learning rate the SGD kernel reads (lr_out[0] = lr),
-// so a schedule needs no separate launch. The arithmetic is PyTorch's
+// Gather one batch from the GPU-resident uint8 dataset, augment it and normalize it, in one launch:
+//   x[b, r, c] = (pixel / 255 - mean) / std     b < n, r, c < 28
+//   y[b]       = labels[order[start + b]]
+// where, without augmentation (shift == 0, flip == 0), pixel = images[order[start + b], r, c].
+// With augmentation, image b is mirrored left-right (when flip and a hash bit say so) and
+// translated by (dy, dx) in [-shift, shift]^2, the uncovered border reading 0 (the background):
+//   pixel = image[r - dy, c' - dx],  c' = mirrored ? 27 - c : c
+// The hash is lenet_hash(seed, epoch, start + b): the image's position in the epoch, so a batch
+// depends only on (seed, epoch, step) and a resumed run sees what an uninterrupted one would
+// (lenet/data.py: augment_params computes the same numbers on the host).
+// When lr_out is given, also lr_out[0] = lr (the learning rate the SGD kernel reads), so a
+// schedule needs no separate launch. The arithmetic is PyTorch's
 // x.float().div(255).sub(mean).div(std), operation for operation.
+
+__device__ __forceinline__ unsigned int lenet_mix(unsigned int h) {   // lowbias32 (C. Wellons)
+    h ^= h >> 16; h *= 0x7feb352du;
+    h ^= h >> 15; h *= 0x846ca68bu;
+    h ^= h >> 16;
+    return h;
+}
+
+__device__ __forceinline__ unsigned int lenet_hash(unsigned int seed, unsigned int epoch, unsigned int i) {
+    return lenet_mix(lenet_mix(lenet_mix(seed + 0x9e3779b9u) ^ epoch) ^ i);
+}
+
 extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__ images,
                                                const unsigned char* __restrict__ labels,
                                                const int* __restrict__ order, int start, int n,
                                                float mean, float std, float* __restrict__ x,
-                                               int* __restrict__ y, float lr, float* __restrict__ lr_out) {
+                                               int* __restrict__ y, float lr, float* __restrict__ lr_out,
+                                               int shift, int flip, unsigned int seed, unsigned int epoch) {
     const int pixels = 28 * 28;
     const int total = n * pixels;
+    const unsigned int span = 2u * (unsigned int)shift + 1u;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         const int b = i / pixels, p = i - b * pixels;
         const long src = order[start + b];
-        x[i] = ((float)images[src * pixels + p] / 255.0f - mean) / std;
+        int r = p / 28, c = p - (p / 28) * 28;
+        if (shift > 0 || flip) {
+            const unsigned int h = lenet_hash(seed, epoch, (unsigned int)(start + b));
+            const int dx = (int)(h % span) - shift, dy = (int)((h / span) % span) - shift;
+            if (flip && ((h >> 24) & 1u)) c = 27 - c;
+            r -= dy;
+            c -= dx;
+        }
+        const bool inside = r >= 0 && r < 28 && c >= 0 && c < 28;
+        const unsigned char v = inside ? images[src * pixels + r * 28 + c] : (unsigned char)0;
+        x[i] = ((float)v / 255.0f - mean) / std;
         if (p == 0) y[b] = (int)labels[src];
     }
     if (lr_out && blockIdx.x == 0 && threadIdx.x == 0) lr_out[0] = lr;

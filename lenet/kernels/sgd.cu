@@ -1,18 +1,26 @@
 // One SGD step over the flat parameter buffer (PyTorch's torch.optim.SGD rule):
 //   d = g + weight_decay * p
 //   v = momentum * v + d        (v starts at 0, so the first step has v = d)
-//   p = p - lr * v              (momentum == 0: p = p - lr * d, v untouched)
+//   d = nesterov ? d + momentum * v : v
+//   p = p - lr * d              (momentum == 0: p = p - lr * d, v untouched)
+// and, when ema is given, the exponential moving average of the weights
+// (torch.optim.swa_utils.get_ema_multi_avg_fn: ema.lerp_(p, 1 - decay)):
+//   ema = ema + (1 - decay) * (p - ema)
 // lr is read from device memory so that a captured CUDA graph follows a schedule.
 extern "C" __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g,
                                       float* __restrict__ v, const float* __restrict__ lr,
-                                      float momentum, float weight_decay, int n) {
+                                      float momentum, float weight_decay, int nesterov,
+                                      float* __restrict__ ema, float ema_weight, int n) {
     const float rate = lr[0];
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         float d = g[i] + weight_decay * p[i];
         if (momentum != 0.f) {
-            d = momentum * v[i] + d;
-            v[i] = d;
+            const float buf = momentum * v[i] + d;
+            v[i] = buf;
+            d = nesterov ? d + momentum * buf : buf;
         }
-        p[i] -= rate * d;
+        const float q = p[i] - rate * d;
+        p[i] = q;
+        if (ema) ema[i] = ema[i] + ema_weight * (q - ema[i]);
     }
 }

@@ -1,8 +1,11 @@
 // Softmax cross-entropy, forward and backward in one launch.
 //
 // logits (n, classes) row-major, labels (n,) int32. For each row i:
-//   m = max_j z_ij,  s = sum_j exp(z_ij - m),  loss_i = log(s) - (z_i,y_i - m)
-//   dlogits_ij = (exp(z_ij - m) / s - [j == y_i]) * grad_scale
+//   m = max_j z_ij,  s = sum_j exp(z_ij - m)
+//   loss_i = (1 - eps) * (log(s) - (z_i,y_i - m)) + eps * (log(s) - mean_j (z_ij - m))
+//   dlogits_ij = (exp(z_ij - m) / s - (1 - eps) * [j == y_i] - eps / classes) * grad_scale
+// eps is the label smoothing of PyTorch's cross_entropy(label_smoothing=eps): the target is
+// (1 - eps) * onehot + eps / classes; eps = 0 is the plain loss.
 // out[0]     = (accumulate ? out[0] : 0) + loss_scale * sum_i loss_i
 // correct[0] = (accumulate ? correct[0] : 0) + #{i : argmax_j z_ij == y_i}
 // running[0] += loss_scale * sum_i loss_i   (when running is not null: an epoch's loss sum)
@@ -31,7 +34,7 @@ softmax_ce_kernel(const float* __restrict__ logits, const int* __restrict__ labe
                   float* __restrict__ out, int* __restrict__ correct,
                   float* __restrict__ partial_loss, int* __restrict__ partial_correct,
                   unsigned int* __restrict__ ticket, float* __restrict__ running,
-                  int n, int classes, float grad_scale, float loss_scale, int accumulate) {
+                  int n, int classes, float grad_scale, float loss_scale, int accumulate, float eps) {
     __shared__ float sv[SCE_THREADS];
     __shared__ int sc[SCE_THREADS];
     __shared__ bool last;
@@ -43,16 +46,19 @@ softmax_ce_kernel(const float* __restrict__ logits, const int* __restrict__ labe
         float m = z[0];
         int arg = 0;
         for (int j = 1; j < classes; ++j) if (z[j] > m) { m = z[j]; arg = j; }
-        float s = 0.f;
-        for (int j = 0; j < classes; ++j) s += expf(z[j] - m);
+        float s = 0.f, zsum = 0.f;
+        for (int j = 0; j < classes; ++j) { s += expf(z[j] - m); zsum += z[j] - m; }
         const bool ok = y >= 0 && y < classes;
-        loss += ok ? (logf(s) - (z[y] - m)) : __int_as_float(0x7fc00000);
+        const float ls = logf(s);
+        const float li = eps == 0.f ? ls - (z[y] - m)
+                                    : (1.f - eps) * (ls - (z[y] - m)) + eps * (ls - zsum / (float)classes);
+        loss += ok ? li : __int_as_float(0x7fc00000);
         hits += (ok && arg == y) ? 1 : 0;
         if (dlogits) {
             float* d = dlogits + (size_t)i * classes;
-            const float inv = 1.f / s;
+            const float inv = 1.f / s, on = 1.f - eps, off = eps / (float)classes;
             for (int j = 0; j < classes; ++j) {
-                float g = expf(z[j] - m) * inv - (j == y ? 1.f : 0.f);
+                float g = expf(z[j] - m) * inv - (j == y ? on : 0.f) - off;
                 d[j] = ok ? g * grad_scale : __int_as_float(0x7fc00000);
             }
         }

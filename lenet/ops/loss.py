@@ -9,8 +9,9 @@ class SoftmaxCrossEntropy:
 
 
 class PlannedLoss:
-    """``train()``: the mean loss into model.loss_dev, dlogits, and the running sum;
-    ``evaluate()``: the summed loss and right answers added to the device totals."""
+    """``train()``: the mean loss (label-smoothed as the model says) into model.loss_dev, dlogits,
+    and the running sum; ``evaluate()``: the summed plain loss and right answers added to the
+    device totals."""
 
     workspace_bytes = 0
 
@@ -23,7 +24,8 @@ class PlannedLoss:
         m, n = self.m, self.n
         with m.stream:
             m.sce.forward_backward(self.logits, self.labels, self.dlogits, m.loss_dev, m.correct_dev, n,
-                                   grad_scale=1.0 / n, loss_scale=1.0 / n, running=m.running_loss)
+                                   grad_scale=1.0 / n, loss_scale=1.0 / n, running=m.running_loss,
+                                   label_smoothing=m.label_smoothing)
 
     def evaluate(self) -> None:
         m, n = self.m, self.n

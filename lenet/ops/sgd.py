@@ -1,4 +1,5 @@
-"""The SGD update (our kernel, lenet/kernels/sgd.cu): one launch over the flat parameter buffer."""
+"""The SGD update (our kernel, lenet/kernels/sgd.cu): one launch over the flat parameter buffer,
+which also moves the weights' exponential moving average when the model keeps one."""
 
 from __future__ import annotations
 
@@ -6,15 +7,20 @@ from ..kernels import sgd_update
 
 
 class SGD:
-    """PyTorch's torch.optim.SGD rule with momentum and weight decay; lr read from device memory."""
+    """PyTorch's torch.optim.SGD rule with momentum (plain or Nesterov) and weight decay, lr read
+    from device memory; then ema += (1 - ema_decay) * (params - ema) when ema_decay is given."""
 
-    def __init__(self, momentum: float = 0.0, weight_decay: float = 0.0):
+    def __init__(self, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
+                 ema_decay: float | None = None):
         self.momentum, self.weight_decay = float(momentum), float(weight_decay)
+        self.nesterov, self.ema_decay = bool(nesterov), ema_decay
 
     def __call__(self, model) -> None:
         with model.stream:
-            sgd_update(model.params, model.grads, model.velocity, model.lr_dev, self.momentum, self.weight_decay)
+            sgd_update(model.params, model.grads, model.velocity, model.lr_dev, self.momentum, self.weight_decay,
+                       self.nesterov, model.ema, self.ema_decay or 0.0)
 
     def describe(self) -> list[dict]:
-        return [{"layer": "sgd", "op": "update", "engine": "ours", "algo": "sgd_kernel", "chunk": None,
-                 "chunks": 1, "workspace_bytes": 0}]
+        what = ("nesterov " if self.nesterov else "") + ("+ ema" if self.ema_decay else "")
+        return [{"layer": "sgd", "op": ("update " + what).strip(), "engine": "ours", "algo": "sgd_kernel",
+                 "chunk": None, "chunks": 1, "workspace_bytes": 0}]
