@@ -27,10 +27,19 @@ Note [chunks]: per image, cuDNN's kernels for LeNet's shapes cost about the same
 one remainder call, where chunk is n or one of CHUNK_SIZES below n, whichever the timings
 say is fastest (``policy.chunk`` fixes it). Each chunk size has its own candidate table, so a
 remainder runs its own best candidate.
+
+Note [stored choices]: a search times candidates (0.3 to 1 s for LeNet's step at batch 64,
+minutes at 65536). ``set_store(store)`` gives choose() a persistent store (lenet/plancache.py
+keeps one on disk): a choice found there is checked against what the engines offer now (its
+candidate must still be listed for the same spec and policy) and used without timing; a
+choice searched for is put there. The store's key holds everything a choice depends on: the
+store adds the GPU and library versions, choose() gives the spec (batch size included),
+the policy, fusion and capture. A stored choice that no longer fits is searched again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -38,6 +47,7 @@ from dataclasses import dataclass
 from .algorithms import AlgoPolicy, AlgorithmNotSupportedError, Workspace
 from .engines import ENGINES, Candidate, ConvSpec, engines_for
 from .errors import CudnnError
+from .graph import available
 from .timing import time_launcher
 
 CHUNK_SIZES = (1024, 2048, 4096, 8192, 16384)
@@ -95,6 +105,72 @@ def _policy_key(policy: AlgoPolicy, direction: str) -> tuple:
 
 _tables: dict = {}
 _choices: dict = {}
+_store = None   # see Note [stored choices]
+
+
+def set_store(store) -> None:
+    """Use ``store`` (``get(op: dict) -> dict | None``, ``put(op: dict, value: dict)``) for choices
+    across processes; None: none (see Note [stored choices])."""
+    global _store
+    _store = store
+
+
+def get_store():
+    return _store
+
+
+def _op_key(spec: ConvSpec, policy: AlgoPolicy, fused: bool, captured: bool) -> dict:
+    return {"spec": dataclasses.asdict(spec), "policy": list(_policy_key(policy, spec.direction)),
+            "chunk_policy": policy.chunk, "fused": fused, "captured": captured}
+
+
+def _encode(c: ConvChoice) -> dict:
+    def timed(t: Timed | None):
+        return None if t is None else {"candidate": dataclasses.asdict(t.candidate), "ms": t.ms, "error": t.error}
+    return {"chunk": c.chunk, "full": timed(c.full), "rest": timed(c.rest), "ms": c.ms, "policy": c.policy}
+
+
+def _decode(spec: ConvSpec, v: dict) -> ConvChoice:
+    def timed(d):
+        if d is None:
+            return None
+        c = dict(d["candidate"])
+        c["key"] = tuple(c.get("key") or ())
+        return Timed(Candidate(**c), float(d["ms"]), float(d["error"]))
+    chunk = int(v["chunk"])
+    rest = timed(v["rest"])
+    if not 1 <= chunk <= spec.n or (rest is None) != (spec.n % chunk == 0):
+        raise ValueError(f"chunk {chunk} does not fit a batch of {spec.n}")
+    return ConvChoice(spec, chunk, timed(v["full"]), rest, float(v["ms"]), str(v["policy"]))
+
+
+def _still_offered(handle, choice: ConvChoice, policy: AlgoPolicy, fused: bool) -> bool:
+    """Whether every candidate of a stored choice is still listed by its engine for its spec."""
+    for count, t in ((choice.chunk, choice.full), (choice.spec.n % choice.chunk, choice.rest)):
+        if t is None:
+            continue
+        c = t.candidate
+        # The engines the policy allows, without loading the frontend for a descriptor-API choice.
+        if c.engine == "legacy" and policy.engine == "graph" or c.engine == "graph" and (
+                policy.engine == "legacy" or not available()[0]) or c.engine not in ENGINES:
+            return False
+        cands, _ = ENGINES[c.engine].candidates(handle, choice.spec.at(count), policy, fused)
+        if c not in cands:
+            return False
+    return True
+
+
+def _recall(handle, spec, policy, fused, captured) -> ConvChoice | None:
+    if _store is None:
+        return None
+    v = _store.get(_op_key(spec, policy, fused, captured))
+    if v is None:
+        return None
+    try:
+        choice = _decode(spec, v)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return choice if _still_offered(handle, choice, policy, fused) else None
 
 
 def clear_cache() -> None:
@@ -254,8 +330,9 @@ def choose_chunk(n: int, sizes, cost) -> tuple[int, float]:
 def choose(handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True, captured: bool = True) -> ConvChoice:
     """How to run ``spec`` (a whole batch): the candidate and chunk size with the least time (cached)."""
     key = (handle.device_id, spec, _policy_key(policy, spec.direction), policy.chunk, fused, captured)
-    hit = _choices.get(key)
+    hit = _choices.get(key) or _recall(handle, spec, policy, fused, captured)   # Note [stored choices]
     if hit is not None:
+        _choices[key] = hit
         return hit
     import cupy
 
@@ -282,8 +359,11 @@ def choose(handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True, ca
     result = ConvChoice(spec, chunk, best_at(chunk), best_at(n % chunk) if n % chunk else None, ms,
                         c if c in ("heuristic", "exhaustive") else "fixed")
     _choices[key] = result
+    if _store is not None:
+        _store.put(_op_key(spec, policy, fused, captured), _encode(result))
     return result
 
 
 __all__ = ["Timed", "ConvChoice", "table", "choose", "choose_chunk", "chunk_sizes", "clear_cache", "tolerance",
+           "set_store", "get_store",
            "CHUNK_SIZES", "EXACT_RTOL", "WINOGRAD_RTOL", "TF32_RTOL"]

@@ -173,6 +173,10 @@ def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-winograd", action="store_true",
                    help="let heuristic/exhaustive pick the Winograd algorithms, which are off by up to "
                         "~1e-3 relative in float32 (naming one in --algo always works)")
+    g.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
+                   help="neither read nor write the plan cache, the choices of earlier runs kept in "
+                        "$LENET_PLAN_CACHE or ~/.cache/lenet/plans.json (default: use it, so a second run does "
+                        "not search)")
     g.add_argument("--allow-tf32", action="store_true",
                    help="let candidates use TF32 tensor cores (off by up to ~3e-3 relative; PyTorch's default "
                         "for convolutions); default: exact float32")
@@ -230,11 +234,19 @@ def run(main) -> None:
 
 
 def device_facts(model) -> dict:
+    import importlib.metadata
+
     import descriptors
-    from descriptors.graph import available
+    from descriptors.graph import FRONTEND_PACKAGE, available
 
     v = model.blas.version()
-    ok, why = available()
+    if "cudnn" in sys.modules or model.policy.engine == "graph":
+        ok, why = available()
+    else:   # no graph plan was needed (a stored choice, say): name the package without loading it
+        try:
+            ok, why = True, f"{importlib.metadata.version(FRONTEND_PACKAGE)} (not loaded: no graph plan in use)"
+        except importlib.metadata.PackageNotFoundError:
+            ok, why = available()
     return {"gpu": model.handle.gpu_name, "cudnn": descriptors.version_string(),
             "cublas": f"{v // 10000}.{v % 10000 // 100}.{v % 100}",
             "graph_api": f"nvidia-cudnn-frontend {why}" if ok else f"unavailable: {why}"}

@@ -97,7 +97,7 @@ class LeNet:
     def __init__(self, max_batch: int = 64, *, policy: AlgoPolicy | None = None, seed: int = 0,
                  momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
                  label_smoothing: float = 0.0, ema_decay: float | None = None, stream=None,
-                 cuda_graph: bool = False, fused: bool = True):
+                 cuda_graph: bool = False, fused: bool = True, plan_cache=False):
         if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if not (0.0 <= momentum < 1.0):
@@ -118,6 +118,12 @@ class LeNet:
         self.cuda_graph, self.fused = bool(cuda_graph), bool(fused)
         self.handle = Handle(stream)
         self.stream = self.handle.stream
+        # The on-disk store of choices (lenet/plancache.py): True for the default file, or a path.
+        self.plan_cache = None
+        if plan_cache:
+            from . import plancache
+
+            self.plan_cache = plancache.install(self.handle, path=None if plan_cache is True else plan_cache)
         self.workspace = Workspace()
         with self.stream:
             self.blas = Blas(self.stream)
@@ -188,6 +194,8 @@ class LeNet:
         step = Step(n, [layer.plan(self, n) for layer in self.layers], self.loss_op.plan(self, n))
         self.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
         self._steps[n] = step
+        if self.plan_cache is not None:
+            self.plan_cache.flush()
         return step
 
     @staticmethod
@@ -445,4 +453,6 @@ class LeNet:
         flat = P.pack(host)
         with self.stream:
             self.params[...] = cupy.asarray(flat)
+            if self.ema is not None:   # new weights: the average starts again from them
+                self.ema[...] = self.params
         self.stream.synchronize()

@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 
     cfg = meta["config"]
     classes = FASHION if "fashion" in cfg.get("dataset", "") else tuple(str(i) for i in range(10))
-    model = LeNet(max_batch=min(args.batch_size, len(images)))
+    model = LeNet(max_batch=min(args.batch_size, len(images)), plan_cache=args.plan_cache)
     weights, _ = ckpt.weights(params, meta)   # the moving average when the run kept one
     model.load_flat(weights, np.zeros_like(weights))
     x = ((images.astype(np.float32) / 255.0 - np.float32(cfg["mean"])) / np.float32(cfg["std"]))[:, None]

@@ -283,7 +283,7 @@ def main(argv=None) -> int:
     model = LeNet(max_batch=max(B, args.eval_batch_size), policy=policy, seed=args.seed,
                   momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
                   label_smoothing=args.label_smoothing, ema_decay=args.ema, cuda_graph=args.cuda_graph,
-                  fused=args.fused)
+                  fused=args.fused, plan_cache=args.plan_cache)
     start_epoch, start_step, iteration, history, running = 0, 0, 0, [], 0.0
     if meta is not None:
         model.load_flat(run["params"], run["velocity"], meta.get("ema"))

@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     from .model import LeNet
 
     model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph,
-                  fused=args.fused)
+                  fused=args.fused, plan_cache=args.plan_cache)
     n = model.load_batch(x, y)
     before = model.state_dict()
     stream = model.stream
@@ -112,7 +112,8 @@ def main(argv=None) -> int:
              "engine": args.engine, "cuda_graph": args.cuda_graph, "fused": args.fused, "operations": rows,
              "algorithms": cli.conv_rows(rows), "workspace_bytes": model.workspace.size,
              "lr": args.lr, "steps": args.steps, "loss_before": first_loss, "loss_after": after_loss,
-             "step_ms": mean_ms, "images_per_s": n / (mean_ms / 1000.0)}
+             "step_ms": mean_ms, "images_per_s": n / (mean_ms / 1000.0),
+             "plan_cache": model.plan_cache.summary() if model.plan_cache is not None else None}
     if args.dump:
         arrays = {"x": x, "y": y, **before, **{f"grad.{k}": v for k, v in first_grads.items()},
                   **{f"after.{k}": v for k, v in after.items()}}
@@ -127,6 +128,9 @@ def main(argv=None) -> int:
     print(cli.format_rows(rows, model.workspace.size))
     print(f"loss before {first_loss:.6f} | after {args.steps} step{'s' if args.steps > 1 else ''} "
           f"{after_loss:.6f}")
+    pc = facts["plan_cache"]
+    print(f"plan cache {pc['path']}: {pc['hits']} stored choices used, {pc['searched']} searched" if pc
+          else "plan cache off (--no-plan-cache)")
     print(f"step {mean_ms * 1000:.1f} us mean over {args.steps} | {facts['images_per_s'] / 1e6:.3f} M img/s "
           f"| cuda graph {'on' if args.cuda_graph else 'off'}")
     if args.dump:

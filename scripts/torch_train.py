@@ -2,6 +2,11 @@
 SGD rule and schedule as python -m lenet.train, so the two can be compared epoch by epoch.
 
     python3 scripts/torch_train.py --epochs 20 [same flags as lenet.train] [--json PATH]
+
+The recipe flags are PyTorch's own pieces: SGD(nesterov=True), cross_entropy(label_smoothing=),
+AveragedModel with get_ema_multi_avg_fn (started at the initial weights, as ours), and the
+augmentation ours draws (lenet.data.augment_params), applied by indexing a zero-padded copy.
+The last line gives the wall clock from the process's start, as python -m lenet.train does.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lenet import data  # noqa: E402
+from lenet import cli, data  # noqa: E402
 from lenet.params import init_host  # noqa: E402
 from lenet.schedule import SCHEDULES, Schedule  # noqa: E402
 from torch_lenet import exact_float32, from_state  # noqa: E402
@@ -41,6 +46,14 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--train-size", type=int)
     p.add_argument("--eval-batch-size", type=int, default=1000)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--warmup-epochs", type=float, default=0.0)
+    p.add_argument("--ema", type=float, default=None)
+    p.add_argument("--shift", type=int, default=0)
+    p.add_argument("--flip", action="store_true")
+    p.add_argument("--target-accuracy", type=cli.accuracy, default=None)
+    p.add_argument("--quiet", action="store_true", help="accepted for the same command line; no effect")
     p.add_argument("--json", help="write the per-epoch metrics here")
     args = p.parse_args()
     exact_float32()
@@ -56,14 +69,31 @@ def main():
     vimg, vlab = torch.as_tensor(vx, device=dev), torch.as_tensor(vy, device=dev).long()
     norm = lambda u8: u8.float().div(255).sub(mean).div(std).unsqueeze(1)  # noqa: E731  same ops as the kernel
     model = from_state(init_host(args.seed))
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
-    sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                          nesterov=args.nesterov)
+    ema = None
+    if args.ema is not None:
+        from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+        ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(args.ema))
+        ema.update_parameters(model)   # starts at the initial weights, as ours does
     B, N = args.batch_size, len(tx)
     steps = math.ceil(N / B)
+    sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma,
+                     warmup=round(args.warmup_epochs * steps))
+    S = args.shift
+    padded = torch.nn.functional.pad(timg, (S, S, S, S)) if S else timg   # (N, 28+2S, 28+2S) uint8
+    ar = torch.arange(28, device=dev)
+    t_start = time.perf_counter() - cli.process_seconds()
     total = steps * args.epochs
     it, history = 0, []
     for epoch in range(args.epochs):
         order = torch.as_tensor(data.epoch_order(args.seed, epoch, N).astype(np.int64), device=dev)
+        if S or args.flip:
+            dy, dx, mir = (torch.as_tensor(a, device=dev) for a in data.augment_params(args.seed, epoch, np.arange(N),
+                                                                                       S, args.flip))
+            rows_all = ar[None, :] - dy[:, None] + S                                    # (N, 28)
+            cols_all = torch.where(mir[:, None], 27 - ar[None, :], ar[None, :]) - dx[:, None] + S   # (N, 28)
         model.train()
         run = torch.zeros((), device=dev)
         torch.cuda.synchronize()
@@ -73,28 +103,43 @@ def main():
             for g in opt.param_groups:
                 g["lr"] = sched.at(it, steps, total)
             opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(model(norm(timg[idx])), tlab[idx])
+            if S or args.flip:
+                r, c = rows_all[s * B: (s + 1) * B], cols_all[s * B: (s + 1) * B]
+                images = padded[idx[:, None, None], r[:, :, None], c[:, None, :]]
+            else:
+                images = timg[idx]
+            loss = torch.nn.functional.cross_entropy(model(norm(images)), tlab[idx],
+                                                     label_smoothing=args.label_smoothing)
             loss.backward()
             opt.step()
+            if ema is not None:
+                ema.update_parameters(model)
             run += loss.detach()
             it += 1
         torch.cuda.synchronize()
         secs = time.perf_counter() - t0
         model.eval()
+        judge = ema.module if ema is not None else model
         with torch.no_grad():
             ls, correct = 0.0, 0
             for s in range(0, len(vx), args.eval_batch_size):
-                lg = model(norm(vimg[s: s + args.eval_batch_size]))
+                lg = judge(norm(vimg[s: s + args.eval_batch_size]))
                 lab = vlab[s: s + args.eval_batch_size]
                 ls += float(torch.nn.functional.cross_entropy(lg, lab, reduction="sum"))
                 correct += int((lg.argmax(1) == lab).sum())
         rec = {"epoch": epoch + 1, "train_loss": float(run) / steps, "test_loss": ls / len(vx),
-               "test_accuracy": correct / len(vx), "seconds": secs, "images_per_s": N / secs}
+               "test_accuracy": correct / len(vx), "seconds": secs, "images_per_s": N / secs,
+               "wall_s": time.perf_counter() - t_start}
         history.append(rec)
         print(f"torch epoch {epoch + 1}/{args.epochs} | train loss {rec['train_loss']:.4f} | test loss "
               f"{rec['test_loss']:.4f} | test acc {100 * rec['test_accuracy']:.2f}% | {secs:.2f} s", flush=True)
+        if args.target_accuracy is not None and rec["test_accuracy"] >= args.target_accuracy:
+            print(f"torch target accuracy {100 * args.target_accuracy:.2f}% reached at epoch {epoch + 1}, "
+                  f"{rec['wall_s']:.2f} s after the program started")
+            break
     print(f"torch final | test accuracy {100 * history[-1]['test_accuracy']:.2f}% | "
           f"mean epoch {np.mean([h['seconds'] for h in history]):.2f} s")
+    print(f"torch wall clock {time.perf_counter() - t_start:.2f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(history, indent=1))
 

@@ -230,14 +230,21 @@ def _signal_after_first_epoch(p, *signals):
     return out, err
 
 
-@pytest.mark.parametrize("sig,graph,epochs", [(signal.SIGINT, "--no-cuda-graph", 6), (signal.SIGTERM, "--cuda-graph", 40)],
-                         ids=["SIGINT-eager", "SIGTERM-cuda-graph"])
-def test_signal_mid_epoch_then_bit_identical_resume(dataset, tmp_path, sig, graph, epochs):
+RECIPE = ["--shift", "2", "--flip", "--nesterov", "--label-smoothing", "0.1", "--ema", "0.99", "--warmup-epochs",
+          "0.5"]
+
+
+@pytest.mark.parametrize("sig,graph,epochs,recipe", [(signal.SIGINT, "--no-cuda-graph", 6, []),
+                                                     (signal.SIGTERM, "--cuda-graph", 40, []),
+                                                     (signal.SIGTERM, "--cuda-graph", 40, RECIPE)],
+                         ids=["SIGINT-eager", "SIGTERM-cuda-graph", "SIGTERM-cuda-graph-recipe"])
+def test_signal_mid_epoch_then_bit_identical_resume(dataset, tmp_path, sig, graph, epochs, recipe):
     # Note [stopping]: the step in flight finishes, a checkpoint records the position inside the epoch,
     # one line says where and how to resume, the exit status is 128 + the signal; resumed with
-    # --deterministic, the run ends bit-identical to one never stopped.
+    # --deterministic, the run ends bit-identical to one never stopped: with the recipe too (the
+    # augmentation's draws depend on (seed, epoch, position), the moving average is checkpointed).
     common = ["--data-dir", str(dataset), "--train-size", "3000", "--test-size", "300", "--deterministic",
-              "--batch-size", "8", "--lr", "0.02", "--epochs", str(epochs), graph]
+              "--batch-size", "8", "--lr", "0.02", "--epochs", str(epochs), graph, *recipe]
     a, b = tmp_path / "a", tmp_path / "b"
     p = _popen(*common, "--out", str(b))
     out, err = _signal_after_first_epoch(p, sig)
@@ -254,6 +261,7 @@ def test_signal_mid_epoch_then_bit_identical_resume(dataset, tmp_path, sig, grap
     za, zb = np.load(a / "checkpoint.npz"), np.load(b / "checkpoint.npz")
     assert np.array_equal(za["params"], zb["params"]) and np.array_equal(za["velocity"], zb["velocity"]), \
         "the resumed run differs from the uninterrupted one"
+    assert ("ema" in za.files) == bool(recipe) and (not recipe or np.array_equal(za["ema"], zb["ema"]))
     assert [x["test_loss"] for x in metrics(a)] == [x["test_loss"] for x in metrics(b)]
     assert [x["train_loss"] for x in metrics(a)] == [x["train_loss"] for x in metrics(b)]
 

@@ -5,13 +5,14 @@ Note [pooling batch limit]: cuDNN's max-pooling forward kernel puts the batch in
 z dimension, which CUDA caps at 65535: at N = 65536 cudnnPoolingForward answers
 NOT_SUPPORTED (seen on an H100, cuDNN 9.19). Chunk sizes above POOL_LIMIT are therefore not
 candidates; below it the chunk size is timed like a convolution's (see Note [chunks] in
-descriptors/search.py).
+descriptors/search.py): the whole batch's time, calls of the chunk and the remainder call,
+and kept in the same persistent store (Note [stored choices] there). A single size is not timed.
 """
 
 from __future__ import annotations
 
 from descriptors import TensorDescriptor
-from descriptors.search import choose_chunk, chunk_sizes
+from descriptors.search import choose_chunk, chunk_sizes, get_store
 from descriptors.timing import time_launcher
 
 POOL_LIMIT = 32768
@@ -42,6 +43,26 @@ def _time_at(handle, pool, chw: tuple, c: int, captured: bool) -> float | None:
     return _times[key]
 
 
+def _choose(handle, pool, chw: tuple, n: int, sizes: list, captured: bool) -> tuple[int, float | None]:
+    """(chunk, estimated ms for the whole batch, None when not timed)."""
+    if len(sizes) == 1:
+        return sizes[0], None
+    store, op = get_store(), {"pool": list(chw), "n": n, "sizes": list(sizes), "mode": pool.read()["mode"],
+                              "captured": captured}
+    hit = store.get(op) if store is not None else None
+    if hit is not None and hit.get("chunk") in sizes:
+        return int(hit["chunk"]), hit.get("ms")
+
+    def cost(c):
+        full = _time_at(handle, pool, chw, c, captured)
+        rest = _time_at(handle, pool, chw, n % c, captured) if n % c else 0.0
+        return None if full is None or rest is None else (n // c) * full + rest
+    chunk, ms = choose_chunk(n, sizes, cost)
+    if store is not None:
+        store.put(op, {"chunk": chunk, "ms": ms})
+    return chunk, ms
+
+
 class MaxPool:
     """y = maxpool2x2(x) over named model buffers; backward dx from dy (``"d" + name``)."""
 
@@ -62,7 +83,7 @@ class PlannedPool:
         sizes = chunk_sizes(n, pol.chunk, pol.deterministic and pol.fwd == "heuristic")
         if min(sizes) > POOL_LIMIT:       # a forced chunk above the limit: the largest that runs
             sizes = [POOL_LIMIT]
-        self.chunk, self.ms = choose_chunk(n, sizes, lambda c: _time_at(h, pool, chw, c, model.cuda_graph))
+        self.chunk, self.ms = _choose(h, pool, chw, n, sizes, model.cuda_graph)
         b = model.buf
         x, y, dx, dy = (b[k][:n] for k in (layer.x, layer.y, "d" + layer.x, "d" + layer.y))
         descs = {}

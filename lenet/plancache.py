@@ -1,0 +1,140 @@
+"""The plan cache: the convolution and pooling choices of earlier runs, on disk, so that a
+second run starts without searching (PyTorch's cudnn.benchmark cache, kept across processes).
+
+Where: $LENET_PLAN_CACHE (a file), else $XDG_CACHE_HOME/lenet/plans.json, else
+~/.cache/lenet/plans.json. ``--no-plan-cache`` neither reads nor writes it.
+
+Each entry's key is the operation's key from descriptors/search.py (the spec with its batch
+size, the policy, fusion, capture; see Note [stored choices] there) together with what the
+choice depends on outside it: the GPU's name, the driver's CUDA version, cuDNN's version and
+nvidia-cudnn-frontend's. Any of these changing gives other keys, so an old entry is never
+used; the file keeps at most MAX_ENTRIES, the newest. A file that cannot be read or parsed
+gets a one-line warning and is treated as empty (then replaced at the next write). Writes
+are atomic (lenet/files.py), once per planned batch size (``flush``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+FORMAT = 1
+MAX_ENTRIES = 2000
+
+
+def default_path() -> Path:
+    if os.environ.get("LENET_PLAN_CACHE"):
+        return Path(os.environ["LENET_PLAN_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "lenet" / "plans.json"
+
+
+def environment(gpu: str, driver: int, cudnn: str, frontend: str | None) -> dict:
+    """What every choice depends on besides its operation."""
+    return {"gpu": gpu, "driver": int(driver), "cudnn": cudnn, "frontend": frontend, "format": FORMAT}
+
+
+def current_environment(handle) -> dict:
+    """The environment of ``handle``'s GPU, without importing the frontend (its version comes
+    from the installed package's metadata)."""
+    import importlib.metadata
+
+    from cupy_backends.cuda.api import runtime
+
+    import descriptors
+
+    try:
+        fe = importlib.metadata.version("nvidia-cudnn-frontend")
+    except importlib.metadata.PackageNotFoundError:
+        fe = None
+    return environment(handle.gpu_name, runtime.driverGetVersion(), descriptors.version_string(), fe)
+
+
+class PlanCache:
+    """A JSON file of {key: choice}, read once, written by ``flush`` when something was added."""
+
+    def __init__(self, path, env: dict, warn=None):
+        self.path, self.env = Path(path), env
+        self._say = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
+        self._warned = False
+        self._entries: dict[str, dict] | None = None
+        self.dirty = False
+        self.hits = self.misses = self.searched = 0
+
+    def _warn(self, msg: str) -> None:
+        if not self._warned:   # one line per run, whatever else goes wrong with the file
+            self._warned = True
+            self._say(msg)
+
+    def _key(self, op: dict) -> str:
+        return json.dumps({"env": self.env, "op": op}, sort_keys=True, separators=(",", ":"))
+
+    def _load(self) -> dict:
+        if self._entries is None:
+            self._entries = {}
+            try:
+                raw = self.path.read_bytes()
+            except FileNotFoundError:
+                return self._entries
+            except OSError as e:
+                self._warn(f"plan cache {self.path} cannot be read ({e.strerror}); searching instead")
+                return self._entries
+            try:
+                doc = json.loads(raw.decode())
+                if not (isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("entries"), dict)):
+                    raise ValueError("not a plan cache of this version")
+                self._entries = {k: v for k, v in doc["entries"].items() if isinstance(v, dict)}
+            except ValueError as e:
+                self._warn(f"plan cache {self.path} is not a readable cache ({str(e).splitlines()[0][:80]}); "
+                           f"searching instead, and it will be replaced")
+        return self._entries
+
+    def get(self, op: dict) -> dict | None:
+        v = self._load().get(self._key(op))
+        if v is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return v
+
+    def put(self, op: dict, value: dict) -> None:
+        entries = self._load()
+        k = self._key(op)
+        entries.pop(k, None)
+        entries[k] = value   # newest last
+        self.searched += 1
+        while len(entries) > MAX_ENTRIES:
+            entries.pop(next(iter(entries)))
+        self.dirty = True
+
+    def flush(self) -> None:
+        """Write the file if anything was added; a failure is a warning (the run goes on)."""
+        if not self.dirty:
+            return
+        from . import files
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            files.write_atomic(self.path, json.dumps({"format": FORMAT, "entries": self._entries}).encode())
+            self.dirty = False
+        except OSError as e:
+            self._warn(f"plan cache {self.path} cannot be written ({e.strerror or e}); the next run searches again")
+            self.dirty = False
+
+
+    def summary(self) -> dict:
+        return {"path": str(self.path), "hits": self.hits, "misses": self.misses, "searched": self.searched}
+
+
+def install(handle, enabled: bool = True, path=None) -> PlanCache | None:
+    """Make the plan cache the search's store (descriptors.search.set_store); None when disabled."""
+    from descriptors import search
+
+    if not enabled:
+        search.set_store(None)
+        return None
+    cache = PlanCache(path or default_path(), current_environment(handle))
+    search.set_store(cache)
+    return cache

@@ -1,0 +1,110 @@
+"""Seconds to accuracy: run recipes of python -m lenet.train (and the PyTorch reference trainer,
+scripts/torch_train.py, on the same flags) for several seeds, and print one table row per
+recipe: test accuracy per seed and the wall clock from command start to its final line.
+
+    python3 scripts/time_to_accuracy.py --data-dir data/fashion-mnist --seeds 0 1 2 --torch \\
+        --recipe recommended --recipe fast [--recipe 'name=--epochs 5 --lr 0.1'] [--json out.json]
+
+The wall clock is measured around the whole command (interpreter start to exit), as a user
+waits for it. Our runs write under --out (checkpoint, metrics, plot), as a user's would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The recipes the README reports. Fashion-MNIST, batch sizes and epochs fixed in advance.
+RECIPES = {
+    "plain": "--epochs 30 --schedule cosine --lr 0.02",
+    "recommended": "--epochs 40 --batch-size 64 --schedule cosine --lr 0.05 --nesterov --label-smoothing 0.1 "
+                   "--warmup-epochs 1 --ema 0.999 --shift 2 --flip",
+    "fast": "--epochs 16 --batch-size 256 --schedule cosine --lr 0.2 --nesterov --label-smoothing 0.1 "
+            "--warmup-epochs 1 --flip",
+}
+
+
+def parse_recipe(text: str) -> tuple[str, str]:
+    if "=" in text and text.split("=", 1)[0].replace("-", "").replace("_", "").isalnum() \
+            and not text.startswith("-"):
+        name, flags = text.split("=", 1)
+        return name, flags
+    if text in RECIPES:
+        return text, RECIPES[text]
+    raise SystemExit(f"--recipe {text!r}: one of {', '.join(RECIPES)} or NAME='FLAGS'")
+
+
+def run(cmd: list[str], env: dict, timeout: float) -> tuple[float, str, int]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return time.perf_counter() - t0, p.stdout + p.stderr, p.returncode
+
+
+def final_accuracy(out: str) -> float | None:
+    m = re.findall(r"final \| test accuracy ([\d.]+)%", out)
+    return float(m[-1]) if m else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data-dir", default="data/fashion-mnist")
+    ap.add_argument("--recipe", action="append", default=[], help="a name from RECIPES or NAME='FLAGS'")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--torch", action="store_true", help="also run scripts/torch_train.py on each recipe")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    recipes = [parse_recipe(r) for r in (args.recipe or list(RECIPES))]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    rows = []
+    for name, flags in recipes:
+        for who in (["ours", "torch"] if args.torch else ["ours"]):
+            accs, walls, lines = [], [], []
+            for seed in args.seeds:
+                with tempfile.TemporaryDirectory() as tmp:
+                    base = ["--data-dir", args.data_dir, "--seed", str(seed), *shlex.split(flags)]
+                    cmd = ([sys.executable, "-m", "lenet.train", "--quiet", "--out", tmp, *base] if who == "ours"
+                           else [sys.executable, str(ROOT / "scripts" / "torch_train.py"), *base])
+                    wall, out, rc = run(cmd, env, args.timeout)
+                if rc != 0:
+                    print(f"{name} {who} seed {seed}: exit {rc}\n{out[-2000:]}", flush=True)
+                    accs.append(None)
+                    walls.append(wall)
+                    continue
+                acc = final_accuracy(out)
+                accs.append(acc)
+                walls.append(wall)
+                breakdown = re.findall(r"^wall clock .*$", out, re.M)
+                lines.append(breakdown[-1] if breakdown else "")
+                print(f"{name} {who} seed {seed}: {acc}% in {wall:.2f} s | {lines[-1]}", flush=True)
+            ok = [a for a in accs if a is not None]
+            rows.append({"recipe": name, "flags": flags, "who": who, "accuracy": accs, "wall_s": walls,
+                         "mean_accuracy": sum(ok) / len(ok) if ok else None, "breakdown": lines})
+    print()
+    print("| recipe | trainer | test accuracy per seed (%) | mean | min | wall clock per seed (s) |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        ok = [a for a in r["accuracy"] if a is not None]
+        accs = ", ".join("failed" if a is None else f"{a:.2f}" for a in r["accuracy"])
+        walls = ", ".join(f"{w:.2f}" for w in r["wall_s"])
+        mean = f"{r['mean_accuracy']:.2f}" if ok else "-"
+        print(f"| {r['recipe']} | {r['who']} | {accs} | {mean} | {min(ok):.2f} | {walls} |" if ok else
+              f"| {r['recipe']} | {r['who']} | {accs} | - | - | {walls} |")
+    for name, flags in recipes:
+        print(f"{name}: {flags}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

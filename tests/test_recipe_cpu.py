@@ -1,0 +1,205 @@
+"""The recipe and the time-to-accuracy machinery without a GPU: flag checks, the warm-up, the
+augmentation's draws and rule, the plan cache's keys, invalidation and bad files, stored
+choices' round trip, checkpoints with a moving average, and the background writer."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from lenet import checkpoint as ckpt
+from lenet import data
+from lenet import params as P
+from lenet.background import Background
+from lenet.plancache import MAX_ENTRIES, PlanCache, environment
+from lenet.schedule import Schedule
+from test_data_cpu import write_split
+from test_safety_cpu import refused, run
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    write_split(root, n=40)
+    write_split(root, n=20, split="test")
+    return root
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--shift", "14"], "--shift 14: translate by 0 to 13 pixels"),
+    (["--shift", "-1"], "--shift: invalid value '-1': must be an integer >= 0"),
+    (["--nesterov", "--momentum", "0"], "--nesterov needs --momentum > 0"),
+    (["--label-smoothing", "1"], "--label-smoothing: invalid value '1': must be a number in [0, 1)"),
+    (["--ema", "1"], "--ema: invalid value '1': must be a number in (0, 1)"),
+    (["--ema", "0"], "--ema: invalid value '0': must be a number in (0, 1)"),
+    (["--warmup-epochs", "-2"], "--warmup-epochs: invalid value '-2'"),
+    (["--target-accuracy", "0"], "--target-accuracy: invalid accuracy '0'"),
+    (["--target-accuracy", "101"], "--target-accuracy: invalid accuracy '101'"),
+    (["--target-accuracy", "abc"], "--target-accuracy: invalid accuracy 'abc'"),
+])
+def test_recipe_flags_are_checked_before_anything_else(dataset, args, needle):
+    refused(run("lenet.train", "--data-dir", str(dataset), *args), needle)
+
+
+def test_accuracy_accepts_fractions_and_percentages():
+    from lenet.cli import accuracy
+    assert accuracy("0.915") == 0.915 and accuracy("91.5") == 0.915 and accuracy("91.5%") == 0.915
+    assert accuracy("1") == 1.0
+
+
+def test_warmup_ramps_linearly_in_front_of_any_schedule():
+    for kind in ("constant", "cosine", "inv", "step"):
+        plain, warm = Schedule(kind, 0.1), Schedule(kind, 0.1, warmup=10)
+        for it in range(30):
+            f = min(1.0, (it + 1) / 10)
+            assert warm.at(it, 5, 30) == pytest.approx(plain.at(it, 5, 30) * f), (kind, it)
+    assert Schedule("constant", 0.1, warmup=4).at(0, 10, 100) == pytest.approx(0.025)
+
+
+def test_augmentation_draws_depend_only_on_seed_epoch_and_position():
+    a = data.augment_params(3, 7, np.arange(1000), 2, True)
+    b = data.augment_params(3, 7, np.arange(1000), 2, True)
+    c = data.augment_params(3, 8, np.arange(1000), 2, True)
+    assert all(np.array_equal(u, v) for u, v in zip(a, b))
+    assert not all(np.array_equal(u, v) for u, v in zip(a, c)), "another epoch draws the same"
+    dy, dx, mir = a
+    assert set(np.unique(dy)) == set(np.unique(dx)) == set(range(-2, 3))
+    assert 0.45 < mir.mean() < 0.55
+    part = data.augment_params(3, 7, np.arange(500, 600), 2, True)   # a batch is its slice of the epoch
+    assert all(np.array_equal(u[500:600], v) for u, v in zip(a, part))
+    dy, dx, mir = data.augment_params(3, 7, np.arange(100), 0, False)
+    assert not dy.any() and not dx.any() and not mir.any()
+    assert not data.augment_params(3, 7, np.arange(100), 2, False)[2].any(), "mirrored without --flip"
+
+
+def test_augmentation_rule_translates_with_a_zero_border_and_mirrors():
+    img = np.zeros((1, 28, 28), np.uint8)
+    img[0, 5, 7] = 200
+    out = data.augment_images(img, [2], [-3], [False])
+    assert out[0, 7, 4] == 200 and out.sum() == 200
+    out = data.augment_images(img, [0], [0], [True])
+    assert out[0, 5, 20] == 200 and out.sum() == 200
+    edge = np.full((1, 28, 28), 9, np.uint8)
+    out = data.augment_images(edge, [1], [1], [False])
+    assert (out[0, 0] == 0).all() and (out[0, :, 0] == 0).all() and (out[0, 1:, 1:] == 9).all()
+
+
+def test_augment_rejects_shifts_beyond_the_image():
+    from lenet.kernels import Augment
+    with pytest.raises(ValueError, match="0..13"):
+        Augment(14)
+    assert not Augment().on and Augment(0, True).on
+
+
+ENV = environment("NVIDIA H100 80GB HBM3", 13000, "9.19.0", "1.28.0")
+OP = {"spec": {"direction": "fwd", "n": 64}, "policy": ["auto", "heuristic"], "fused": True, "captured": True}
+
+
+def test_plan_cache_round_trip_and_keys(tmp_path):
+    path = tmp_path / "sub" / "plans.json"
+    c = PlanCache(path, ENV)
+    assert c.get(OP) is None and c.misses == 1
+    c.put(OP, {"chunk": 64})
+    c.flush()
+    assert json.loads(path.read_text())["format"] == 1
+    again = PlanCache(path, ENV)
+    assert again.get(OP) == {"chunk": 64} and again.hits == 1
+    assert again.get({**OP, "spec": {"direction": "fwd", "n": 65}}) is None, "another batch size matched"
+    for changed in (environment("NVIDIA H200", 13000, "9.19.0", "1.28.0"), environment(ENV["gpu"], 12080, "9.19.0",
+                    "1.28.0"), environment(ENV["gpu"], 13000, "9.20.0", "1.28.0"),
+                    environment(ENV["gpu"], 13000, "9.19.0", None)):
+        assert PlanCache(path, changed).get(OP) is None, f"an entry survived a change of {changed}"
+
+
+def test_plan_cache_keeps_the_newest_entries(tmp_path):
+    c = PlanCache(tmp_path / "p.json", ENV)
+    for i in range(MAX_ENTRIES + 5):
+        c.put({**OP, "i": i}, {"chunk": i})
+    c.flush()
+    d = PlanCache(tmp_path / "p.json", ENV)
+    assert d.get({**OP, "i": 0}) is None and d.get({**OP, "i": MAX_ENTRIES + 4}) == {"chunk": MAX_ENTRIES + 4}
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"format": 99, "entries": {}}', b"\x00\xff" * 10, b""])
+def test_a_bad_plan_cache_file_is_one_warning_then_a_search(tmp_path, content):
+    path = tmp_path / "plans.json"
+    path.write_bytes(content)
+    said = []
+    c = PlanCache(path, ENV, warn=said.append)
+    assert c.get(OP) is None and c.get(OP) is None
+    assert len(said) == 1 and str(path) in said[0] and "searching instead" in said[0], said
+    c.put(OP, {"chunk": 1})
+    c.flush()
+    assert PlanCache(path, ENV).get(OP) == {"chunk": 1}, "the bad file was not replaced"
+
+
+def test_an_unwritable_plan_cache_is_a_warning(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    said = []
+    c = PlanCache(blocker / "plans.json", ENV, warn=said.append)
+    c.put(OP, {"chunk": 1})
+    c.flush()
+    assert len(said) == 1 and str(blocker) in said[0], said
+
+
+def test_stored_choices_round_trip_and_refuse_what_does_not_fit():
+    from descriptors.engines import Candidate, ConvSpec
+    from descriptors.search import ConvChoice, Timed, _decode, _encode
+
+    spec = ConvSpec("bwd-filter", 3000, (1, 28, 28), (6, 1, 5, 5))
+    g = Candidate("graph", "eng0_k2=3", False, 4096, None, "fp32", (False, False, False, None))
+    legacy = Candidate("legacy", "algo_1", False, 0, True, "fp32", (False,))
+    choice = ConvChoice(spec, 1024, Timed(g, 0.1, 1e-7), Timed(legacy, 0.09, 2e-7), 0.29, "exhaustive")
+    back = _decode(spec, json.loads(json.dumps(_encode(choice))))
+    assert back == choice
+    with pytest.raises(ValueError):
+        _decode(spec.at(2048), json.loads(json.dumps(_encode(choice))))   # no remainder at 2048
+
+
+def test_checkpoints_keep_the_moving_average_and_export_uses_it(tmp_path):
+    rng = np.random.default_rng(0)
+    p, v, e = (rng.standard_normal(P.TOTAL).astype(np.float32) for _ in range(3))
+    path = tmp_path / "checkpoint.npz"
+    ckpt.save(path, p, v, {"epoch": 1, "iteration": 5, "config": {"mean": 0.1, "std": 0.3, "dataset": "x"},
+                           "history": []}, e)
+    params, velocity, meta = ckpt.load(path)
+    assert np.array_equal(meta["ema"], e) and ckpt.weights(params, meta)[1] == "moving average"
+    assert np.array_equal(ckpt.state_dict(path)["fc1.weight"], P.unpack(e)["fc1.weight"])
+    out = run("lenet.export", str(path), "--to", str(tmp_path / "w.npz"))
+    assert out.returncode == 0 and "(moving average)" in out.stdout, out.stderr
+    z = np.load(tmp_path / "w.npz")
+    assert np.array_equal(z["fc2.bias"], P.unpack(e)["fc2.bias"])
+    ckpt.save(path, p, v, {"epoch": 1, "iteration": 5, "config": {}, "history": []})
+    assert "ema" not in ckpt.load(path)[2] and ckpt.weights(p, ckpt.load(path)[2])[1] == "parameters"
+
+
+def test_background_writer_runs_in_order_and_the_newest_of_a_kind_wins():
+    done, gate = [], threading.Event()
+    w = Background()
+    w.submit("block", gate.wait)
+    for i in range(5):
+        w.submit("checkpoint", lambda i=i: done.append(("checkpoint", i)))
+        w.submit(f"metrics {i}", lambda i=i: done.append(("metrics", i)))
+    gate.set()
+    assert w.wait(timeout=10)
+    assert [d for d in done if d[0] == "metrics"] == [("metrics", i) for i in range(5)]
+    assert [d for d in done if d[0] == "checkpoint"] == [("checkpoint", 4)], done
+    assert w.close(timeout=10)
+
+
+def test_background_writer_raises_a_job_error_on_the_callers_thread():
+    w = Background()
+
+    def fail():
+        raise OSError(28, "No space left on device")
+    w.submit("checkpoint", fail)
+    with pytest.raises(OSError, match="No space left"):
+        w.wait(timeout=10)
+    w.submit("ok", lambda: time.sleep(0.01))
+    assert w.close(timeout=10)
