@@ -23,6 +23,7 @@ reason, it falls back to the plain import.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 import weakref
@@ -39,8 +40,6 @@ def binding(name: str):
     full = f"nvmath.bindings.{name}"
     if full in sys.modules or "nvmath" in sys.modules:
         return importlib.import_module(full)
-    import importlib.util
-
     spec = importlib.util.find_spec("nvmath")
     if spec is None or not spec.submodule_search_locations:
         return importlib.import_module(full)   # raises the usual ImportError

@@ -203,3 +203,17 @@ def test_background_writer_raises_a_job_error_on_the_callers_thread():
         w.wait(timeout=10)
     w.submit("ok", lambda: time.sleep(0.01))
     assert w.close(timeout=10)
+
+
+def test_the_cublas_bindings_load_without_nvmaths_package_init_and_again_after_it():
+    import subprocess
+    import sys
+    code = ("import sys; from lenet.blas import binding\n"
+            "a = binding('cublas'); b = binding('cublasLt'); a2 = binding('cublas')\n"
+            "assert a is a2 and 'nvmath' not in sys.modules, sorted(k for k in sys.modules if 'nvmath' in k)\n"
+            "import nvmath\n"
+            "assert nvmath.bindings.cublas is a and binding('cublasLt') is b and hasattr(nvmath, 'linalg')\n"
+            "print('ok')")
+    from test_safety_cpu import ROOT
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
