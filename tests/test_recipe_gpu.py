@@ -57,7 +57,7 @@ def _torch_model(torch, state):
     return from_state(state)
 
 
-def test_label_smoothing_matches_pytorch():
+def test_label_smoothing_matches_pytorch(torch_ref):
     import torch
 
     from lenet.model import LeNet
@@ -83,7 +83,7 @@ def test_label_smoothing_matches_pytorch():
 
 
 @pytest.mark.parametrize("nesterov,ema", [(True, None), (False, 0.9), (True, 0.99)])
-def test_nesterov_and_the_moving_average_match_pytorch(nesterov, ema):
+def test_nesterov_and_the_moving_average_match_pytorch(nesterov, ema, torch_ref):
     import torch
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
@@ -120,7 +120,7 @@ def test_nesterov_and_the_moving_average_match_pytorch(nesterov, ema):
 
 
 @pytest.mark.parametrize("ema", [None, 0.9])
-def test_evaluation_as_one_cuda_graph_equals_eager_and_pytorch(ema):
+def test_evaluation_as_one_cuda_graph_equals_eager_and_pytorch(ema, torch_ref):
     import torch
 
     from lenet import data
