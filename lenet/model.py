@@ -342,7 +342,10 @@ class LeNet:
         return [a for a in (self.params, self.velocity, self.running_loss, self.ema) if a is not None]
 
     def _save_state(self):
-        return [a.copy() for a in self._state()]
+        # On the model's stream: a copy on another stream could still be pending when the
+        # warm-up run changes the state or the restore reads the copy (a race seen on an H100).
+        with self.stream:
+            return [a.copy() for a in self._state()]
 
     def _restore_state(self, saved) -> None:
         with self.stream:
