@@ -119,3 +119,15 @@ def torch_ref():
 
     exact_float32()
     return torch
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    """A small IDX dataset (40 training, 20 test images) in a folder of its own."""
+    from test_data_cpu import write_split
+
+    root = tmp_path / "data"
+    root.mkdir()
+    write_split(root, n=40)
+    write_split(root, n=20, split="test")
+    return root

@@ -17,17 +17,7 @@ from lenet import params as P
 from lenet.background import Background
 from lenet.plancache import MAX_ENTRIES, PlanCache, environment
 from lenet.schedule import Schedule
-from test_data_cpu import write_split
 from test_safety_cpu import refused, run
-
-
-@pytest.fixture
-def dataset(tmp_path):
-    root = tmp_path / "data"
-    root.mkdir()
-    write_split(root, n=40)
-    write_split(root, n=20, split="test")
-    return root
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -19,7 +19,7 @@ import pytest
 from lenet import checkpoint as ckpt
 from lenet import data, files
 from lenet import params as P
-from test_data_cpu import idx_bytes, write_split
+from test_data_cpu import idx_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,15 +43,6 @@ def refused(out, *needles):
     for n in needles:
         assert n in out.stderr, out.stderr
     assert "no usable NVIDIA GPU" not in out.stderr, "the GPU was reported before the real problem"
-
-
-@pytest.fixture
-def dataset(tmp_path):
-    root = tmp_path / "data"
-    root.mkdir()
-    write_split(root, n=40)
-    write_split(root, n=20, split="test")
-    return root
 
 
 @pytest.fixture
