@@ -150,9 +150,9 @@ def _still_offered(handle, choice: ConvChoice, policy: AlgoPolicy, fused: bool) 
         if t is None:
             continue
         c = t.candidate
-        # The engines the policy allows, without loading the frontend for a descriptor-API choice.
-        if c.engine == "legacy" and policy.engine == "graph" or c.engine == "graph" and (
-                policy.engine == "legacy" or not available()[0]) or c.engine not in ENGINES:
+        # The policy must allow the engine; the frontend is loaded only for a graph-API choice.
+        allowed = {"legacy": policy.engine != "graph", "graph": policy.engine != "legacy"}
+        if not allowed.get(c.engine) or (c.engine == "graph" and not available()[0]):
             return False
         cands, _ = ENGINES[c.engine].candidates(handle, choice.spec.at(count), policy, fused)
         if c not in cands:

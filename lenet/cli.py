@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -53,24 +54,22 @@ def byte_size(text: str) -> int:
     return int(float(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()])
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, low: int) -> int:
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 1") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 1")
+        v = None
+    if v is None or v < low:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= {low}")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 0") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer >= 0")
-    return v
+    return _int_at_least(text, 0)
 
 
 def nonneg_float(text: str) -> float:
@@ -118,7 +117,6 @@ def accuracy(text: str) -> float:
 def process_seconds() -> float:
     """Seconds since this process started (Linux: from /proc; elsewhere since lenet.cli was imported)."""
     import os
-    import time
 
     try:
         with open("/proc/self/stat") as f:
@@ -130,13 +128,7 @@ def process_seconds() -> float:
         return time.perf_counter() - _IMPORTED
 
 
-def _now() -> float:
-    import time
-
-    return time.perf_counter()
-
-
-_IMPORTED = _now()
+_IMPORTED = time.perf_counter()
 
 
 def algo_spec(text: str) -> str:
@@ -173,13 +165,17 @@ def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-winograd", action="store_true",
                    help="let heuristic/exhaustive pick the Winograd algorithms, which are off by up to "
                         "~1e-3 relative in float32 (naming one in --algo always works)")
-    g.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
-                   help="neither read nor write the plan cache, the choices of earlier runs kept in "
-                        "$LENET_PLAN_CACHE or ~/.cache/lenet/plans.json (default: use it, so a second run does "
-                        "not search)")
+    add_plan_cache_flag(g)
     g.add_argument("--allow-tf32", action="store_true",
                    help="let candidates use TF32 tensor cores (off by up to ~3e-3 relative; PyTorch's default "
                         "for convolutions); default: exact float32")
+
+
+def add_plan_cache_flag(p) -> None:
+    p.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
+                   help="neither read nor write the plan cache, the choices of earlier runs kept in "
+                        "$LENET_PLAN_CACHE or ~/.cache/lenet/plans.json (default: use it, so a second run does "
+                        "not search)")
 
 
 def add_speed_flags(p: argparse.ArgumentParser) -> None:

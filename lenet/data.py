@@ -206,8 +206,6 @@ def augment_params(seed: int, epoch: int, positions, shift: int, flip: bool):
     dx = (h % span).astype(np.int64) - shift
     dy = ((h // span) % span).astype(np.int64) - shift
     mirrored = ((h >> np.uint32(24)) & np.uint32(1)).astype(bool) & bool(flip)
-    if shift == 0:
-        dx[:], dy[:] = 0, 0
     return dy, dx, mirrored
 
 

@@ -83,13 +83,16 @@ class Augment:
         return self.shift > 0 or self.flip
 
 
+NO_AUGMENT = Augment()
+
+
 def gather_batch(images, labels, order, start: int, n: int, mean: float, std: float, x, y,
                  lr: float | None = None, lr_out=None, augment: Augment | None = None, epoch: int = 0) -> None:
     """x[:n], y[:n] = normalized (augmented) images[order[start:start+n]], labels[...];
     lr_out[0] = lr if given."""
     threads = 256
     blocks = max(1, min(4096, (n * 784 + threads - 1) // threads))
-    a = augment or Augment()
+    a = augment or NO_AUGMENT
     kernel("data", "gather_batch_kernel")((blocks,), (threads,), (
         images, labels, order, np.int32(start), np.int32(n), np.float32(mean), np.float32(std), x, y,
         np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0),

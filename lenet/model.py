@@ -383,8 +383,8 @@ class LeNet:
             raise ValueError(f"evaluation batch size must be >= 1, got {batch}")
         batch = min(batch, self.max_batch, dataset.size)
         sizes = [min(batch, dataset.size - s) for s in range(0, dataset.size, batch)]
-        steps = [self.plan(n) for n in sorted(set(sizes))]   # plans first: planning must not be captured
-        del steps
+        for n in set(sizes):   # planned first: planning must not be captured
+            self.plan(n)
 
         def run():
             self.evaluate_begin()
@@ -398,6 +398,7 @@ class LeNet:
             if self.ema is not None:
                 with self.stream:
                     self.params[...] = self.params_aside
+        # The key holds the dataset: its graph reads the dataset's buffers, which must outlive it.
         self.runner.run(("eval", dataset, batch), run, self.cuda_graph)
         loss_sum, correct = self.evaluate_end()
         return loss_sum / dataset.size, correct / dataset.size

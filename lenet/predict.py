@@ -26,8 +26,7 @@ def parser() -> cli.Parser:
     p.add_argument("--invert", action="store_true", help="invert pictures (dark drawing on a light background)")
     p.add_argument("--show", type=int, default=20, metavar="K", help="print the first K predictions (default: 20)")
     p.add_argument("--batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
-    p.add_argument("--no-plan-cache", dest="plan_cache", action="store_false",
-                   help="neither read nor write the plan cache (see python -m lenet.train --help)")
+    cli.add_plan_cache_flag(p)
     return p
 
 

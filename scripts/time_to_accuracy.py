@@ -36,12 +36,11 @@ RECIPES = {
 
 
 def parse_recipe(text: str) -> tuple[str, str]:
-    if "=" in text and text.split("=", 1)[0].replace("-", "").replace("_", "").isalnum() \
-            and not text.startswith("-"):
-        name, flags = text.split("=", 1)
-        return name, flags
     if text in RECIPES:
         return text, RECIPES[text]
+    name, eq, flags = text.partition("=")
+    if eq and name and not name.startswith("-"):
+        return name, flags
     raise SystemExit(f"--recipe {text!r}: one of {', '.join(RECIPES)} or NAME='FLAGS'")
 
 

@@ -35,7 +35,7 @@ extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
         const int b = i / pixels, p = i - b * pixels;
         const long src = order[start + b];
-        int r = p / 28, c = p - (p / 28) * 28;
+        int r = p / 28, c = p - r * 28;
         if (shift > 0 || flip) {
             const unsigned int h = lenet_hash(seed, epoch, (unsigned int)(start + b));
             const int dx = (int)(h % span) - shift, dy = (int)((h / span) % span) - shift;
