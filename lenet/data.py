@@ -8,6 +8,7 @@ uint32 per dim, then the data. Images are type 0x08 (ubyte) with 3 dims, labels
 from __future__ import annotations
 
 import gzip
+import math
 import os
 import zlib
 from pathlib import Path
@@ -78,6 +79,13 @@ def read_idx(path, *, ndim: int | None = None) -> np.ndarray:
         what = "inflates beyond the size its header declares" if gz else "has trailing bytes"
         raise DataError(f"{path}: {what}: header says {dims} ({want} data bytes)")
     return np.frombuffer(body, dt).reshape(dims)
+
+
+def idx_bytes(a: np.ndarray) -> bytes:
+    """An IDX file's bytes for a uint8 array (the inverse of read_idx, raw)."""
+    if a.dtype != np.uint8:
+        raise ValueError(f"IDX bytes are written from uint8 arrays, got {a.dtype}")
+    return bytes([0, 0, 0x08, a.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in a.shape) + a.tobytes()
 
 
 def _file(root: Path, stem: str) -> Path:
@@ -166,12 +174,17 @@ def not_found_message(data_dir=None) -> str:
 
 
 def pixel_stats(images: np.ndarray) -> tuple[float, float]:
-    """Mean and standard deviation of pixels / 255 over a uint8 image set (via a histogram)."""
-    hist = np.bincount(images.reshape(-1), minlength=256).astype(np.float64)
-    v = np.arange(256) / 255.0
-    total = hist.sum()
-    mean = float((hist * v).sum() / total)
-    std = float(np.sqrt((hist * (v - mean) ** 2).sum() / total))
+    """Mean and standard deviation of pixels / 255 over a uint8 image set.
+
+    From the exact integer sums of the pixels and of their squares (Python ints: no rounding
+    until the last division), in ~0.05 s for 60k images; a histogram by np.bincount converts
+    every byte to a 64-bit index first (0.5 s and 376 MB for the same images)."""
+    flat = np.ascontiguousarray(images).reshape(-1)
+    n = flat.size
+    total = int(flat.sum(dtype=np.uint64))
+    squares = int(np.einsum("i,i->", flat, flat, dtype=np.uint64))
+    mean = total / (255.0 * n)
+    std = math.sqrt(n * squares - total * total) / (255.0 * n)
     return mean, std
 
 

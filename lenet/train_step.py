@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     policy = cli.policy_from(args)
     if args.dump:
         files.check_output_file(args.dump, "--dump")
-    x, y, source = make_batch(args)   # the data is checked before the GPU is touched
+    with cli.starting("lenet.model", gpu=True):
+        x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
 
     require_gpu()

@@ -11,8 +11,7 @@ import pytest
 from lenet import data
 
 
-def idx_bytes(a: np.ndarray, type_code=0x08) -> bytes:
-    return bytes([0, 0, type_code, a.ndim]) + b"".join(struct.pack(">I", d) for d in a.shape) + a.tobytes()
+idx_bytes = data.idx_bytes
 
 
 def write_split(root, n=20, split="train", gz=False, images=None, labels=None):

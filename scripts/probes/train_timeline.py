@@ -1,0 +1,134 @@
+"""Where the wall clock of one `python -m lenet.train` run goes, phase by phase, exit included.
+
+Runs the trainer in a child process with its main phases wrapped by timers (the dataset's
+reading, the statistics, the GPU check, the model, the uploads, each plan, the first steps,
+each evaluation, the writer's close), reports the gaps between them (imports, mostly), and
+the exit: the child's last timestamp against the parent's clock when the child is gone.
+
+    python3 scripts/probes/train_timeline.py [--json PATH] [--profile plan#1 step#1] -- --data-dir data/fashion-mnist --epochs 30 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
+    sys.path.insert(0, str(ROOT))
+    from lenet import cli
+
+    t_start = time.perf_counter() - cli.process_seconds()   # the process's start on perf_counter's scale
+    events, profiles = [], {}
+
+    def at() -> float:
+        return time.perf_counter() - t_start
+
+    def wrap(owner, name, label, limit=None):
+        fn = getattr(owner, name)
+        calls = [0]
+
+        def timed(*a, **k):
+            calls[0] += 1
+            if limit is not None and calls[0] > limit:
+                return fn(*a, **k)
+            tag = f"{label}" + (f" #{calls[0]}" if limit != 1 else "")
+            prof = None
+            if f"{name}#{calls[0]}" in profile:
+                import cProfile
+
+                prof = cProfile.Profile()
+                prof.enable()
+            t0 = at()
+            try:
+                return fn(*a, **k)
+            finally:
+                events.append((tag, t0, at()))
+                if prof is not None:
+                    import io
+                    import pstats
+
+                    prof.disable()
+                    buf = io.StringIO()
+                    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(28)
+                    profiles[tag] = buf.getvalue()
+
+        setattr(owner, name, timed)
+
+    events.append(("interpreter + probe imports", 0.0, at()))
+    import descriptors
+    from lenet import background, data, train
+
+    wrap(data, "load_split", "read dataset split")
+    wrap(data, "pixel_stats", "pixel statistics", 1)
+    require_gpu = descriptors.require_gpu
+
+    def require_gpu_then_wrap():   # lenet.model is imported by now (cli.starting): time its parts
+        from lenet import model as lenet_model
+
+        wrap(lenet_model.LeNet, "__init__", "LeNet(...) (context, handles, buffers)", 1)
+        wrap(data.GpuDataset, "__init__", "GpuDataset upload")
+        wrap(lenet_model.LeNet, "plan", "plan", 4)
+        wrap(lenet_model.LeNet, "step", "step (host time)", 3)
+        wrap(lenet_model.LeNet, "evaluate", "evaluate", 2)
+        return require_gpu()
+
+    descriptors.require_gpu = require_gpu_then_wrap
+    wrap(descriptors, "require_gpu", "require_gpu (driver, device)", 1)
+    wrap(background.Background, "close", "writer close", 1)
+    wrap(train, "plot", "plot (writer thread)")
+    events.append(("import lenet.train, data, descriptors", events[0][2], at()))
+    t0 = at()
+    try:
+        code = train.main(train_args)
+    finally:
+        events.append(("train.main total", t0, at()))
+        Path(events_path).write_text(json.dumps({"events": events, "end": at(), "profiles": profiles}))
+    sys.exit(code) if os.environ.get("PROBE_SLOW_EXIT") else cli.leave(code)   # cli.leave: as the programs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json")
+    ap.add_argument("--profile", nargs="*", default=[], metavar="FN#CALL",
+                    help="cProfile these calls, e.g. plan#1 step#1 __init__#1")
+    ap.add_argument("--log", help="write the trainer's whole output here")
+    ap.add_argument("--child-events")
+    ap.add_argument("train_args", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    train_args = [a for a in args.train_args if a != "--"]
+    if args.child_events:
+        child(train_args, args.child_events, args.profile)
+        return
+    events_path = f"/tmp/train_timeline_{os.getpid()}.json"
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, __file__, "--child-events", events_path, "--profile", *args.profile, "--",
+                        *train_args], capture_output=True, text=True)
+    total = time.perf_counter() - t0
+    if args.log:
+        Path(args.log).write_text(p.stdout + p.stderr)
+    print(p.stdout[-600:], p.stderr[-1500:], sep="\n")
+    got = json.loads(Path(events_path).read_text())
+    for tag, text in got["profiles"].items():
+        print(f"--- cProfile of {tag}\n{text}")
+    rows = sorted(got["events"], key=lambda e: e[1])
+    print(f"{'phase':<46s} {'begin s':>8s} {'took s':>8s}")
+    for name, b, e in rows:
+        print(f"{name:<46s} {b:8.3f} {e - b:8.3f}")
+    exit_s = total - got["end"]   # the child's process start precedes the parent's t0 by a little
+    print(f"{'exit (last timestamp to process gone)':<46s} {got['end']:8.3f} {exit_s:8.3f}  (upper bound)")
+    print(f"{'whole process (parent clock)':<46s} {0:8.3f} {total:8.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"events": rows, "end": got["end"], "total": total,
+                                               "returncode": p.returncode}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
