@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import re
 import sys
@@ -133,40 +132,64 @@ def process_seconds() -> float:
 _IMPORTED = time.perf_counter()
 
 
+_driver_thread: threading.Thread | None = None
+
+
+def _start_driver() -> None:
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)   # the context CuPy's runtime will use
+    except (OSError, AttributeError):   # no driver: require_gpu() says so, in its turn
+        pass
+
+
+def start_gpu_driver() -> threading.Thread:
+    """Start CUDA's driver and create GPU 0's primary context on a thread, once per process
+    (see Note [overlapped start-up]); returns that thread. ctypes releases the GIL for the
+    driver's calls, so the imports and the dataset's reading go on meanwhile."""
+    global _driver_thread
+    if _driver_thread is None:
+        _driver_thread = threading.Thread(target=_start_driver, name="lenet-cuda-init", daemon=True)
+        _driver_thread.start()
+    return _driver_thread
+
+
 @contextlib.contextmanager
-def starting(*modules: str, gpu: bool = False):
-    """``with starting("lenet.model", gpu=True): ...``: import modules, then (gpu=True) start the
-    CUDA driver and create the GPU's primary context, on a thread while the block runs (reading
-    and checking a dataset, say); wait for that thread when the block ends.
+def starting(engine: str):
+    """``with starting(args.engine): ...``: start the GPU's driver and context, and import what a
+    model planned for ``engine`` loads (lenet.model.preload), on threads while the block runs
+    (reading and checking a dataset, say); wait for both when the block ends.
 
     Note [overlapped start-up]: a training run's start-up is CPU work that holds the GIL (the
-    imports of CuPy, libcudnn and cuBLAS) beside work that releases it (inflating the gzipped
-    dataset; cuInit and the context, which take 0.3-0.5 s on an H100 machine), and none of it
-    depends on the rest until the model is built. The thread swallows every failure: the
-    program's own import, its require_gpu() (whose answer the thread may have cached) and its
-    first CUDA call raise them where they always did, after the checks in the block, so a bad
-    dataset is still reported before a missing GPU."""
+    imports of NumPy, CuPy, libcudnn, cuBLAS, the graph API's frontend) beside work that
+    releases it: inflating the gzipped dataset, and cuInit plus the primary context, 0.3-0.5 s
+    on an H100 machine. None of it depends on the rest until the model is built, so the driver
+    starts first (python -m lenet.train starts it before its own imports), the imports run on
+    a second thread, and the main thread reads the data. Every failure on those threads is
+    swallowed: the program's own import, its require_gpu() and its first CUDA call raise it
+    where they always did, after the checks in the block, so a bad dataset is still reported
+    before a missing GPU."""
 
     def run() -> None:
         try:
-            for m in modules:
-                importlib.import_module(m)
-            if gpu:
-                from descriptors.handle import gpu_status
+            from .model import preload
 
-                if gpu_status()[0]:
-                    import cupy
-
-                    cupy.cuda.runtime.free(0)   # the primary context, current for every thread after
+            preload(engine)
         except Exception:   # noqa: BLE001 (raised again where the program does this itself)
             return
 
-    thread = threading.Thread(target=run, name="lenet-start", daemon=True)
+    driver = start_gpu_driver()
+    thread = threading.Thread(target=run, name="lenet-imports", daemon=True)
     thread.start()
     try:
         yield
     finally:
         thread.join()
+        driver.join()
 
 
 def algo_spec(text: str) -> str:
@@ -214,6 +237,20 @@ def add_plan_cache_flag(p) -> None:
                    help="neither read nor write the plan cache, the choices of earlier runs kept in "
                         "$LENET_PLAN_CACHE or ~/.cache/lenet/plans.json (default: use it, so a second run does "
                         "not search)")
+
+
+def add_data_cache_flag(p) -> None:
+    p.add_argument("--no-data-cache", dest="data_cache", action="store_false",
+                   help="inflate gzipped IDX files on every run instead of keeping inflated copies in "
+                        "$LENET_DATA_CACHE or ~/.cache/lenet/data (default: keep them, so a second run starts "
+                        "sooner)")
+
+
+def data_cache(args):
+    """The folder of inflated dataset copies the flags ask for, or None."""
+    from .data import cache_dir
+
+    return cache_dir() if args.data_cache else None
 
 
 def add_speed_flags(p: argparse.ArgumentParser) -> None:

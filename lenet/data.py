@@ -8,12 +8,16 @@ uint32 per dim, then the data. Images are type 0x08 (ubyte) with 3 dims, labels
 from __future__ import annotations
 
 import gzip
+import hashlib
+import io
 import math
 import os
 import zlib
 from pathlib import Path
 
 import numpy as np
+
+from . import files
 
 SPLITS = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
           "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
@@ -96,11 +100,58 @@ def _file(root: Path, stem: str) -> Path:
     raise DataError(f"{root}: no {stem} or {stem}.gz")
 
 
-def load_split(root, split: str) -> tuple[np.ndarray, np.ndarray]:
-    """(images uint8 (N, 28, 28), labels uint8 (N,)) of 'train' or 'test' in root, validated."""
+def cache_dir() -> Path:
+    """Where inflated copies of gzipped IDX files are kept (Note [dataset cache]):
+    $LENET_DATA_CACHE, else $XDG_CACHE_HOME/lenet/data, else ~/.cache/lenet/data."""
+    if os.environ.get("LENET_DATA_CACHE"):
+        return Path(os.environ["LENET_DATA_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lenet" / "data"
+
+
+def read_idx_cached(path, *, ndim: int, cache: Path | None) -> np.ndarray:
+    """read_idx, through an inflated copy in ``cache`` for a .gz file.
+
+    Note [dataset cache]: inflating Fashion-MNIST's training images (26 MB of gzip, 47 MB of
+    pixels) takes 0.25-0.4 s, the largest piece of a training run's start-up once the plan
+    cache is warm; a .npy copy is mapped in milliseconds. An entry is named by a hash of the
+    source's resolved path and by a hash of its size and modification time, so a changed
+    source is read again and its older entry removed. A missing, truncated or unreadable entry
+    is read from the source again and rewritten (atomically); a cache folder that cannot be
+    written costs nothing but the speed. Raw IDX files are read directly (as fast as a copy)."""
+    path = Path(path)
+    if cache is None or path.suffix != ".gz" or not path.is_file():
+        return read_idx(path, ndim=ndim)
+    st = path.stat()
+    where = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    state = hashlib.sha1(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    stem = f"{where}-{path.name[:-3]}"
+    entry = cache / f"{stem}-{state}.npy"
+    try:
+        a = np.load(entry, mmap_mode="r", allow_pickle=False)
+        if a.dtype == np.uint8 and a.ndim == ndim and min(a.shape) > 0:
+            return a
+    except (OSError, ValueError):
+        pass   # not there yet, or damaged: read the source and write it again
+    a = read_idx(path, ndim=ndim)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        buf = io.BytesIO()
+        np.save(buf, a, allow_pickle=False)
+        files.write_atomic(entry, buf.getvalue())
+        for old in cache.glob(f"{stem}-*.npy"):
+            if old != entry:
+                old.unlink(missing_ok=True)
+    except OSError:
+        pass
+    return a
+
+
+def load_split(root, split: str, cache: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 (N, 28, 28), labels uint8 (N,)) of 'train' or 'test' in root, validated;
+    gzipped files through inflated copies in ``cache`` when given (Note [dataset cache])."""
     root = Path(root)
     img_p, lab_p = (_file(root, s) for s in SPLITS[split])
-    images, labels = read_idx(img_p, ndim=3), read_idx(lab_p, ndim=1)
+    images, labels = (read_idx_cached(img_p, ndim=3, cache=cache), read_idx_cached(lab_p, ndim=1, cache=cache))
     if images.dtype != np.uint8 or labels.dtype != np.uint8:
         raise DataError(f"{img_p if images.dtype != np.uint8 else lab_p}: expected unsigned bytes (type 0x08)")
     if images.shape[1:] != (28, 28):

@@ -34,6 +34,21 @@ CLASSES = 10
 IMAGE = (1, 28, 28)
 
 
+def preload(engine: str = "auto") -> None:
+    """Import what building and planning a model loads: this module's (CuPy, libcudnn), the
+    cuBLAS and cuBLASLt bindings, and the graph API's frontend unless ``engine`` is legacy. A
+    program runs this on a thread while it reads its data (Note [overlapped start-up] in
+    lenet/cli.py)."""
+    from . import blas
+
+    blas.binding("cublas")
+    blas.binding("cublasLt")
+    if engine != "legacy":
+        from descriptors.graph import available
+
+        available()
+
+
 def check_batch(x, y, max_batch: int) -> int:
     """Validate a host batch; return n. One-line ValueErrors, before any GPU work."""
     x_shape = tuple(getattr(x, "shape", ()) or ())

@@ -6,8 +6,9 @@ never waits inside the step loop and a resumed run sees the batches an
 uninterrupted one would; augmentation (--shift, --flip) happens in the same gather kernel.
 Evaluation replays a CUDA graph of the whole test split and waits once. Under --out:
 metrics.jsonl, curves.png, checkpoint.npz (written atomically, off the loop's thread: after
-every epoch, every --checkpoint-every steps, and when a signal stops the run; the plot every
-PLOT_SECONDS and at the end; see Note [background writes] in lenet/background.py).
+every epoch, every --checkpoint-every steps, and when a signal stops the run, see Note
+[background writes] in lenet/background.py; the plot every PLOT_SECONDS and at the end, by a
+child process, see Note [plotting in a child] in lenet/plot.py).
 
 Everything that needs no GPU is checked first: the flags, the dataset's files, --out,
 --resume's checkpoint. Only then is the GPU used (its driver and context start on a thread
@@ -24,7 +25,11 @@ and resumed ends bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
-import io
+if __name__ == "__main__":   # python -m lenet.train: the GPU's driver starts before the imports below
+    from lenet.cli import start_gpu_driver   # (Note [overlapped start-up] in lenet/cli.py)
+
+    start_gpu_driver()
+
 import json
 import math
 import signal
@@ -37,6 +42,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import cli, data, files
 from .background import Background
+from .plot import Plotter, can_plot
 from .schedule import SCHEDULES, Schedule
 
 # What must match for --resume to continue a run rather than start a different one.
@@ -119,6 +125,7 @@ def parser() -> cli.Parser:
     p.add_argument("--test-size", type=cli.positive_int, default=None, metavar="N",
                    help="evaluate on the first N test images only (default: all)")
     p.add_argument("--eval-batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
+    cli.add_data_cache_flag(p)
     r = p.add_argument_group("recipe")
     r.add_argument("--nesterov", action="store_true", help="Nesterov momentum (PyTorch's SGD(nesterov=True))")
     r.add_argument("--label-smoothing", type=cli.unit_interval, default=0.0, metavar="EPS",
@@ -191,38 +198,6 @@ class Progress:
             self.bar.close()
 
 
-def can_plot() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("matplotlib") is not None
-
-
-def _import_pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def plot(path: Path, history: list[dict]) -> None:
-    plt = _import_pyplot()
-
-    ep = [h["epoch"] for h in history]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    a.plot(ep, [h["train_loss"] for h in history], "o-", label="train")
-    a.plot(ep, [h["test_loss"] for h in history], "o-", label="test")
-    a.set_xlabel("epoch"), a.set_ylabel("cross-entropy"), a.legend(), a.grid(alpha=0.3)
-    b.plot(ep, [100 * h["test_accuracy"] for h in history], "o-", color="C2")
-    b.set_xlabel("epoch"), b.set_ylabel("test accuracy (%)"), b.grid(alpha=0.3)
-    fig.suptitle("LeNet-5 on cuDNN + cuBLAS")
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.88, wspace=0.22)   # tight_layout: +0.1 s
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    files.write_atomic(path, buf.getvalue())
-
-
 def _resume_path(args, out: Path | None) -> Path | None:
     if args.resume is None:
         return None
@@ -245,8 +220,9 @@ def prepare(args) -> dict:
     root = data.find_dataset(args.data_dir)
     if root is None:
         raise data.DataError(data.not_found_message(args.data_dir))
-    train_x, train_y = data.load_split(root, "train")
-    test_x, test_y = data.load_split(root, "test")
+    cache = cli.data_cache(args)
+    train_x, train_y = data.load_split(root, "train", cache)
+    test_x, test_y = data.load_split(root, "test", cache)
     train_x, train_y = train_x[: args.train_size], train_y[: args.train_size]
     test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
     mean, std = data.pixel_stats(train_x)
@@ -277,7 +253,7 @@ def prepare(args) -> dict:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
-    with cli.starting("lenet.model", gpu=True):
+    with cli.starting(args.engine):   # Note [overlapped start-up]
         run = prepare(args)   # everything that needs no GPU, first
     from descriptors import require_gpu
 
@@ -328,13 +304,11 @@ def main(argv=None) -> int:
             for name in RUN_FILES:
                 (out / name).unlink(missing_ok=True)
     checkpoint_path = out / "checkpoint.npz" if out else None
-    plotting = bool(out) and can_plot()
+    plotter = Plotter(out / "curves.png") if out and can_plot() else None   # Note [plotting in a child]
     writer = Background() if out else None
     clock = {"start-up": cli.process_seconds(), "training": 0.0, "evaluation": 0.0, "writing": 0.0}
     t_begin = time.perf_counter() - clock["start-up"]   # the program's start, on perf_counter's scale
     last_plot = [time.perf_counter()]
-    if plotting:   # matplotlib's import (~0.5 s) overlaps the first epochs instead of delaying the end
-        writer.submit("import matplotlib", _import_pyplot)
 
     def wall() -> float:
         return time.perf_counter() - t_begin
@@ -356,11 +330,21 @@ def main(argv=None) -> int:
         clock["writing"] += time.perf_counter() - t
 
     def submit_plot(force: bool) -> None:
-        if plotting and (force or time.perf_counter() - last_plot[0] >= PLOT_SECONDS):
-            snapshot = list(history)
-            writer.submit("plot", lambda: plot(out / "curves.png", snapshot))
-            written.add("curves.png")
+        if plotter is not None and (force or time.perf_counter() - last_plot[0] >= PLOT_SECONDS):
+            plotter.draw(history)
             last_plot[0] = time.perf_counter()
+
+    def close_plotter() -> str | None:
+        """Wait for the plots asked for; a note for the last line when curves.png was not written."""
+        if plotter is None:
+            return " (curves.png skipped: matplotlib is not installed)" if out else None
+        t = time.perf_counter()
+        err = plotter.close()
+        clock["writing"] += time.perf_counter() - t
+        if err is None and (out / "curves.png").exists():
+            written.add("curves.png")
+            return None
+        return f" (curves.png not written: {err or 'no epoch finished'})"
 
     import cupy
 
@@ -444,6 +428,7 @@ def main(argv=None) -> int:
                 t = time.perf_counter()
                 writer.close()
                 clock["writing"] += time.perf_counter() - t
+            plot_note = close_plotter()
     except StoppedAtOnce as e:
         name = Signals.NAMES.get(e.signum, str(e.signum))
         if writer is not None:
@@ -463,8 +448,7 @@ def main(argv=None) -> int:
     say(f"wall clock {total:.2f} s: start-up {clock['start-up']:.2f} s, training {clock['training']:.2f} s, "
         f"evaluation {clock['evaluation']:.2f} s, writing {clock['writing']:.2f} s, other {other:.2f} s")
     if written:
-        missing = " (curves.png skipped: matplotlib is not installed)" if out and not plotting else ""
-        say(f"wrote {', '.join(str(out / n) for n in RUN_FILES if n in written)}{missing}")
+        say(f"wrote {', '.join(str(out / n) for n in RUN_FILES if n in written)}{plot_note or ''}")
     return 0
 
 

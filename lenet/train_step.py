@@ -8,6 +8,11 @@ the exact reference; the workspace total, the loss before and after, and the mea
 
 from __future__ import annotations
 
+if __name__ == "__main__":   # python -m lenet.train_step: the GPU's driver starts before the imports below
+    from lenet.cli import start_gpu_driver   # (Note [overlapped start-up] in lenet/cli.py)
+
+    start_gpu_driver()
+
 import json
 
 import numpy as np
@@ -34,6 +39,7 @@ def parser() -> cli.Parser:
                    help="IDX dataset to take the batch from (default: look in $LENET_DATA, ./data/<name>, "
                         "/usr/share/datasets/fashion-mnist; a seeded synthetic batch if none is found)")
     p.add_argument("--synthetic", action="store_true", help="use a seeded synthetic batch even if data exists")
+    cli.add_data_cache_flag(p)
     p.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
     p.add_argument("--dump", metavar="PATH",
                    help="write an .npz: the batch (x, y), the parameters before (state_dict names), their "
@@ -54,7 +60,7 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
         x = rng.random((n, 1, 28, 28), dtype=np.float32)
         y = rng.integers(0, 10, n).astype(np.int32)
         return (x - 0.5) / 0.25, y, f"synthetic (seeded uniform pixels, seed {args.seed})"
-    images, labels = data.load_split(root, "train")
+    images, labels = data.load_split(root, "train", cli.data_cache(args))
     idx = rng.permutation(images.shape[0])[:n]
     if n > images.shape[0]:
         raise data.DataError(f"--batch-size {n} is larger than the {images.shape[0]} training images in {root}")
@@ -68,7 +74,7 @@ def main(argv=None) -> int:
     policy = cli.policy_from(args)
     if args.dump:
         files.check_output_file(args.dump, "--dump")
-    with cli.starting("lenet.model", gpu=True):
+    with cli.starting(args.engine):   # Note [overlapped start-up]
         x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
 

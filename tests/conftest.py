@@ -105,6 +105,19 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.write_line(f"GPU: {why if ok else 'none (' + why + ')'} | cuDNN {cudnn}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _data_cache(tmp_path_factory):
+    """The programs the tests run keep their inflated dataset copies in a folder of the test
+    session, not in the user's ~/.cache (Note [dataset cache] in lenet/data.py)."""
+    old = os.environ.get("LENET_DATA_CACHE")
+    os.environ["LENET_DATA_CACHE"] = str(tmp_path_factory.mktemp("data-cache"))
+    yield
+    if old is None:
+        os.environ.pop("LENET_DATA_CACHE", None)
+    else:
+        os.environ["LENET_DATA_CACHE"] = old
+
+
 @pytest.fixture(scope="session")
 def handle():
     from descriptors import Handle

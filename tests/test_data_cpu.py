@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 
 import numpy as np
@@ -95,3 +96,58 @@ def test_pixel_stats():
     m, s = data.pixel_stats(imgs)
     f = imgs / 255.0
     assert abs(m - f.mean()) < 1e-12 and abs(s - f.std()) < 1e-12
+
+
+def test_dataset_cache(tmp_path, monkeypatch):
+    """A .gz split is inflated once into the cache, then read from it; a changed source is read
+    again and its old entry removed; a damaged entry is rewritten; raw files are not copied."""
+    root, cache = tmp_path / "d", tmp_path / "cache"
+    root.mkdir()
+    imgs, labs = write_split(root, n=30, gz=True)
+    a, b = data.load_split(root, "train", cache)
+    assert np.array_equal(a, imgs) and np.array_equal(b, labs)
+    entries = sorted(p.name for p in cache.iterdir())
+    assert len(entries) == 2 and all(e.endswith(".npy") for e in entries), entries
+
+    real = data.read_idx
+    monkeypatch.setattr(data, "read_idx", lambda *a, **k: pytest.fail("read the source despite the cache"))
+    a2, b2 = data.load_split(root, "train", cache)
+    assert np.array_equal(a2, imgs) and np.array_equal(b2, labs)
+    monkeypatch.setattr(data, "read_idx", real)
+
+    new, _ = write_split(root, n=30, gz=True, images=255 - imgs, labels=labs)   # same size, new content
+    img_gz = root / "train-images-idx3-ubyte.gz"
+    os.utime(img_gz, ns=(img_gz.stat().st_atime_ns, img_gz.stat().st_mtime_ns + 10**9))
+    a3, _ = data.load_split(root, "train", cache)
+    assert np.array_equal(a3, new)
+    assert len(list(cache.iterdir())) == 2   # the old entry of the images is gone
+
+    for e in cache.iterdir():   # damaged entries: read from the source, rewritten
+        e.write_bytes(e.read_bytes()[:100])
+    a4, b4 = data.load_split(root, "train", cache)
+    assert np.array_equal(a4, new) and np.array_equal(b4, labs)
+    assert all(np.load(e).size > 0 for e in cache.iterdir())
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    write_split(raw, n=10)
+    data.load_split(raw, "train", cache)
+    assert len(list(cache.iterdir())) == 2
+
+
+def test_dataset_cache_unwritable(tmp_path):
+    root = tmp_path / "d"
+    root.mkdir()
+    imgs, _ = write_split(root, n=10, gz=True)
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    a, _ = data.load_split(root, "train", blocker / "cache")   # cannot be made: read as if uncached
+    assert np.array_equal(a, imgs)
+
+
+def test_dataset_cache_folder(monkeypatch, tmp_path):
+    monkeypatch.setenv("LENET_DATA_CACHE", str(tmp_path / "c"))
+    assert data.cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("LENET_DATA_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert data.cache_dir() == tmp_path / "x" / "lenet" / "data"

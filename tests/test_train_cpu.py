@@ -94,6 +94,24 @@ def test_train_help_and_errors():
         assert out.returncode == 2 and msg in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
+def test_train_data_cache_flag(tmp_path):
+    """The dataset is read (and its gzipped files cached) before the GPU is needed; --no-data-cache
+    writes no copy."""
+    from test_data_cpu import write_split
+
+    root = tmp_path / "d"
+    root.mkdir()
+    write_split(root, n=40, gz=True)
+    write_split(root, n=20, split="test", gz=True)
+    for flags, entries in (["--no-data-cache"], 0), ([], 4):
+        cache = tmp_path / f"cache{entries}"
+        env_run = subprocess.run([sys.executable, "-m", "lenet.train", "--data-dir", str(root), *flags],
+                                 env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="",
+                                          LENET_DATA_CACHE=str(cache)), capture_output=True, text=True, timeout=120)
+        assert env_run.returncode == 2 and "no usable NVIDIA GPU" in env_run.stderr, env_run.stderr
+        assert len(list(cache.glob("*.npy")) if cache.exists() else []) == entries
+
+
 def test_export_and_predict_errors(tmp_path):
     out = run("lenet.export", str(tmp_path / "none.npz"), "--to", str(tmp_path / "m.safetensors"))
     assert out.returncode == 2 and "no such checkpoint" in out.stderr
@@ -116,3 +134,22 @@ def test_export_safetensors_loads_in_torch(tmp_path):
     m = TorchLeNet()
     m.load_state_dict(load_file(tmp_path / "m.safetensors"))
     assert all(np.array_equal(v.numpy(), P.init_host(7)[k]) for k, v in m.state_dict().items())
+
+
+def test_plotter_draws_in_a_child(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lenet.plot import Plotter
+
+    history = [{"epoch": e, "train_loss": 1 / e, "test_loss": 1 / e + 0.1, "test_accuracy": 0.8 + e / 100}
+               for e in range(1, 4)]
+    p = Plotter(tmp_path / "curves.png")
+    p.draw(history[:2])
+    p.draw(history)
+    assert p.close() is None
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [f.name for f in tmp_path.iterdir()] == ["curves.png"]   # no temporary file left
+
+    bad = Plotter(tmp_path / "missing" / "curves.png")
+    bad.draw(history)
+    err = bad.close()
+    assert err is not None and "missing" in err, err

@@ -1,0 +1,120 @@
+"""curves.png, the training curves, drawn by a child process: ``Plotter`` in the trainer,
+``python -m lenet.plot PATH`` in the child.
+
+Note [plotting in a child]: matplotlib's import (0.4 s on the GPU machine) and each drawing
+(0.1 s) are Python work that holds the GIL. Done on the trainer's writer thread, they stalled
+the training loop: each time the loop released the GIL for a CUDA call, the plotting thread
+took it for up to the switch interval (5 ms). The first epoch, during matplotlib's import,
+took 0.70-0.77 s, where the capture and 0.14 s of GPU work explain 0.39 s. The child imports
+matplotlib on another core while the GPU trains. It draws when asked, and the loop only
+writes one line to a pipe. Protocol: the child reads one JSON line per drawing (the history so
+far) and writes the file atomically (lenet/files.py). It exits when its stdin closes, so it
+also exits when the trainer is killed. It runs in its own session, so a Ctrl-C at the
+terminal reaches only the trainer, which then decides (Note [stopping] in lenet/train.py).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import files
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def can_plot() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def draw(path: Path, history: list[dict]) -> None:
+    """Loss and test accuracy per epoch, as a PNG written atomically at ``path``."""
+    plt = _pyplot()
+    ep = [h["epoch"] for h in history]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.plot(ep, [h["train_loss"] for h in history], "o-", label="train")
+    a.plot(ep, [h["test_loss"] for h in history], "o-", label="test")
+    a.set_xlabel("epoch"), a.set_ylabel("cross-entropy"), a.legend(), a.grid(alpha=0.3)
+    b.plot(ep, [100 * h["test_accuracy"] for h in history], "o-", color="C2")
+    b.set_xlabel("epoch"), b.set_ylabel("test accuracy (%)"), b.grid(alpha=0.3)
+    fig.suptitle("LeNet-5 on cuDNN + cuBLAS")
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.88, wspace=0.22)   # tight_layout: +0.1 s
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    files.write_atomic(path, buf.getvalue())
+
+
+class Plotter:
+    """The trainer's side: ``draw(history)`` asks the child for a drawing and returns at once;
+    ``close()`` waits for the drawings asked for and returns None, or the child's last error line."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._err = tempfile.TemporaryFile(mode="w+")   # a file, not a pipe: the child never blocks on it
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT),
+                                                                       os.environ.get("PYTHONPATH")) if p))
+        self._proc = subprocess.Popen([sys.executable, "-m", "lenet.plot", str(self.path)], stdin=subprocess.PIPE,
+                                      stdout=subprocess.DEVNULL, stderr=self._err, text=True, env=env,
+                                      start_new_session=True)
+        self._broken = False
+
+    def draw(self, history: list[dict]) -> None:
+        if self._broken:
+            return
+        try:
+            self._proc.stdin.write(json.dumps(history) + "\n")
+            self._proc.stdin.flush()
+        except OSError:   # the child is gone; close() says why
+            self._broken = True
+
+    def close(self, timeout: float = 60.0) -> str | None:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            code = self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+            code = None
+        self._err.seek(0)
+        lines = [ln for ln in self._err.read().splitlines() if ln.strip()]
+        self._err.close()
+        if code == 0:
+            return None
+        return lines[-1] if lines else (f"it took longer than {timeout:g} s" if code is None else f"exit status {code}")
+
+
+def main(argv=None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m lenet.plot PATH  (history lines as JSON on stdin; run by lenet.train)",
+              file=sys.stderr)
+        return 2
+    path = Path(args[0])
+    _pyplot()   # now, while the trainer's GPU works: not when the first drawing is due
+    for line in sys.stdin:
+        if line.strip():
+            draw(path, json.loads(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
