@@ -141,9 +141,16 @@ def _start_driver() -> None:
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        if cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0:
-            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)   # the context CuPy's runtime will use
-    except (OSError, AttributeError):   # no driver: require_gpu() says so, in its turn
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
+            return
+        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)   # the context CuPy's runtime will use
+        from descriptors.handle import gpu_status
+
+        if gpu_status()[0]:   # the CUDA runtime's start (0.1 s), cached for require_gpu()
+            import cupy
+
+            cupy.cuda.runtime.free(0)
+    except Exception:   # noqa: BLE001 (no driver, no CuPy: require_gpu() says so, in its turn)
         pass
 
 
@@ -174,15 +181,16 @@ def starting(engine: str):
     where they always did, after the checks in the block, so a bad dataset is still reported
     before a missing GPU."""
 
+    driver = start_gpu_driver()
+
     def run() -> None:
         try:
             from .model import preload
 
-            preload(engine)
+            preload(engine, gpu=driver)
         except Exception:   # noqa: BLE001 (raised again where the program does this itself)
             return
 
-    driver = start_gpu_driver()
     thread = threading.Thread(target=run, name="lenet-imports", daemon=True)
     thread.start()
     try:

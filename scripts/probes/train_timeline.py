@@ -64,7 +64,7 @@ def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
 
     events.append(("interpreter + probe imports", 0.0, at()))
     import descriptors
-    from lenet import background, data, train
+    from lenet import background, data, plot, train
 
     wrap(data, "load_split", "read dataset split")
     wrap(data, "pixel_stats", "pixel statistics", 1)
@@ -83,7 +83,8 @@ def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
     descriptors.require_gpu = require_gpu_then_wrap
     wrap(descriptors, "require_gpu", "require_gpu (driver, device)", 1)
     wrap(background.Background, "close", "writer close", 1)
-    wrap(train, "plot", "plot (writer thread)")
+    wrap(plot.Plotter, "__init__", "Plotter (spawns the child)", 1)
+    wrap(plot.Plotter, "close", "Plotter close (waits for the last drawing)", 1)
     events.append(("import lenet.train, data, descriptors", events[0][2], at()))
     t0 = at()
     try:
