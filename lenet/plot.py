@@ -44,6 +44,11 @@ def _pyplot():
 
 def draw(path: Path, history: list[dict]) -> None:
     """Loss and test accuracy per epoch, as a PNG written atomically at ``path``."""
+    files.write_atomic(path, render(history))
+
+
+def render(history: list[dict]) -> bytes:
+    """The PNG's bytes."""
     plt = _pyplot()
     ep = [h["epoch"] for h in history]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
@@ -57,7 +62,7 @@ def draw(path: Path, history: list[dict]) -> None:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    files.write_atomic(path, buf.getvalue())
+    return buf.getvalue()
 
 
 class Plotter:
@@ -110,12 +115,9 @@ def main(argv=None) -> int:
         return 2
     path = Path(args[0])
     # Now, while the trainer's GPU works, not when a drawing is due: the import, and a first
-    # drawing kept in memory (fonts and the renderer set up: the next drawing costs 0.11 s, not 0.18).
-    plt = _pyplot()
-    fig = plt.figure(figsize=(2, 1))
-    fig.text(0.1, 0.5, "0.1 epoch")
-    fig.savefig(io.BytesIO(), format="png")
-    plt.close(fig)
+    # drawing of the same figure kept in memory (fonts, ticks and the renderer set up, which made
+    # the first real drawing at the end of a run take 0.3 s against 0.11-0.18 s for later ones).
+    render([{"epoch": e, "train_loss": 1.0 / e, "test_loss": 1.1 / e, "test_accuracy": 0.5} for e in (1, 2)])
     for line in sys.stdin:
         if line.strip():
             draw(path, json.loads(line))

@@ -30,13 +30,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The recipes the README reports. Fashion-MNIST, batch sizes and epochs fixed in advance.
-# Chosen on seeds 0 and 1 (scripts/probes/README.md), then run on seeds 0, 1, 2 as they are.
+# The recipes the README reports. Fashion-MNIST, batch sizes and epochs fixed in advance, chosen
+# with --validation 10000 (seeds 0, 1, 2 on 50000 training images, accuracy on the 10000 held
+# out; scripts/probes/README.md has the sweeps), then run on the test split as they are.
 RECIPES = {
     "plain": "--epochs 30 --schedule cosine --lr 0.02",
-    "recommended": "--epochs 40 --batch-size 64 --schedule cosine --lr 0.05 --nesterov --label-smoothing 0.1 "
-                   "--warmup-epochs 1 --flip",
-    "fast": "--epochs 20 --batch-size 256 --schedule cosine --lr 0.1 --nesterov --label-smoothing 0.1 "
+    "recommended": "--epochs 60 --batch-size 64 --schedule cosine --lr 0.05 --nesterov --label-smoothing 0.1 "
+                   "--warmup-epochs 1 --flip --ema 0.999 --weight-decay 1e-3",
+    "fast": "--epochs 24 --batch-size 128 --schedule cosine --lr 0.1 --nesterov --label-smoothing 0.1 "
             "--warmup-epochs 1 --flip",
 }
 
