@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--recipe", action="append", default=[], help="a name from RECIPES or NAME='FLAGS'")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--torch", action="store_true", help="also run scripts/torch_train.py on each recipe")
+    ap.add_argument("--torch-only", action="store_true", help="run scripts/torch_train.py only")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--warm", action="store_true",
                     help="run each recipe of ours once, untimed, first: the timed runs find the plan cache warm, "
@@ -106,11 +107,11 @@ def main():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows = []
     for name, flags in recipes:
-        if args.warm:
+        if args.warm and not args.torch_only:
             with tempfile.TemporaryDirectory() as tmp:
                 run([sys.executable, "-m", "lenet.train", "--quiet", "--out", tmp, "--data-dir", args.data_dir,
                      *shlex.split(flags), "--epochs", "1"], env, args.timeout)
-        for who in (["ours", "torch"] if args.torch else ["ours"]):
+        for who in (["torch"] if args.torch_only else ["ours", "torch"] if args.torch else ["ours"]):
             accs, walls, lines = [], [], []
             for seed in args.seeds:
                 with tempfile.TemporaryDirectory() as tmp:
