@@ -144,13 +144,7 @@ def _start_driver() -> None:
         if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
             return
         cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)   # the context CuPy's runtime will use
-        from descriptors.handle import gpu_status
-
-        if gpu_status()[0]:   # the CUDA runtime's start (0.1 s), cached for require_gpu()
-            import cupy
-
-            cupy.cuda.runtime.free(0)
-    except Exception:   # noqa: BLE001 (no driver, no CuPy: require_gpu() says so, in its turn)
+    except (OSError, AttributeError):   # no driver: require_gpu() says so, in its turn
         pass
 
 
@@ -175,8 +169,13 @@ def starting(engine: str):
     imports of NumPy, CuPy, libcudnn, cuBLAS, the graph API's frontend) beside work that
     releases it: inflating the gzipped dataset, and cuInit plus the primary context, 0.3-0.5 s
     on an H100 machine. None of it depends on the rest until the model is built, so the driver
-    starts first (python -m lenet.train starts it before its own imports), the imports run on
-    a second thread, and the main thread reads the data. Every failure on those threads is
+    starts first (python -m lenet.train starts it before its own imports) through ctypes alone,
+    the imports run on a second thread, then the CUDA runtime's start and a first cuDNN graph
+    there (lenet.model.preload), and the main thread reads the data. Only that second thread
+    imports our packages and CuPy: two threads importing one package whose modules import
+    each other can meet Python's import-deadlock guard, which hands one of them a partially
+    initialized module (seen once: "cannot import name 'Handle' from partially initialized
+    module 'descriptors.handle'"). Every failure on those threads is
     swallowed: the program's own import, its require_gpu() and its first CUDA call raise it
     where they always did, after the checks in the block, so a bad dataset is still reported
     before a missing GPU."""

@@ -37,26 +37,35 @@ IMAGE = (1, 28, 28)
 def preload(engine: str = "auto", gpu=None) -> None:
     """Import what building and planning a model loads: this module's (CuPy, libcudnn), the
     cuBLAS and cuBLASLt bindings, and the graph API's frontend unless ``engine`` is legacy; then,
-    once the thread ``gpu`` (cli.start_gpu_driver's) has started the GPU, build and drop one tiny
-    graph: a process's first cuDNN graph pays ~0.2 s of one-time set-up, later ones ~12 ms
+    once the thread ``gpu`` (cli.start_gpu_driver's) has started the driver, start the CUDA
+    runtime (0.1 s; require_gpu() finds the answer cached) and build and drop one tiny graph: a
+    process's first cuDNN graph pays ~0.2 s of one-time set-up, later ones ~12 ms
     (scripts/probes/first_graph.py). A program runs this on a thread while it reads its data
     (Note [overlapped start-up] in lenet/cli.py)."""
+    from descriptors.handle import gpu_status
+
     from . import blas
 
     blas.binding("cublas")
     blas.binding("cublasLt")
-    if engine == "legacy":
+    if engine != "legacy":
+        from descriptors.graph import available
+
+        available()
+    if gpu is None:
         return
-    from descriptors.graph import ConvGraph, available
+    gpu.join()
+    if not gpu_status()[0]:
+        return
+    import cupy
 
-    if available()[0] and gpu is not None:
-        gpu.join()
-        from descriptors.handle import gpu_status
+    cupy.cuda.runtime.free(0)
+    if engine != "legacy" and available()[0]:
+        from descriptors.graph import ConvGraph
 
-        if gpu_status()[0]:
-            h = Handle()
-            ConvGraph(h, "fwd", (1, 1, 4, 4), (1, 1, 1, 1)).close()
-            h.close()
+        h = Handle()
+        ConvGraph(h, "fwd", (1, 1, 4, 4), (1, 1, 1, 1)).close()
+        h.close()
 
 
 def check_batch(x, y, max_batch: int) -> int:

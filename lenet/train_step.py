@@ -17,7 +17,7 @@ import json
 
 import numpy as np
 
-from . import cli, files
+from . import cli, data, files
 
 
 def parser() -> cli.Parser:
@@ -49,8 +49,6 @@ def parser() -> cli.Parser:
 
 def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
     """(x float32 (N,1,28,28), y int32 (N,), description of where it came from)."""
-    from . import data
-
     root = None if args.synthetic else data.find_dataset(args.data_dir)
     if args.data_dir is not None and root is None and not args.synthetic:
         raise data.DataError(data.not_found_message(args.data_dir))
