@@ -42,16 +42,14 @@ def preload(engine: str = "auto", gpu=None) -> None:
     process's first cuDNN graph pays ~0.2 s of one-time set-up, later ones ~12 ms
     (scripts/probes/first_graph.py). A program runs this on a thread while it reads its data
     (Note [overlapped start-up] in lenet/cli.py)."""
+    from descriptors.graph import ConvGraph, available
     from descriptors.handle import gpu_status
 
     from . import blas
 
     blas.binding("cublas")
     blas.binding("cublasLt")
-    if engine != "legacy":
-        from descriptors.graph import available
-
-        available()
+    graphs = engine != "legacy" and available()[0]   # imports the frontend (once: cached)
     if gpu is None:
         return
     gpu.join()
@@ -60,9 +58,7 @@ def preload(engine: str = "auto", gpu=None) -> None:
     import cupy
 
     cupy.cuda.runtime.free(0)
-    if engine != "legacy" and available()[0]:
-        from descriptors.graph import ConvGraph
-
+    if graphs:
         h = Handle()
         ConvGraph(h, "fwd", (1, 1, 4, 4), (1, 1, 1, 1)).close()
         h.close()
