@@ -156,6 +156,9 @@ class _Cache:
             obj = self._d[key] = make()
         return obj
 
+    def peek(self, key):
+        return self._d.get(key)
+
     def clear(self) -> None:
         for obj in self._d.values():
             for o in (obj if isinstance(obj, tuple) else (obj,)):
@@ -228,6 +231,10 @@ class LegacyEngine:
                     for f in forms]
         return out, excluded
 
+    def offers(self, handle, spec: ConvSpec, cand: Candidate, policy: AlgoPolicy, fused: bool = True) -> bool:
+        """Whether ``cand`` is among candidates(handle, spec, policy, fused)."""
+        return cand in self.candidates(handle, spec, policy, fused)[0]
+
     def bind(self, handle, spec: ConvSpec, cand: Candidate, arrays: dict, workspace):
         """A zero-argument launcher of ``cand`` on ``arrays`` (role -> CuPy array)."""
         lc = self._conv(spec, cand.key[0])
@@ -270,14 +277,25 @@ class GraphEngine:
     def filters(policy: AlgoPolicy) -> tuple:
         return (policy.allow_tf32, policy.allow_winograd, policy.deterministic, policy.workspace_limit)
 
-    def graph(self, handle, spec: ConvSpec, fuse: str, filters: tuple) -> ConvGraph:
+    def graph(self, handle, spec: ConvSpec, fuse: str, filters: tuple, only: str | None = None) -> ConvGraph:
+        """The graph of (spec, fuse) under filters with every listed plan built, or, with ``only``
+        and no such graph made yet, one with just that plan built (Note [one plan] in
+        descriptors/graph.py)."""
         tf32, winograd, deterministic, limit = filters
+        key = (handle.device_id, spec, fuse, filters)
+        whole = self._graphs.peek(key)
+        if whole is not None:
+            return whole
 
         def make():
             return ConvGraph(handle, spec.direction, spec.x_shape, spec.w, spec.pad, spec.stride, spec.dilation,
                              fuse=fuse, allow_tf32=tf32, allow_winograd=winograd, deterministic=deterministic,
-                             workspace_limit=limit)
-        return self._graphs.get((handle.device_id, spec, fuse, filters), make)
+                             workspace_limit=limit, only=only)
+        return self._graphs.get(key if only is None else (*key, only), make)
+
+    def _candidate(self, plan, fused: bool, policy: AlgoPolicy) -> Candidate:
+        return Candidate(self.name, plan.name, fused, plan.workspace_bytes, True if policy.deterministic else None,
+                         "tf32" if policy.allow_tf32 else "fp32", self.filters(policy))
 
     def candidates(self, handle, spec: ConvSpec, policy: AlgoPolicy, fused: bool = True):
         """(candidates, fused plans first, each graph's in cuDNN's heuristic order; {name: why excluded})."""
@@ -285,13 +303,20 @@ class GraphEngine:
         out, excluded = [], {}
         for fuse in ((spec.epilogue, "") if (spec.epilogue and fused) else ("",)):
             g = self.graph(handle, spec, fuse, filters)
-            out += [Candidate(self.name, p.name, bool(fuse), p.workspace_bytes, True if policy.deterministic else None,
-                              "tf32" if policy.allow_tf32 else "fp32", filters) for p in g.plans]
+            out += [self._candidate(p, bool(fuse), policy) for p in g.plans]
             excluded.update({name: why for name, why in g.rejected.items() if name not in excluded})
         return out, excluded
 
+    def offers(self, handle, spec: ConvSpec, cand: Candidate, policy: AlgoPolicy, fused: bool = True) -> bool:
+        """Whether ``cand`` is among candidates(handle, spec, policy, fused), building its plan
+        alone (a stored choice: Note [one plan])."""
+        if cand.fused and not (spec.epilogue and fused):
+            return False
+        g = self.graph(handle, spec, spec.epilogue if cand.fused else "", self.filters(policy), only=cand.name)
+        return any(self._candidate(p, cand.fused, policy) == cand for p in g.plans if p.name == cand.name)
+
     def bind(self, handle, spec: ConvSpec, cand: Candidate, arrays: dict, workspace):
-        g = self.graph(handle, spec, spec.epilogue if cand.fused else "", cand.key)
+        g = self.graph(handle, spec, spec.epilogue if cand.fused else "", cand.key, only=cand.name)
         plan = g.plan_named(cand.name)
         pack = g.pack({r: arrays[r] for r in g.roles}, handle.device_id)   # checked once, here
         ep = _epilogue(spec) if (spec.epilogue and not cand.fused) else None

@@ -177,14 +177,22 @@ class ConvGraph(Owned):
     ``handle`` None validates the graph without planning it: the checks need no GPU.
     ``x_shape`` (N, C, H, W) and ``w_shape`` (K, C, R, S) describe the convolution in every
     direction. Plans that cuDNN lists but that the filters exclude or cuDNN cannot build are in
-    ``rejected`` ({plan name: reason}).
+    ``rejected`` ({plan name: reason}). ``only``: build just the plan of that name (a stored
+    choice) or at that index of cuDNN's list, the others left unbuilt; ``plans`` then holds
+    it, or nothing and ``rejected`` says why.
+
+    Note [one plan]: building every listed plan of a graph (20 to 40 of them) took most of
+    planning a batch size, 0.05-0.1 s on an H100, for one plan used when the choice comes from
+    the plan cache: each build goes through the frontend's per-index exclusion check, which
+    walks every listed plan again (scripts/probes/train_timeline.py --profile plan#1).
     """
 
     _kind = "Graph"
 
     def __init__(self, handle, direction: str, x_shape, w_shape, pad=0, stride=1, dilation=1, *,
                  fuse: str = "", allow_tf32: bool = False, allow_winograd: bool = False,
-                 deterministic: bool = False, workspace_limit: int | None = None, dtype: str = "float32"):
+                 deterministic: bool = False, workspace_limit: int | None = None, dtype: str = "float32",
+                 only: str | int | None = None):
         cudnn = frontend()
         if direction not in FUSIONS:
             raise ValueError(f"unknown direction {direction!r}; use one of {', '.join(FUSIONS)}")
@@ -224,7 +232,7 @@ class ConvGraph(Owned):
         self.rejected: dict[str, str] = {}
         self._own(id(self), self._box.clear)
         if handle is not None:   # without a handle the graph is validated, not planned (no GPU needed)
-            self._make_plans(cudnn)
+            self._make_plans(cudnn, only)
 
     @property
     def _g(self):
@@ -273,7 +281,7 @@ class ConvGraph(Owned):
             raise graph_error(e, "cudnn_frontend validate", self.info) from None
         return g, {role: t[role].uid for role in self.roles}
 
-    def _make_plans(self, cudnn) -> None:
+    def _make_plans(self, cudnn, only: str | int | None = None) -> None:
         g, notes = self._g, cudnn.numerical_note
         try:
             g.build_operation_graph()
@@ -296,17 +304,25 @@ class ConvGraph(Owned):
         if self.filters["workspace_limit"] is not None:
             g.deselect_workspace_greater_than(int(self.filters["workspace_limit"]))
         for i in range(g.get_execution_plan_count()):
+            if only is not None and (i != only if isinstance(only, int) else self._name_at(i) != only):
+                continue   # Note [one plan]
             try:
                 g.build_plan_at_index(i)
                 self.plans.append(GraphPlan(i, g.get_plan_name_at_index(i), int(g.get_workspace_size_plan_at_index(i)),
                                             g.plans[i].cpp_index))
             except Exception as e:  # filtered out, or cuDNN could not build it: recorded, not raised
-                try:
-                    name = g.get_plan_name_at_index(i)
-                except Exception:  # noqa: BLE001 - only for the message
-                    name = f"plan {i}"
                 text = str(e).strip()
-                self.rejected[name] = text.splitlines()[0][:200] if text else type(e).__name__
+                self.rejected[self._name_at(i)] = text.splitlines()[0][:200] if text else type(e).__name__
+            if only is not None:
+                return
+        if only is not None:
+            self.rejected[str(only)] = "not listed by cuDNN for this graph"
+
+    def _name_at(self, i: int) -> str:
+        try:
+            return self._g.get_plan_name_at_index(i)
+        except Exception:  # noqa: BLE001 - a name for a message or a comparison only
+            return f"plan {i}"
 
     # ------------------------------------------------------------------ running
 

@@ -154,8 +154,7 @@ def _still_offered(handle, choice: ConvChoice, policy: AlgoPolicy, fused: bool) 
         allowed = {"legacy": policy.engine != "graph", "graph": policy.engine != "legacy"}
         if not allowed.get(c.engine) or (c.engine == "graph" and not available()[0]):
             return False
-        cands, _ = ENGINES[c.engine].candidates(handle, choice.spec.at(count), policy, fused)
-        if c not in cands:
+        if not ENGINES[c.engine].offers(handle, choice.spec.at(count), c, policy, fused):
             return False
     return True
 

@@ -134,6 +134,14 @@ _IMPORTED = time.perf_counter()
 
 _driver_thread: threading.Thread | None = None
 
+# (label, time.perf_counter()) as each start-up thread finishes a phase: what
+# scripts/probes/train_timeline.py prints beside its own timers (appending costs nothing).
+MARKS: list[tuple[str, float]] = []
+
+
+def mark(label: str) -> None:
+    MARKS.append((label, time.perf_counter()))
+
 
 def _start_driver() -> None:
     import ctypes
@@ -144,6 +152,7 @@ def _start_driver() -> None:
         if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
             return
         cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)   # the context CuPy's runtime will use
+        mark("driver thread: cuInit + primary context done")
     except (OSError, AttributeError):   # no driver: require_gpu() says so, in its turn
         pass
 
@@ -159,11 +168,25 @@ def start_gpu_driver() -> threading.Thread:
     return _driver_thread
 
 
+class Start:
+    """What ``starting`` yields. ``ready()`` waits for the rest of the start-up thread's work
+    (the CUDA runtime's start and a first cuDNN graph): call it before planning a model."""
+
+    def __init__(self, thread: threading.Thread):
+        self._thread = thread
+
+    def ready(self) -> None:
+        self._thread.join()
+
+
 @contextlib.contextmanager
 def starting(engine: str):
-    """``with starting(args.engine): ...``: start the GPU's driver and context, and import what a
-    model planned for ``engine`` loads (lenet.model.preload), on threads while the block runs
-    (reading and checking a dataset, say); wait for both when the block ends.
+    """``with starting(args.engine) as start: ...``: start the GPU's driver and context, and
+    import what a model planned for ``engine`` loads (lenet.model.preload), on threads while the
+    block runs (reading and checking a dataset, say); when the block ends, wait for the driver
+    and the imports. The thread then goes on to start the CUDA runtime and build a first cuDNN
+    graph while the program builds its model and uploads its data: ``start.ready()`` before
+    planning.
 
     Note [overlapped start-up]: a training run's start-up is CPU work that holds the GIL (the
     imports of NumPy, CuPy, libcudnn, cuBLAS, the graph API's frontend) beside work that
@@ -171,31 +194,35 @@ def starting(engine: str):
     on an H100 machine. None of it depends on the rest until the model is built, so the driver
     starts first (python -m lenet.train starts it before its own imports) through ctypes alone,
     the imports run on a second thread, then the CUDA runtime's start and a first cuDNN graph
-    there (lenet.model.preload), and the main thread reads the data. Only that second thread
-    imports our packages and CuPy: two threads importing one package whose modules import
-    each other can meet Python's import-deadlock guard, which hands one of them a partially
-    initialized module (seen once: "cannot import name 'Handle' from partially initialized
-    module 'descriptors.handle'"). Every failure on those threads is
-    swallowed: the program's own import, its require_gpu() and its first CUDA call raise it
-    where they always did, after the checks in the block, so a bad dataset is still reported
-    before a missing GPU."""
+    there (lenet.model.preload), and the main thread reads the data, then builds the model
+    and uploads the data. Only that second thread imports our packages and CuPy until its
+    imports are done (the block's end waits for them): two threads importing one package whose
+    modules import each other can meet Python's import-deadlock guard, which hands one of them
+    a partially initialized module (seen once: "cannot import name 'Handle' from partially
+    initialized module 'descriptors.handle'"). Every failure on those threads is swallowed:
+    the program's own import, its require_gpu() and its first CUDA call raise it where they
+    always did, after the checks in the block, so a bad dataset is still reported before a
+    missing GPU. Measured phases: scripts/probes/train_timeline.py (``mark`` above)."""
 
     driver = start_gpu_driver()
+    imported = threading.Event()
 
     def run() -> None:
         try:
             from .model import preload
 
-            preload(engine, gpu=driver)
+            preload(engine, gpu=driver, imported=imported)
         except Exception:   # noqa: BLE001 (raised again where the program does this itself)
             return
+        finally:
+            imported.set()
 
     thread = threading.Thread(target=run, name="lenet-imports", daemon=True)
     thread.start()
     try:
-        yield
+        yield Start(thread)
     finally:
-        thread.join()
+        imported.wait()
         driver.join()
 
 

@@ -39,15 +39,17 @@ class SoftmaxCE:
 
     def forward_backward(self, logits, labels, dlogits, out, correct, n: int, *,
                          grad_scale: float, loss_scale: float, accumulate: bool = False, running=None,
-                         label_smoothing: float = 0.0) -> None:
+                         label_smoothing: float = 0.0, mean_with=None) -> None:
         """out[0] = loss_scale * sum of row losses (+ out[0] when accumulating);
         dlogits = grad_scale * (softmax - target), unless dlogits is None;
         running[0] += the same loss, when running is given. The target is the one-hot label,
-        smoothed by ``label_smoothing`` as PyTorch's cross_entropy does."""
+        smoothed by ``label_smoothing`` as PyTorch's cross_entropy does. With ``mean_with``
+        (same shape as logits), the logits scored are (logits + mean_with) / 2."""
         classes = logits.shape[1]
         blocks = max(1, min(SCE_MAX_BLOCKS, (n + SCE_THREADS - 1) // SCE_THREADS))
         self._fn((blocks,), (SCE_THREADS,), (
-            logits, labels, np.uint64(dlogits.data.ptr if dlogits is not None else 0), out, correct,
+            logits, np.uint64(mean_with.data.ptr if mean_with is not None else 0), labels,
+            np.uint64(dlogits.data.ptr if dlogits is not None else 0), out, correct,
             self.partial_loss, self.partial_correct, self.ticket,
             np.uint64(running.data.ptr if running is not None else 0), np.int32(n), np.int32(classes),
             np.float32(grad_scale), np.float32(loss_scale), np.int32(1 if accumulate else 0),
@@ -68,11 +70,13 @@ def sgd_update(params, grads, velocity, lr_dev, momentum: float, weight_decay: f
 @dataclass(frozen=True)
 class Augment:
     """Random translation by up to ``shift`` pixels each way and, with ``flip``, a left-right
-    mirror, drawn per image from (seed, epoch, position in the epoch): see lenet/kernels/data.cu."""
+    mirror, drawn per image from (seed, epoch, position in the epoch): see lenet/kernels/data.cu.
+    ``mirror`` mirrors every image instead (the second view of test-time augmentation)."""
 
     shift: int = 0
     flip: bool = False
     seed: int = 0
+    mirror: bool = False
 
     def __post_init__(self):
         if not (isinstance(self.shift, int) and 0 <= self.shift <= 13):
@@ -80,10 +84,11 @@ class Augment:
 
     @property
     def on(self) -> bool:
-        return self.shift > 0 or self.flip
+        return self.shift > 0 or self.flip or self.mirror
 
 
 NO_AUGMENT = Augment()
+MIRROR = Augment(mirror=True)
 
 
 def gather_batch(images, labels, order, start: int, n: int, mean: float, std: float, x, y,
@@ -96,4 +101,5 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
     kernel("data", "gather_batch_kernel")((blocks,), (threads,), (
         images, labels, order, np.int32(start), np.int32(n), np.float32(mean), np.float32(std), x, y,
         np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0),
-        np.int32(a.shift), np.int32(bool(a.flip)), np.uint32(a.seed & 0xFFFFFFFF), np.uint32(epoch & 0xFFFFFFFF)))
+        np.int32(a.shift), np.int32(2 if a.mirror else int(bool(a.flip))), np.uint32(a.seed & 0xFFFFFFFF),
+        np.uint32(epoch & 0xFFFFFFFF)))

@@ -26,7 +26,7 @@ from descriptors import ActivationDescriptor, AlgoPolicy, Handle, PoolingDescrip
 
 from . import params as P
 from .blas import Blas, LtMatmul
-from .kernels import SoftmaxCE, gather_batch
+from .kernels import MIRROR, SoftmaxCE, gather_batch
 from .ops import SGD, ConvLayer, FullyConnected, MaxPool, SoftmaxCrossEntropy
 from .runner import Runner
 
@@ -34,22 +34,29 @@ CLASSES = 10
 IMAGE = (1, 28, 28)
 
 
-def preload(engine: str = "auto", gpu=None) -> None:
+def preload(engine: str = "auto", gpu=None, imported=None) -> None:
     """Import what building and planning a model loads: this module's (CuPy, libcudnn), the
     cuBLAS and cuBLASLt bindings, and the graph API's frontend unless ``engine`` is legacy; then,
     once the thread ``gpu`` (cli.start_gpu_driver's) has started the driver, start the CUDA
-    runtime (0.1 s; require_gpu() finds the answer cached) and build and drop one tiny graph: a
-    process's first cuDNN graph pays ~0.2 s of one-time set-up, later ones ~12 ms
-    (scripts/probes/first_graph.py). A program runs this on a thread while it reads its data
-    (Note [overlapped start-up] in lenet/cli.py)."""
+    runtime (0.1 s; require_gpu() finds the answer cached) and build and drop one tiny graph with
+    one plan: a process's first cuDNN graph pays ~0.2 s of one-time set-up, later ones ~12 ms
+    (scripts/probes/first_graph.py). ``imported`` (a threading.Event) is set once the imports are
+    done. A program runs this on a thread while it reads its data and builds its model (Note
+    [overlapped start-up] in lenet/cli.py)."""
     from descriptors.graph import ConvGraph, available
     from descriptors.handle import gpu_status
 
     from . import blas
+    from .cli import mark
 
+    mark("preload thread: CuPy, libcudnn imported")
     blas.binding("cublas")
     blas.binding("cublasLt")
+    mark("preload thread: cuBLAS bindings imported")
     graphs = engine != "legacy" and available()[0]   # imports the frontend (once: cached)
+    mark("preload thread: frontend imported")
+    if imported is not None:
+        imported.set()
     if gpu is None:
         return
     gpu.join()
@@ -58,10 +65,12 @@ def preload(engine: str = "auto", gpu=None) -> None:
     import cupy
 
     cupy.cuda.runtime.free(0)
+    mark("preload thread: CUDA runtime started")
     if graphs:
         h = Handle()
-        ConvGraph(h, "fwd", (1, 1, 4, 4), (1, 1, 1, 1)).close()
+        ConvGraph(h, "fwd", (1, 1, 4, 4), (1, 1, 1, 1), only=0).close()
         h.close()
+        mark("preload thread: first cuDNN graph built")
 
 
 def check_batch(x, y, max_batch: int) -> int:
@@ -186,6 +195,7 @@ class LeNet:
                 "p2": cupy.empty((N, 16, 4, 4), f32),    # = flat (N, 256)
                 "h1": cupy.empty((N, 120), f32),         # relu(fc1 + bias)
                 "logits": cupy.empty((N, CLASSES), f32),
+                "logits_kept": cupy.empty((N, CLASSES), f32),   # the first view's, under test-time augmentation
                 "dlogits": cupy.empty((N, CLASSES), f32),
                 "dh1": cupy.empty((N, 120), f32),
                 "relu_mask": cupy.zeros(N * LtMatmul.AUX_LD // 8, cupy.uint8),  # fc1's ReLU bits (cuBLASLt)
@@ -405,10 +415,12 @@ class LeNet:
         self.stream.synchronize()
         return float(self.loss_dev.get()[0]), int(self.correct_dev.get()[0])
 
-    def evaluate(self, dataset, batch: int = 1000) -> tuple[float, float]:
+    def evaluate(self, dataset, batch: int = 1000, tta: bool = False) -> tuple[float, float]:
         """(mean loss, accuracy) over a whole GPU-resident split, forward only, with the moving
-        average of the weights when the model keeps one. Every batch, its gather and the totals
-        run as one CUDA graph (with cuda_graph), and the host waits once, for the totals."""
+        average of the weights when the model keeps one. With ``tta`` (test-time augmentation),
+        each image is scored on the mean of its logits and its left-right mirror's. Every batch,
+        its gather and the totals run as one CUDA graph (with cuda_graph), and the host waits
+        once, for the totals."""
         if not 1 <= batch:
             raise ValueError(f"evaluation batch size must be >= 1, got {batch}")
         batch = min(batch, self.max_batch, dataset.size)
@@ -423,13 +435,20 @@ class LeNet:
                     self.params_aside[...] = self.params
                     self.params[...] = self.ema
             for start, n in zip(range(0, dataset.size, batch), sizes):
+                step = self.plan(n)
                 self.load_from(dataset, dataset.identity, start, n)
-                self.evaluate_batch(n)
+                step.forward()
+                if tta:
+                    with self.stream:
+                        self.buf["logits_kept"][:n] = self.buf["logits"][:n]
+                    self.load_from(dataset, dataset.identity, start, n, augment=MIRROR)
+                    step.forward()
+                step.loss.evaluate(self.buf["logits_kept"][:n] if tta else None)
             if self.ema is not None:
                 with self.stream:
                     self.params[...] = self.params_aside
         # The key holds the dataset: its graph reads the dataset's buffers, which must outlive it.
-        self.runner.run(("eval", dataset, batch), run, self.cuda_graph)
+        self.runner.run(("eval", dataset, batch, bool(tta)), run, self.cuda_graph)
         loss_sum, correct = self.evaluate_end()
         return loss_sum / dataset.size, correct / dataset.size
 

@@ -7,6 +7,7 @@ images) or a PNG/JPEG picture (converted to 8-bit gray and resized to 28x28). Pa
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,9 @@ def parser() -> cli.Parser:
     p.add_argument("--invert", action="store_true", help="invert pictures (dark drawing on a light background)")
     p.add_argument("--show", type=int, default=20, metavar="K", help="print the first K predictions (default: 20)")
     p.add_argument("--batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
+    p.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None,
+                   help="score each image on the mean of its logits and its left-right mirror's (default: as "
+                        "the checkpoint's run was evaluated, its --tta)")
     cli.add_plan_cache_flag(p)
     return p
 
@@ -86,13 +90,17 @@ def main(argv=None) -> int:
     weights, _ = ckpt.weights(params, meta)   # the moving average when the run kept one
     model.load_flat(weights, np.zeros_like(weights))
     x = ((images.astype(np.float32) / 255.0 - np.float32(cfg["mean"])) / np.float32(cfg["std"]))[:, None]
+    tta = cfg.get("tta", False) if args.tta is None else args.tta
     preds = []
     for s in range(0, len(images), model.max_batch):
         xb = x[s: s + model.max_batch]
-        model.load_batch(xb, np.zeros(len(xb), np.int32))
-        model.evaluate_begin()
-        model.evaluate_batch(len(xb))
-        lg = model.logits()
+        lg = 0
+        for view in ((xb, np.ascontiguousarray(xb[..., ::-1])) if tta else (xb,)):   # as training scored
+            model.load_batch(view, np.zeros(len(xb), np.int32))
+            model.evaluate_begin()
+            model.evaluate_batch(len(xb))
+            lg = lg + model.logits()
+        lg = lg / 2 if tta else lg
         p = np.exp(lg - lg.max(1, keepdims=True))
         p /= p.sum(1, keepdims=True)
         preds.append(np.stack([p.argmax(1), p.max(1)], 1))

@@ -49,11 +49,11 @@ from .schedule import SCHEDULES, Schedule
 RESUME_KEYS = ("dataset", "batch_size", "seed", "lr", "momentum", "weight_decay", "schedule", "gamma", "power",
                "step_size", "step_gamma", "train_size", "algo", "workspace_limit", "deterministic",
                "allow_winograd", "allow_tf32", "engine", "chunk", "epochs", "nesterov", "label_smoothing",
-               "warmup_epochs", "ema", "shift", "flip")
+               "warmup_epochs", "ema", "shift", "flip", "tta")
 RUN_FILES = ("checkpoint.npz", "metrics.jsonl", "curves.png")
 CHECKPOINT_EVERY = 10000   # steps: a few checkpoints an epoch at batch 1, none mid-epoch at 64 (938 steps)
 RECIPE_OFF = {"nesterov": False, "label_smoothing": 0.0, "warmup_epochs": 0.0, "ema": None, "shift": 0,
-              "flip": False}   # what a checkpoint written before these flags existed trained with
+              "flip": False, "tta": False}   # what a checkpoint written before these flags existed trained with
 PLOT_SECONDS = 30.0        # curves.png at most this often while training, and always at the end
 
 
@@ -143,6 +143,10 @@ def parser() -> cli.Parser:
     r.add_argument("--flip", action="store_true",
                    help="augment: mirror half the training images left-right (right for clothes, wrong for "
                         "digits, so never guessed from the dataset)")
+    r.add_argument("--tta", action="store_true",
+                   help="test-time augmentation: score each test image on the mean of its logits and its "
+                        "left-right mirror's (goes with --flip; python -m lenet.predict does the same for its "
+                        "checkpoint)")
     r.add_argument("--target-accuracy", type=cli.accuracy, default=None, metavar="A",
                    help="stop after the first epoch whose test accuracy reaches A (0.91 or 91%%) and report the "
                         "wall clock from program start to there")
@@ -170,7 +174,7 @@ def config_of(args, root: Path, train_size: int) -> dict:
             "allow_winograd": args.allow_winograd, "allow_tf32": args.allow_tf32, "engine": args.engine,
             "chunk": args.chunk, "epochs": args.epochs, "cuda_graph": args.cuda_graph, "fused": args.fused,
             "nesterov": args.nesterov, "label_smoothing": args.label_smoothing, "warmup_epochs": args.warmup_epochs,
-            "ema": args.ema, "shift": args.shift, "flip": args.flip}
+            "ema": args.ema, "shift": args.shift, "flip": args.flip, "tta": args.tta}
 
 
 class Progress:
@@ -243,8 +247,9 @@ def prepare(args) -> dict:
                 and meta["config"].get(k, RECIPE_OFF.get(k)) != config.get(k)]
         if diff:
             k = diff[0]
-            raise ValueError(f"{resume} was made with {k}={meta['config'].get(k)!r}, this run has "
-                             f"{k}={config.get(k)!r}; resume with the same settings")
+            made = meta["config"].get(k, RECIPE_OFF.get(k))
+            raise ValueError(f"{resume} was made with {k}={made!r}, this run has {k}={config.get(k)!r}; "
+                             f"resume with the same settings")
         config["mean"], config["std"] = meta["config"]["mean"], meta["config"]["std"]
     return {"root": root, "train": (train_x, train_y), "test": (test_x, test_y), "config": config, "out": out,
             "resume": resume, "meta": meta, "params": params_flat, "velocity": velocity_flat}
@@ -253,7 +258,7 @@ def prepare(args) -> dict:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
-    with cli.starting(args.engine):   # Note [overlapped start-up]
+    with cli.starting(args.engine) as start:   # Note [overlapped start-up]
         run = prepare(args)   # everything that needs no GPU, first
     from descriptors import require_gpu
 
@@ -280,6 +285,7 @@ def main(argv=None) -> int:
     sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma,
                      warmup=round(args.warmup_epochs * steps))
     # Plan every batch size the run will use now, so the search stays out of the epochs.
+    start.ready()
     for n in {B if train.size >= B else train.size, train.size - (steps - 1) * B,
               min(args.eval_batch_size, test.size), test.size % args.eval_batch_size or args.eval_batch_size}:
         model.plan(n)
@@ -288,7 +294,7 @@ def main(argv=None) -> int:
     recipe = ["nesterov" if args.nesterov else "", f"label smoothing {args.label_smoothing:g}" if args.label_smoothing
               else "", f"warm-up {args.warmup_epochs:g} epochs" if args.warmup_epochs else "",
               f"ema {args.ema:g}" if args.ema else "", f"shift {args.shift}" if args.shift else "",
-              "flip" if args.flip else ""]
+              "flip" if args.flip else "", "test-time mirror" if args.tta else ""]
     say(f"GPU {gpu} | dataset {config['dataset']} ({train.size} train, {test.size} test, {run['root']}) | "
         f"policy {policy} | cuda graph {'on' if args.cuda_graph else 'off'}"
         + (f" | {', '.join(r for r in recipe if r)}" if any(recipe) else ""))
@@ -400,7 +406,7 @@ def main(argv=None) -> int:
                 train_loss = model.read_running_loss() / steps
                 t1 = time.perf_counter()
                 clock["training"] += t1 - t0
-                test_loss, test_acc = model.evaluate(test, args.eval_batch_size)
+                test_loss, test_acc = model.evaluate(test, args.eval_batch_size, tta=args.tta)
                 clock["evaluation"] += time.perf_counter() - t1
                 rec = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss,
                        "test_accuracy": test_acc, "images_per_s": (steps - first) * B / seconds,

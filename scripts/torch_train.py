@@ -4,8 +4,9 @@ SGD rule and schedule as python -m lenet.train, so the two can be compared epoch
     python3 scripts/torch_train.py --epochs 20 [same flags as lenet.train] [--json PATH]
 
 The recipe flags are PyTorch's own pieces: SGD(nesterov=True), cross_entropy(label_smoothing=),
-AveragedModel with get_ema_multi_avg_fn (started at the initial weights, as ours), and the
-augmentation ours draws (lenet.data.augment_params), applied by indexing a zero-padded copy.
+AveragedModel with get_ema_multi_avg_fn (started at the initial weights, as ours), the
+augmentation ours draws (lenet.data.augment_params), applied by indexing a zero-padded copy,
+and test-time augmentation as the mean of an image's and its mirror's logits.
 The last line gives the wall clock from the process's start, as python -m lenet.train does.
 """
 
@@ -52,6 +53,7 @@ def main():
     p.add_argument("--ema", type=float, default=None)
     p.add_argument("--shift", type=int, default=0)
     p.add_argument("--flip", action="store_true")
+    p.add_argument("--tta", action="store_true", help="score on the mean of each test image's and its mirror's logits")
     p.add_argument("--target-accuracy", type=cli.accuracy, default=None)
     p.add_argument("--quiet", action="store_true", help="accepted for the same command line; no effect")
     p.add_argument("--json", help="write the per-epoch metrics here")
@@ -123,7 +125,10 @@ def main():
         with torch.no_grad():
             ls, correct = 0.0, 0
             for s in range(0, len(vx), args.eval_batch_size):
-                lg = judge(norm(vimg[s: s + args.eval_batch_size]))
+                views = vimg[s: s + args.eval_batch_size]
+                lg = judge(norm(views))
+                if args.tta:
+                    lg = (lg + judge(norm(views.flip(-1)))) / 2
                 lab = vlab[s: s + args.eval_batch_size]
                 ls += float(torch.nn.functional.cross_entropy(lg, lab, reduction="sum"))
                 correct += int((lg.argmax(1) == lab).sum())

@@ -169,6 +169,23 @@ def test_checkpoints_keep_the_moving_average_and_export_uses_it(tmp_path):
     assert "ema" not in ckpt.load(path)[2] and ckpt.weights(p, ckpt.load(path)[2])[1] == "parameters"
 
 
+def test_a_run_resumes_only_with_the_test_time_augmentation_it_was_scored_with(tmp_path, dataset):
+    from lenet import train
+
+    args = train.parser().parse_args(["--data-dir", str(dataset)])
+    config = {**train.config_of(args, dataset, 40), "mean": 0.2, "std": 0.3}
+    path = tmp_path / "checkpoint.npz"
+    ckpt.save(path, P.pack(P.init_host(0)), np.zeros(P.TOTAL, np.float32),
+              {"epoch": 1, "step": 0, "iteration": 1, "config": config, "history": []})
+    refused(run("lenet.train", "--data-dir", str(dataset), "--tta", "--resume", str(path)),
+            "was made with tta=False, this run has tta=True")
+    old = {k: v for k, v in config.items() if k != "tta"}   # written before --tta existed: scored plainly
+    ckpt.save(path, P.pack(P.init_host(0)), np.zeros(P.TOTAL, np.float32),
+              {"epoch": 1, "step": 0, "iteration": 1, "config": old, "history": []})
+    refused(run("lenet.train", "--data-dir", str(dataset), "--tta", "--resume", str(path)),
+            "was made with tta=False, this run has tta=True")
+
+
 def test_background_writer_runs_in_order_and_the_newest_of_a_kind_wins():
     done, gate = [], threading.Event()
     w = Background()

@@ -143,6 +143,42 @@ def test_export_to_torch_same_accuracy_and_predict(dataset, tmp_path, torch_ref)
     assert f"accuracy {100 * ours:.2f}%" in p.stdout, p.stdout
 
 
+def test_test_time_augmentation_in_training_and_predict(dataset, tmp_path, torch_ref):
+    """--tta: the run's accuracy is PyTorch's on the mean of each test image's and its mirror's
+    logits; predict scores the same way by default for that checkpoint, plainly with --no-tta."""
+    torch = torch_ref
+    from torch_lenet import from_state
+
+    from lenet import checkpoint as ckpt
+    from lenet import data
+    from lenet import params as P
+    r = train("--data-dir", str(dataset), "--epochs", "1", "--train-size", "1500", "--lr", "0.05", "--flip", "--tta",
+              "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "test-time mirror" in r.stdout
+    ours = metrics(tmp_path)[-1]["test_accuracy"]
+    params, _, meta = ckpt.load(tmp_path / "checkpoint.npz")
+    assert meta["config"]["tta"] is True
+    mean, std = meta["config"]["mean"], meta["config"]["std"]
+    x, y = data.load_split(dataset, "test")
+    t = from_state(P.unpack(params))
+    with torch.no_grad():
+        xt = torch.as_tensor(np.array(x), device="cuda").float().div(255).sub(mean).div(std).unsqueeze(1)
+        plain = t(xt)
+        both = (plain + t(xt.flip(-1))) / 2
+        acc = {k: float((v.argmax(1).cpu().numpy() == y).mean()) for k, v in (("plain", plain), ("tta", both))}
+    assert abs(acc["tta"] - ours) <= 1 / len(y), (acc, ours)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for flag, want in (([], ours), (["--no-tta"], acc["plain"])):
+        p = subprocess.run([sys.executable, "-m", "lenet.predict", "--checkpoint", str(tmp_path / "checkpoint.npz"),
+                            str(dataset / "t10k-images-idx3-ubyte.gz"), "--labels",
+                            str(dataset / "t10k-labels-idx1-ubyte"), "--show", "0", *flag],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        got = float(p.stdout.split("accuracy ")[1].split("%")[0]) / 100
+        assert abs(got - want) <= 1 / len(y) + 1e-9, (flag, got, want, acc)
+
+
 def test_predict_png(dataset, tmp_path):
     PIL = pytest.importorskip("PIL.Image")
     from lenet import data

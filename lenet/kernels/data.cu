@@ -2,7 +2,8 @@
 //   x[b, r, c] = (pixel / 255 - mean) / std     b < n, r, c < 28
 //   y[b]       = labels[order[start + b]]
 // where, without augmentation (shift == 0, flip == 0), pixel = images[order[start + b], r, c].
-// With augmentation, image b is mirrored left-right (when flip and a hash bit say so) and
+// With augmentation, image b is mirrored left-right (flip == 1: when a hash bit says so, half the
+// images; flip == 2: every image, the mirrored view of test-time augmentation) and
 // translated by (dy, dx) in [-shift, shift]^2, the uncovered border reading 0 (the background):
 //   pixel = image[r - dy, c' - dx],  c' = mirrored ? 27 - c : c
 // The hash is lenet_hash(seed, epoch, start + b): the image's position in the epoch, so a batch
@@ -39,7 +40,7 @@ extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__
         if (shift > 0 || flip) {
             const unsigned int h = lenet_hash(seed, epoch, (unsigned int)(start + b));
             const int dx = (int)(h % span) - shift, dy = (int)((h / span) % span) - shift;
-            if (flip && ((h >> 24) & 1u)) c = 27 - c;
+            if (flip == 2 || (flip == 1 && ((h >> 24) & 1u))) c = 27 - c;
             r -= dy;
             c -= dx;
         }

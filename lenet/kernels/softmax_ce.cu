@@ -1,6 +1,7 @@
 // Softmax cross-entropy, forward and backward in one launch.
 //
-// logits (n, classes) row-major, labels (n,) int32. For each row i:
+// logits (n, classes) row-major, labels (n,) int32; z = logits, or (logits + logits2) / 2 when
+// logits2 is given (test-time augmentation: the mean of two views' logits). For each row i:
 //   m = max_j z_ij,  s = sum_j exp(z_ij - m)
 //   loss_i = (1 - eps) * (log(s) - (z_i,y_i - m)) + eps * (log(s) - mean_j (z_ij - m))
 //   dlogits_ij = (exp(z_ij - m) / s - (1 - eps) * [j == y_i] - eps / classes) * grad_scale
@@ -29,7 +30,9 @@ __device__ __forceinline__ void block_sum(float& v, int& c, float* sv, int* sc) 
 }
 
 extern "C" __global__ void __launch_bounds__(SCE_THREADS)
-softmax_ce_kernel(const float* __restrict__ logits, const int* __restrict__ labels,
+softmax_ce_kernel(const float* __restrict__ logits,
+                  const float* __restrict__ logits2,    // may be null: z = logits
+                  const int* __restrict__ labels,
                   float* __restrict__ dlogits,          // may be null: forward only
                   float* __restrict__ out, int* __restrict__ correct,
                   float* __restrict__ partial_loss, int* __restrict__ partial_correct,
@@ -41,24 +44,27 @@ softmax_ce_kernel(const float* __restrict__ logits, const int* __restrict__ labe
     float loss = 0.f;
     int hits = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float* z = logits + (size_t)i * classes;
+        const float* z1 = logits + (size_t)i * classes;
+        const float* z2 = logits2 ? logits2 + (size_t)i * classes : nullptr;
+        auto z = [&](int j) { return z2 ? (z1[j] + z2[j]) * 0.5f : z1[j]; };
         const int y = labels[i];
-        float m = z[0];
-        int arg = 0;
-        for (int j = 1; j < classes; ++j) if (z[j] > m) { m = z[j]; arg = j; }
-        float s = 0.f, zsum = 0.f;
-        for (int j = 0; j < classes; ++j) { s += expf(z[j] - m); zsum += z[j] - m; }
         const bool ok = y >= 0 && y < classes;
+        float m = z(0);
+        int arg = 0;
+        for (int j = 1; j < classes; ++j) if (z(j) > m) { m = z(j); arg = j; }
+        float s = 0.f, zsum = 0.f;
+        for (int j = 0; j < classes; ++j) { s += expf(z(j) - m); zsum += z(j) - m; }
         const float ls = logf(s);
-        const float li = eps == 0.f ? ls - (z[y] - m)
-                                    : (1.f - eps) * (ls - (z[y] - m)) + eps * (ls - zsum / (float)classes);
+        const float zy = ok ? z(y) : 0.f;
+        const float li = eps == 0.f ? ls - (zy - m)
+                                    : (1.f - eps) * (ls - (zy - m)) + eps * (ls - zsum / (float)classes);
         loss += ok ? li : __int_as_float(0x7fc00000);
         hits += (ok && arg == y) ? 1 : 0;
         if (dlogits) {
             float* d = dlogits + (size_t)i * classes;
             const float inv = 1.f / s, on = 1.f - eps, off = eps / (float)classes;
             for (int j = 0; j < classes; ++j) {
-                float g = expf(z[j] - m) * inv - (j == y ? on : 0.f) - off;
+                float g = expf(z(j) - m) * inv - (j == y ? on : 0.f) - off;
                 d[j] = ok ? g * grad_scale : __int_as_float(0x7fc00000);
             }
         }

@@ -11,7 +11,7 @@ class SoftmaxCrossEntropy:
 class PlannedLoss:
     """``train()``: the mean loss (label-smoothed as the model says) into model.loss_dev, dlogits,
     and the running sum; ``evaluate()``: the summed plain loss and right answers added to the
-    device totals."""
+    device totals, scored on the mean of the logits and ``mean_with`` when given."""
 
     workspace_bytes = 0
 
@@ -27,11 +27,11 @@ class PlannedLoss:
                                    grad_scale=1.0 / n, loss_scale=1.0 / n, running=m.running_loss,
                                    label_smoothing=m.label_smoothing)
 
-    def evaluate(self) -> None:
+    def evaluate(self, mean_with=None) -> None:
         m, n = self.m, self.n
         with m.stream:
             m.sce.forward_backward(self.logits, self.labels, None, m.loss_dev, m.correct_dev, n,
-                                   grad_scale=1.0 / n, loss_scale=1.0, accumulate=True)
+                                   grad_scale=1.0 / n, loss_scale=1.0, accumulate=True, mean_with=mean_with)
 
     def describe(self) -> list[dict]:
         return [{"layer": "loss", "op": "softmax-CE fwd+bwd", "engine": "ours", "algo": "softmax_ce_kernel",

@@ -1,9 +1,11 @@
 """Where the wall clock of one `python -m lenet.train` run goes, phase by phase, exit included.
 
-Runs the trainer in a child process with its main phases wrapped by timers (the dataset's
-reading, the statistics, the GPU check, the model, the uploads, each plan, the first steps,
-each evaluation, the writer's close), reports the gaps between them (imports, mostly), and
-the exit: the child's last timestamp against the parent's clock when the child is gone.
+Runs the trainer in a child process, started as python -m lenet.train starts (the driver's
+thread first, then the imports), with its main phases wrapped by timers (the driver's thread,
+the dataset's reading, the statistics, the wait for the start-up threads, the model, the
+uploads, each plan, the first steps, each evaluation, the writer's close), reports the gaps
+between them (imports, mostly), and the exit: the child's last timestamp against the parent's
+clock when the child is gone.
 
     python3 scripts/probes/train_timeline.py [--json PATH] [--profile plan#1 step#1] -- --data-dir data/fashion-mnist --epochs 30 ...
 """
@@ -11,6 +13,7 @@ the exit: the child's last timestamp against the parent's clock when the child i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -63,34 +66,61 @@ def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
         setattr(owner, name, timed)
 
     events.append(("interpreter + probe imports", 0.0, at()))
-    import descriptors
-    from lenet import background, data, plot, train
+    # As python -m lenet.train does: the driver's thread first, before the imports (timed here).
+    start_driver = cli._start_driver
 
-    wrap(data, "load_split", "read dataset split")
-    wrap(data, "pixel_stats", "pixel statistics", 1)
-    require_gpu = descriptors.require_gpu
+    def timed_driver():
+        t0 = at()
+        try:
+            start_driver()
+        finally:
+            events.append(("driver thread: cuInit + primary context", t0, at()))
 
-    def require_gpu_then_wrap():   # lenet.model is imported by now (cli.starting): time its parts
+    cli._start_driver = timed_driver
+    cli.start_gpu_driver()
+    starting = cli.starting
+
+    @contextlib.contextmanager
+    def timed_starting(engine):
+        t0 = at()
+        with starting(engine) as start:
+            yield start
+            events.append(("main thread: prepare (data, checks)", t0, at()))
+            t1 = at()
+        events.append(("main thread waits for driver + imports", t1, at()))
+        ready = start.ready
+
+        def timed_ready():
+            t2 = at()
+            ready()
+            events.append(("main thread waits for runtime + first graph", t2, at()))
+        start.ready = timed_ready
+        # The preload thread has imported descriptors and lenet.model by now: time their parts.
+        import descriptors
         from lenet import model as lenet_model
 
+        wrap(descriptors, "require_gpu", "require_gpu (driver, device)", 1)
         wrap(lenet_model.LeNet, "__init__", "LeNet(...) (context, handles, buffers)", 1)
         wrap(data.GpuDataset, "__init__", "GpuDataset upload")
         wrap(lenet_model.LeNet, "plan", "plan", 4)
         wrap(lenet_model.LeNet, "step", "step (host time)", 3)
         wrap(lenet_model.LeNet, "evaluate", "evaluate", 2)
-        return require_gpu()
 
-    descriptors.require_gpu = require_gpu_then_wrap
-    wrap(descriptors, "require_gpu", "require_gpu (driver, device)", 1)
+    cli.starting = timed_starting
+    from lenet import background, data, plot, train
+
+    wrap(data, "load_split", "read dataset split")
+    wrap(data, "pixel_stats", "pixel statistics", 1)
     wrap(background.Background, "close", "writer close", 1)
     wrap(plot.Plotter, "__init__", "Plotter (spawns the child)", 1)
     wrap(plot.Plotter, "close", "Plotter close (waits for the last drawing)", 1)
-    events.append(("import lenet.train, data, descriptors", events[0][2], at()))
+    events.append(("import lenet.train, data", events[0][2], at()))
     t0 = at()
     try:
         code = train.main(train_args)
     finally:
         events.append(("train.main total", t0, at()))
+        events += [(label, t - t_start, t - t_start) for label, t in cli.MARKS]
         Path(events_path).write_text(json.dumps({"events": events, "end": at(), "profiles": profiles}))
     sys.exit(code) if os.environ.get("PROBE_SLOW_EXIT") else cli.leave(code)   # cli.leave: as the programs
 
