@@ -47,6 +47,13 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D102
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def exit(self, status=0, message=None):  # noqa: D102
+        if not _started_early:
+            super().exit(status, message)
+        if message:
+            sys.stderr.write(message)
+        leave(status)   # start_gpu's threads may be inside an import or a CUDA call
+
 
 def byte_size(text: str) -> int:
     """'1048576', '64M', '1.5G', '512k' -> bytes."""
@@ -168,62 +175,102 @@ def start_gpu_driver() -> threading.Thread:
     return _driver_thread
 
 
-class Start:
-    """What ``starting`` yields. ``ready()`` waits for the rest of the start-up thread's work
-    (the CUDA runtime's start and a first cuDNN graph): call it before planning a model."""
+class _Preload:
+    """The thread running lenet.model.preload, and the engine it waits for."""
 
-    def __init__(self, thread: threading.Thread):
-        self._thread = thread
+    def __init__(self):
+        self.engine: str | None = None
+        self.engine_known = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="lenet-imports", daemon=True)
 
-    def ready(self) -> None:
-        self._thread.join()
+    def _run(self) -> None:
+        try:
+            # Third-party modules and lenet.blas first: the program's own thread imports descriptors
+            # while it parses its flags, so this one imports ours only once told the engine.
+            import cupy
+
+            from . import blas
+
+            blas.binding("cublas")
+            blas.binding("cublasLt")
+            mark("preload thread: CuPy, cuBLAS bindings imported")
+            driver = start_gpu_driver()
+            driver.join()
+            try:
+                cupy.cuda.runtime.free(0)
+                mark("preload thread: CUDA runtime started")
+            except Exception:   # noqa: BLE001 (no GPU: require_gpu() says so, in its turn)
+                pass
+            self.engine_known.wait()
+            from .model import preload
+
+            preload(self.engine, gpu=driver)
+        except Exception:   # noqa: BLE001 (raised again where the program does this itself)
+            return
+
+
+_preload: _Preload | None = None
+_started_early = False
+
+
+def _start_preload() -> _Preload:
+    global _preload
+    start_gpu_driver()
+    if _preload is None:
+        _preload = _Preload()
+        _preload.thread.start()
+    return _preload
+
+
+def start_gpu() -> None:
+    """What a program runs first, before its own imports: the driver's thread, and the thread
+    that imports the GPU stack and starts the CUDA runtime (Note [overlapped start-up]). Once
+    per process; ``starting`` then tells it the engine, after the flags are parsed. From here
+    on, the program's parser
+    leaves without the interpreter's teardown (--help, a bad flag): these threads may be inside
+    an import or a CUDA call."""
+    global _started_early
+    _started_early = True
+    _start_preload()
 
 
 @contextlib.contextmanager
 def starting(engine: str):
-    """``with starting(args.engine) as start: ...``: start the GPU's driver and context, and
-    import what a model planned for ``engine`` loads (lenet.model.preload), on threads while the
-    block runs (reading and checking a dataset, say); when the block ends, wait for the driver
-    and the imports. The thread then goes on to start the CUDA runtime and build a first cuDNN
-    graph while the program builds its model and uploads its data: ``start.ready()`` before
-    planning.
+    """``with starting(args.engine): ...``: start the GPU's driver and context, and import what a
+    model planned for ``engine`` loads (lenet.model.preload), on threads while the block runs
+    (reading and checking a dataset, say), unless start_gpu() started them already; wait for
+    both when the block ends.
 
     Note [overlapped start-up]: a training run's start-up is CPU work that holds the GIL (the
     imports of NumPy, CuPy, libcudnn, cuBLAS, the graph API's frontend) beside work that
-    releases it: inflating the gzipped dataset, and cuInit plus the primary context, 0.3-0.5 s
-    on an H100 machine. None of it depends on the rest until the model is built, so the driver
-    starts first (python -m lenet.train starts it before its own imports) through ctypes alone,
-    the imports run on a second thread, then the CUDA runtime's start and a first cuDNN graph
-    there (lenet.model.preload), and the main thread reads the data, then builds the model
-    and uploads the data. Only that second thread imports our packages and CuPy until its
-    imports are done (the block's end waits for them): two threads importing one package whose
-    modules import each other can meet Python's import-deadlock guard, which hands one of them
-    a partially initialized module (seen once: "cannot import name 'Handle' from partially
-    initialized module 'descriptors.handle'"). Every failure on those threads is swallowed:
-    the program's own import, its require_gpu() and its first CUDA call raise it where they
+    releases it: reading the dataset, cuInit plus the primary context (0.27 s on an H100
+    machine), the CUDA runtime's start (0.11 s), the dynamic libraries' loading. None of it
+    depends on the rest until the model is built, so python -m lenet.train starts two threads
+    before its own imports (start_gpu): the driver's, through ctypes alone, and one that
+    imports CuPy and the cuBLAS bindings, starts the runtime once the driver is up, then, told
+    the engine by this block, imports libcudnn's wrappers (descriptors) and the graph API's
+    frontend and builds a first cuDNN graph (lenet.model.preload; a process's first graph pays
+    ~0.2 s of set-up). The main thread meanwhile does its own imports, parses the flags
+    (which imports descriptors) and reads the data. The two threads never import a module of
+    ours at the same time: two threads importing one package whose modules import each other
+    can meet Python's import-deadlock guard, which hands one of them a partially initialized
+    module (seen once: "cannot import name 'Handle' from partially initialized module
+    'descriptors.handle'"; seen again as "KeyError: 'descriptors'" when the preload thread
+    imported descriptors while the flags were parsed). Every failure on those threads is swallowed: the
+    program's own import, its require_gpu() and its first CUDA call raise it where they
     always did, after the checks in the block, so a bad dataset is still reported before a
-    missing GPU. Measured phases: scripts/probes/train_timeline.py (``mark`` above)."""
+    missing GPU. Building the model on the main thread while the preload thread started the
+    runtime and built its first graph gained nothing: the two wait for each other
+    (scripts/probes/train_timeline.py, which prints the phases ``mark`` records)."""
 
-    driver = start_gpu_driver()
-    imported = threading.Event()
-
-    def run() -> None:
-        try:
-            from .model import preload
-
-            preload(engine, gpu=driver, imported=imported)
-        except Exception:   # noqa: BLE001 (raised again where the program does this itself)
-            return
-        finally:
-            imported.set()
-
-    thread = threading.Thread(target=run, name="lenet-imports", daemon=True)
-    thread.start()
+    pre = _start_preload()
+    pre.engine = engine
+    pre.engine_known.set()
     try:
-        yield Start(thread)
+        yield
     finally:
-        imported.wait()
-        driver.join()
+        pre.thread.join()
+        start_gpu_driver().join()
 
 
 def algo_spec(text: str) -> str:

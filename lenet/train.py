@@ -25,10 +25,10 @@ and resumed ends bit-identical to an uninterrupted one.
 
 from __future__ import annotations
 
-if __name__ == "__main__":   # python -m lenet.train: the GPU's driver starts before the imports below
-    from lenet.cli import start_gpu_driver   # (Note [overlapped start-up] in lenet/cli.py)
+if __name__ == "__main__":   # python -m lenet.train: the GPU's start-up threads begin before the imports below
+    from lenet.cli import start_gpu   # (Note [overlapped start-up] in lenet/cli.py)
 
-    start_gpu_driver()
+    start_gpu()
 
 import json
 import math
@@ -258,7 +258,7 @@ def prepare(args) -> dict:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
-    with cli.starting(args.engine) as start:   # Note [overlapped start-up]
+    with cli.starting(args.engine):   # Note [overlapped start-up]
         run = prepare(args)   # everything that needs no GPU, first
     from descriptors import require_gpu
 
@@ -285,7 +285,6 @@ def main(argv=None) -> int:
     sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma,
                      warmup=round(args.warmup_epochs * steps))
     # Plan every batch size the run will use now, so the search stays out of the epochs.
-    start.ready()
     for n in {B if train.size >= B else train.size, train.size - (steps - 1) * B,
               min(args.eval_batch_size, test.size), test.size % args.eval_batch_size or args.eval_batch_size}:
         model.plan(n)

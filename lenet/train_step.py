@@ -8,10 +8,10 @@ the exact reference; the workspace total, the loss before and after, and the mea
 
 from __future__ import annotations
 
-if __name__ == "__main__":   # python -m lenet.train_step: the GPU's driver starts before the imports below
-    from lenet.cli import start_gpu_driver   # (Note [overlapped start-up] in lenet/cli.py)
+if __name__ == "__main__":   # python -m lenet.train_step: the GPU's start-up threads begin before the imports below
+    from lenet.cli import start_gpu   # (Note [overlapped start-up] in lenet/cli.py)
 
-    start_gpu_driver()
+    start_gpu()
 
 import json
 
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     policy = cli.policy_from(args)
     if args.dump:
         files.check_output_file(args.dump, "--dump")
-    with cli.starting(args.engine) as start:   # Note [overlapped start-up]
+    with cli.starting(args.engine):   # Note [overlapped start-up]
         x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
 
@@ -85,7 +85,6 @@ def main(argv=None) -> int:
     model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph,
                   fused=args.fused, plan_cache=args.plan_cache)
     n = model.load_batch(x, y)
-    start.ready()
     before = model.state_dict()
     stream = model.stream
 

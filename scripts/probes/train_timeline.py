@@ -66,7 +66,7 @@ def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
         setattr(owner, name, timed)
 
     events.append(("interpreter + probe imports", 0.0, at()))
-    # As python -m lenet.train does: the driver's thread first, before the imports (timed here).
+    # As python -m lenet.train does: the start-up threads first, before the imports (timed here).
     start_driver = cli._start_driver
 
     def timed_driver():
@@ -77,24 +77,17 @@ def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
             events.append(("driver thread: cuInit + primary context", t0, at()))
 
     cli._start_driver = timed_driver
-    cli.start_gpu_driver()
+    cli.start_gpu()
     starting = cli.starting
 
     @contextlib.contextmanager
     def timed_starting(engine):
         t0 = at()
-        with starting(engine) as start:
-            yield start
+        with starting(engine):
+            yield
             events.append(("main thread: prepare (data, checks)", t0, at()))
             t1 = at()
-        events.append(("main thread waits for driver + imports", t1, at()))
-        ready = start.ready
-
-        def timed_ready():
-            t2 = at()
-            ready()
-            events.append(("main thread waits for runtime + first graph", t2, at()))
-        start.ready = timed_ready
+        events.append(("main thread waits for driver + preload", t1, at()))
         # The preload thread has imported descriptors and lenet.model by now: time their parts.
         import descriptors
         from lenet import model as lenet_model
