@@ -176,35 +176,22 @@ def start_gpu_driver() -> threading.Thread:
 
 
 class _Preload:
-    """The thread running lenet.model.preload, and the engine it waits for."""
+    """The thread running lenet.startup.preload, and the engine it waits for."""
 
     def __init__(self):
         self.engine: str | None = None
         self.engine_known = threading.Event()
         self.thread = threading.Thread(target=self._run, name="lenet-imports", daemon=True)
 
+    def _engine(self) -> str:
+        self.engine_known.wait()
+        return self.engine
+
     def _run(self) -> None:
         try:
-            # Third-party modules and lenet.blas first: the program's own thread imports descriptors
-            # while it parses its flags, so this one imports ours only once told the engine.
-            import cupy
+            from .startup import preload
 
-            from . import blas
-
-            blas.binding("cublas")
-            blas.binding("cublasLt")
-            mark("preload thread: CuPy, cuBLAS bindings imported")
-            driver = start_gpu_driver()
-            driver.join()
-            try:
-                cupy.cuda.runtime.free(0)
-                mark("preload thread: CUDA runtime started")
-            except Exception:   # noqa: BLE001 (no GPU: require_gpu() says so, in its turn)
-                pass
-            self.engine_known.wait()
-            from .model import preload
-
-            preload(self.engine, gpu=driver)
+            preload(self._engine, gpu=start_gpu_driver())
         except Exception:   # noqa: BLE001 (raised again where the program does this itself)
             return
 
@@ -226,9 +213,8 @@ def start_gpu() -> None:
     """What a program runs first, before its own imports: the driver's thread, and the thread
     that imports the GPU stack and starts the CUDA runtime (Note [overlapped start-up]). Once
     per process; ``starting`` then tells it the engine, after the flags are parsed. From here
-    on, the program's parser
-    leaves without the interpreter's teardown (--help, a bad flag): these threads may be inside
-    an import or a CUDA call."""
+    on, the program's parser leaves without the interpreter's teardown (--help, a bad flag):
+    these threads may be inside an import or a CUDA call."""
     global _started_early
     _started_early = True
     _start_preload()
@@ -237,7 +223,7 @@ def start_gpu() -> None:
 @contextlib.contextmanager
 def starting(engine: str):
     """``with starting(args.engine): ...``: start the GPU's driver and context, and import what a
-    model planned for ``engine`` loads (lenet.model.preload), on threads while the block runs
+    model planned for ``engine`` loads (lenet.startup.preload), on threads while the block runs
     (reading and checking a dataset, say), unless start_gpu() started them already; wait for
     both when the block ends.
 
@@ -249,18 +235,18 @@ def starting(engine: str):
     before its own imports (start_gpu): the driver's, through ctypes alone, and one that
     imports CuPy and the cuBLAS bindings, starts the runtime once the driver is up, then, told
     the engine by this block, imports libcudnn's wrappers (descriptors) and the graph API's
-    frontend and builds a first cuDNN graph (lenet.model.preload; a process's first graph pays
+    frontend and builds a first cuDNN graph (lenet.startup.preload; a process's first graph pays
     ~0.2 s of set-up). The main thread meanwhile does its own imports, parses the flags
-    (which imports descriptors) and reads the data. The two threads never import a module of
-    ours at the same time: two threads importing one package whose modules import each other
+    (which imports descriptors) and reads the data. The two threads never import the same
+    module of ours at the same time: two threads importing one package whose modules import each other
     can meet Python's import-deadlock guard, which hands one of them a partially initialized
     module (seen once: "cannot import name 'Handle' from partially initialized module
     'descriptors.handle'"; seen again as "KeyError: 'descriptors'" when the preload thread
-    imported descriptors while the flags were parsed). Every failure on those threads is swallowed: the
-    program's own import, its require_gpu() and its first CUDA call raise it where they
-    always did, after the checks in the block, so a bad dataset is still reported before a
-    missing GPU. Building the model on the main thread while the preload thread started the
-    runtime and built its first graph gained nothing: the two wait for each other
+    imported descriptors while the flags were parsed). Every failure on those threads is
+    swallowed: the program's own import, its require_gpu() and its first CUDA call raise it
+    where they always did, after the checks in the block, so a bad dataset is still reported
+    before a missing GPU. Building the model on the main thread while the preload thread
+    started the runtime and built its first graph gained nothing: the two wait for each other
     (scripts/probes/train_timeline.py, which prints the phases ``mark`` records)."""
 
     pre = _start_preload()

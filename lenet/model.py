@@ -34,41 +34,6 @@ CLASSES = 10
 IMAGE = (1, 28, 28)
 
 
-def preload(engine: str = "auto", gpu=None) -> None:
-    """Import what building and planning a model loads: this module's (CuPy, libcudnn), the
-    cuBLAS and cuBLASLt bindings; once the thread ``gpu`` (cli.start_gpu_driver's) has started
-    the driver, start the CUDA runtime (0.1 s; require_gpu() finds the answer cached); then,
-    unless ``engine`` is legacy, import the graph API's frontend and build and drop one tiny
-    graph with one plan: a process's first cuDNN graph pays ~0.2 s of one-time set-up, later
-    ones ~12 ms (scripts/probes/first_graph.py). A program runs this on a thread while it
-    reads its data (Note [overlapped start-up] in lenet/cli.py)."""
-    from descriptors.graph import ConvGraph, available
-    from descriptors.handle import gpu_status
-
-    from . import blas
-    from .cli import mark
-
-    blas.binding("cublas")
-    blas.binding("cublasLt")
-    mark("preload thread: descriptors, lenet.model imported")
-    up = False
-    if gpu is not None:
-        gpu.join()
-        up = gpu_status()[0]
-    if up:
-        import cupy
-
-        cupy.cuda.runtime.free(0)
-    if engine == "legacy" or not available()[0]:   # imports the frontend (once: cached)
-        return
-    mark("preload thread: frontend imported")
-    if up:
-        h = Handle()
-        ConvGraph(h, "fwd", (1, 1, 4, 4), (1, 1, 1, 1), only=0).close()
-        h.close()
-        mark("preload thread: first cuDNN graph built")
-
-
 def check_batch(x, y, max_batch: int) -> int:
     """Validate a host batch; return n. One-line ValueErrors, before any GPU work."""
     x_shape = tuple(getattr(x, "shape", ()) or ())

@@ -42,26 +42,12 @@ def _pyplot():
     return plt
 
 
-def draw(path: Path, history: list[dict]) -> None:
-    """Loss and test accuracy per epoch, as a PNG written atomically at ``path``."""
-    files.write_atomic(path, render(history))
-
-
-def render(history: list[dict]) -> bytes:
-    """The PNG's bytes."""
-    curves = Curves()
-    try:
-        return curves.png(history)
-    finally:
-        curves.close()
-
-
 class Curves:
-    """The figure, made once: each ``png(history)`` moves its lines' data and draws again, which
-    costs about half of making the figure anew (the child draws with one of these)."""
+    """Loss and test accuracy per epoch. The figure is made once: each ``png(history)`` moves its
+    lines' data and draws again, which costs about half of making the figure anew."""
 
     def __init__(self):
-        self._plt = plt = _pyplot()
+        plt = _pyplot()
         self.fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
         self.axes = (a, b)
         (self.train,) = a.plot([], [], "o-", label="train")
@@ -83,9 +69,6 @@ class Curves:
         buf = io.BytesIO()
         self.fig.savefig(buf, format="png", dpi=100, pil_kwargs={"compress_level": 1})   # 6 (default): +10 ms
         return buf.getvalue()
-
-    def close(self) -> None:
-        self._plt.close(self.fig)
 
 
 class Plotter:
