@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import sys
-import threading
-import time
+
+from . import startup
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -48,7 +47,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
     def exit(self, status=0, message=None):  # noqa: D102
-        if not _started_early:
+        if not startup.started_early():
             super().exit(status, message)
         if message:
             sys.stderr.write(message)
@@ -122,141 +121,6 @@ def accuracy(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid accuracy {text!r}: use a fraction in (0, 1] or a percentage "
                                          f"in (0, 100], e.g. 0.91 or 91%")
     return v
-
-
-def process_seconds() -> float:
-    """Seconds since this process started (Linux: from /proc; elsewhere since lenet.cli was imported)."""
-    try:
-        with open("/proc/self/stat") as f:
-            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return time.perf_counter() - _IMPORTED
-
-
-_IMPORTED = time.perf_counter()
-
-
-_driver_thread: threading.Thread | None = None
-
-# (label, time.perf_counter()) as each start-up thread finishes a phase: what
-# scripts/probes/train_timeline.py prints beside its own timers (appending costs nothing).
-MARKS: list[tuple[str, float]] = []
-
-
-def mark(label: str) -> None:
-    MARKS.append((label, time.perf_counter()))
-
-
-def _start_driver() -> None:
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        if cuda.cuInit(0) != 0 or cuda.cuDeviceGet(ctypes.byref(dev), 0) != 0:
-            return
-        cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)   # the context CuPy's runtime will use
-        mark("driver thread: cuInit + primary context done")
-    except (OSError, AttributeError):   # no driver: require_gpu() says so, in its turn
-        pass
-
-
-def start_gpu_driver() -> threading.Thread:
-    """Start CUDA's driver and create GPU 0's primary context on a thread, once per process
-    (see Note [overlapped start-up]); returns that thread. ctypes releases the GIL for the
-    driver's calls, so the imports and the dataset's reading go on meanwhile."""
-    global _driver_thread
-    if _driver_thread is None:
-        _driver_thread = threading.Thread(target=_start_driver, name="lenet-cuda-init", daemon=True)
-        _driver_thread.start()
-    return _driver_thread
-
-
-class _Preload:
-    """The thread running lenet.startup.preload, and the engine it waits for."""
-
-    def __init__(self):
-        self.engine: str | None = None
-        self.engine_known = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="lenet-imports", daemon=True)
-
-    def _engine(self) -> str:
-        self.engine_known.wait()
-        return self.engine
-
-    def _run(self) -> None:
-        try:
-            from .startup import preload
-
-            preload(self._engine, gpu=start_gpu_driver())
-        except Exception:   # noqa: BLE001 (raised again where the program does this itself)
-            return
-
-
-_preload: _Preload | None = None
-_started_early = False
-
-
-def _start_preload() -> _Preload:
-    global _preload
-    start_gpu_driver()
-    if _preload is None:
-        _preload = _Preload()
-        _preload.thread.start()
-    return _preload
-
-
-def start_gpu() -> None:
-    """What a program runs first, before its own imports: the driver's thread, and the thread
-    that imports the GPU stack and starts the CUDA runtime (Note [overlapped start-up]). Once
-    per process; ``starting`` then tells it the engine, after the flags are parsed. From here
-    on, the program's parser leaves without the interpreter's teardown (--help, a bad flag):
-    these threads may be inside an import or a CUDA call."""
-    global _started_early
-    _started_early = True
-    _start_preload()
-
-
-@contextlib.contextmanager
-def starting(engine: str):
-    """``with starting(args.engine): ...``: start the GPU's driver and context, and import what a
-    model planned for ``engine`` loads (lenet.startup.preload), on threads while the block runs
-    (reading and checking a dataset, say), unless start_gpu() started them already; wait for
-    both when the block ends.
-
-    Note [overlapped start-up]: a training run's start-up is CPU work that holds the GIL (the
-    imports of NumPy, CuPy, libcudnn, cuBLAS, the graph API's frontend) beside work that
-    releases it: reading the dataset, cuInit plus the primary context (0.27 s on an H100
-    machine), the CUDA runtime's start (0.11 s), the dynamic libraries' loading. None of it
-    depends on the rest until the model is built, so python -m lenet.train starts two threads
-    before its own imports (start_gpu): the driver's, through ctypes alone, and one that
-    imports CuPy and the cuBLAS bindings, starts the runtime once the driver is up, then, told
-    the engine by this block, imports libcudnn's wrappers (descriptors) and the graph API's
-    frontend and builds a first cuDNN graph (lenet.startup.preload; a process's first graph pays
-    ~0.2 s of set-up). The main thread meanwhile does its own imports, parses the flags
-    (which imports descriptors) and reads the data. The two threads never import the same
-    module of ours at the same time: two threads importing one package whose modules import each other
-    can meet Python's import-deadlock guard, which hands one of them a partially initialized
-    module (seen once: "cannot import name 'Handle' from partially initialized module
-    'descriptors.handle'"; seen again as "KeyError: 'descriptors'" when the preload thread
-    imported descriptors while the flags were parsed). Every failure on those threads is
-    swallowed: the program's own import, its require_gpu() and its first CUDA call raise it
-    where they always did, after the checks in the block, so a bad dataset is still reported
-    before a missing GPU. Building the model on the main thread while the preload thread
-    started the runtime and built its first graph gained nothing: the two wait for each other
-    (scripts/probes/train_timeline.py, which prints the phases ``mark`` records)."""
-
-    pre = _start_preload()
-    pre.engine = engine
-    pre.engine_known.set()
-    try:
-        yield
-    finally:
-        pre.thread.join()
-        start_gpu_driver().join()
 
 
 def algo_spec(text: str) -> str:

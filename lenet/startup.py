@@ -1,23 +1,188 @@
-"""What a program's start-up thread does while its main thread imports, parses its flags and
-reads its data (Note [overlapped start-up] in lenet/cli.py, which runs it)."""
+"""A program's start-up threads: the CUDA driver and cuDNN's one-time set-up on one, the GPU
+stack's imports on another, while the main thread imports, parses its flags and reads its data
+(Note [overlapped start-up]). Imports nothing heavy itself: python -m lenet.train imports it
+first of all.
+
+Note [overlapped start-up]: a training run's start-up is CPU work that holds the GIL (the
+imports of NumPy, CuPy, libcudnn's wrappers, cuBLAS's bindings, the graph API's frontend; the
+frontend's calls, which keep the GIL in C++) beside work that can let go of it: reading the
+dataset, cuInit plus the primary context (0.27 s on an H100 machine), cuDNN's one-time set-up
+when it is reached through ctypes (Note [cuDNN's first call]). None of it depends on the rest
+until the model is built, so python -m lenet.train starts two threads before its own imports
+(start_gpu):
+
+- the driver's, through ctypes alone: cuInit and GPU 0's primary context, then cuDNN's
+  one-time set-up (_driver_main);
+- the imports' (preload): cuda.pathfinder and libcudnn's location, which it hands to the
+  driver's thread; CuPy and the cuBLAS bindings; the CUDA runtime, once the context is up;
+  then, told the engine after the flags are parsed (``starting``), libcudnn's wrappers
+  (descriptors), lenet.model and the frontend, and a first tiny graph.
+
+The main thread meanwhile does its own imports, parses the flags (which imports descriptors)
+and reads the data. The two threads never import the same module of ours at the same time:
+two threads importing one package whose modules import each other can meet Python's
+import-deadlock guard, which hands one of them a partially initialized module (seen once:
+"cannot import name 'Handle' from partially initialized module 'descriptors.handle'"; seen
+again as "KeyError: 'descriptors'" when the preload thread imported descriptors while the flags
+were parsed); the driver's thread imports nothing that way. Every failure on those threads is
+swallowed: the program's own import, its require_gpu() and its first CUDA call raise it where
+they always did, after the checks in the ``starting`` block, so a bad dataset is still
+reported before a missing GPU. Building the model on the main thread while the preload
+thread built its first graph gained nothing: the two wait for each other
+(scripts/probes/train_timeline.py, which prints the phases ``mark`` records).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import threading
+import time
 
-from .cli import mark
+_IMPORTED = time.perf_counter()
 
 
-def preload(engine, gpu=None) -> None:
-    """In order: import CuPy and the cuBLAS and cuBLASLt bindings; once the thread ``gpu``
-    (cli.start_gpu_driver's) has started the driver, start the CUDA runtime (0.1 s); then call
-    ``engine()``, which waits until the program has parsed its flags and returns the engine's
-    name. Only then import our libcudnn wrappers (descriptors) and lenet.model: the flag parse
-    imports descriptors on the main thread, and two threads importing one package at once meet
-    Python's import-deadlock guard. Then record the GPU's status (require_gpu() finds it
-    cached) and, unless the engine is legacy, import the graph API's frontend and build and
-    drop one tiny graph with one plan: a process's first cuDNN graph pays ~0.2 s of one-time
-    set-up, later ones ~12 ms (scripts/probes/first_graph.py)."""
+def process_seconds() -> float:
+    """Seconds since this process started (Linux: from /proc; elsewhere since lenet.startup was imported)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+# (label, time.perf_counter()) as each start-up thread finishes a phase: what
+# scripts/probes/train_timeline.py prints beside its own timers (appending costs nothing).
+MARKS: list[tuple[str, float]] = []
+
+
+def mark(label: str) -> None:
+    MARKS.append((label, time.perf_counter()))
+
+
+# ---------------------------------------------------------------- the driver's thread
+
+_driver_thread: threading.Thread | None = None
+_context_up = threading.Event()    # set once the driver's thread is past the context (made or not)
+_cudnn_path: list[str | None] = []  # libcudnn's path as cuda.pathfinder resolves it, or [None]
+_cudnn_found = threading.Event()
+
+
+def start_context() -> bool:
+    """cuInit and GPU 0's primary context (the one CuPy's runtime will use), through ctypes
+    alone; False when there is no driver or no GPU (require_gpu() says so, in its turn)."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+        return (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+                and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def _driver_main() -> None:
+    try:
+        up = start_context()
+        if up:
+            mark("driver thread: cuInit + primary context done")
+    finally:
+        _context_up.set()
+    _cudnn_found.wait()
+    if up and _cudnn_path[0] is not None:
+        try:
+            if warm_cudnn(_cudnn_path[0]):
+                mark("driver thread: cuDNN's one-time set-up done")
+        except (OSError, AttributeError):
+            pass
+
+
+def warm_cudnn(path: str) -> bool:
+    """Pay cuDNN's one-time set-up now, through ctypes (which lets go of the GIL): a handle and
+    the descriptor API's heuristic query for a 1x1 convolution, all destroyed again. True when
+    the query ran; False when a call failed (no GPU: cudnnCreate fails), which the program's
+    own calls then report.
+
+    Note [cuDNN's first call]: a process's first cuDNN query that lists engines, whether the
+    descriptor API's heuristic or the graph API's ``create_execution_plans``, takes ~0.2 s on an
+    H100 machine; later ones take milliseconds. Through the frontend that time holds the GIL
+    (pybind11 keeps it in C++), so the preload thread's first graph stalled every other thread;
+    building it on a thread of its own beside CuPy's import gained nothing. Through ctypes it
+    does not: the same set-up paid here, beside CuPy's import, left the first graph's plans
+    ~5 ms (scripts/probes/warm_overlap.py, modes chain and legacy). cuDNN guards the set-up
+    itself: a frontend call that arrives meanwhile waits for it. The prototypes are declared
+    here rather than taken from descriptors._lib: this thread must not import descriptors
+    (Note [overlapped start-up]); ``path`` is the libcudnn that descriptors._lib loads too."""
+    import ctypes
+
+    lib = ctypes.CDLL(path)
+    vp, i, ip, pvp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_void_p)
+
+    def fn(name, *argtypes):
+        f = getattr(lib, name)
+        f.restype, f.argtypes = ctypes.c_int, list(argtypes)
+        return f
+
+    handle, x, y, w, conv = vp(), vp(), vp(), vp(), vp()
+    made = []
+    try:
+        for create, obj in (("cudnnCreate", handle), ("cudnnCreateTensorDescriptor", x),
+                            ("cudnnCreateTensorDescriptor", y), ("cudnnCreateFilterDescriptor", w),
+                            ("cudnnCreateConvolutionDescriptor", conv)):
+            if fn(create, pvp)(ctypes.byref(obj)) != 0:
+                return False
+            made.append((create.replace("Create", "Destroy"), obj))
+        nchw, f32, cross_correlation = 0, 0, 1   # CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, CUDNN_CROSS_CORRELATION
+        set4d = fn("cudnnSetTensor4dDescriptor", vp, i, i, i, i, i, i)
+        if (set4d(x, nchw, f32, 1, 1, 4, 4) or set4d(y, nchw, f32, 1, 1, 4, 4)
+                or fn("cudnnSetFilter4dDescriptor", vp, i, i, i, i, i, i)(w, f32, nchw, 1, 1, 1, 1)
+                or fn("cudnnSetConvolution2dDescriptor", vp, *[i] * 8)(conv, 0, 0, 1, 1, 1, 1, cross_correlation, f32)):
+            return False
+        returned = ctypes.c_int()
+        perf = ctypes.create_string_buffer(64 * 8)   # 8 cudnnConvolutionFwdAlgoPerf_t (48 bytes each)
+        return fn("cudnnGetConvolutionForwardAlgorithm_v7", vp, vp, vp, vp, vp, i, ip, vp)(
+            handle, x, w, conv, y, 8, ctypes.byref(returned), perf) == 0 and returned.value > 0
+    finally:
+        for destroy, obj in reversed(made):
+            fn(destroy, vp)(obj)
+
+
+def start_gpu_driver() -> threading.Thread:
+    """Start CUDA's driver, create GPU 0's primary context and pay cuDNN's one-time set-up on a
+    thread, once per process (Note [overlapped start-up]); returns that thread. ctypes releases
+    the GIL for the driver's and cuDNN's calls, so the imports and the dataset's reading go on
+    meanwhile. cuDNN's part waits for the preload thread to locate libcudnn."""
+    global _driver_thread
+    if _driver_thread is None:
+        _driver_thread = threading.Thread(target=_driver_main, name="lenet-cuda-init", daemon=True)
+        _driver_thread.start()
+    return _driver_thread
+
+
+# ---------------------------------------------------------------- the imports' thread
+
+def preload(engine, driver: threading.Thread | None = None) -> None:
+    """In order: locate libcudnn through cuda.pathfinder and hand its path to the driver's
+    thread; import CuPy and the cuBLAS and cuBLASLt bindings; once the driver's thread has the
+    context, start the CUDA runtime; then call ``engine()``, which waits until the program has
+    parsed its flags and returns the engine's name. Only then import our libcudnn wrappers
+    (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Then
+    record the GPU's status (require_gpu() finds it cached) and, unless the engine is legacy,
+    import the graph API's frontend, wait for cuDNN's one-time set-up on the driver's thread
+    (Note [cuDNN's first call]) and build and drop one tiny graph with one plan."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        _cudnn_path.append(load_nvidia_dynamic_lib("cudnn").abs_path)
+    except Exception:   # noqa: BLE001 (descriptors._lib says what is missing, in its turn)
+        _cudnn_path.append(None)
+    finally:
+        _cudnn_found.set()
     import cupy
 
     from . import blas
@@ -25,8 +190,8 @@ def preload(engine, gpu=None) -> None:
     blas.binding("cublas")
     blas.binding("cublasLt")
     mark("preload thread: CuPy, cuBLAS bindings imported")
-    if gpu is not None:
-        gpu.join()
+    if driver is not None:
+        _context_up.wait()
         try:
             cupy.cuda.runtime.free(0)
             mark("preload thread: CUDA runtime started")
@@ -40,12 +205,77 @@ def preload(engine, gpu=None) -> None:
     importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
 
     mark("preload thread: descriptors, lenet.model imported")
-    up = gpu is not None and gpu_status()[0]
+    up = driver is not None and gpu_status()[0]
     if name == "legacy" or not available()[0]:   # imports the frontend (once: cached)
         return
     mark("preload thread: frontend imported")
     if up:
+        driver.join()   # a frontend call holds the GIL while it waits for cuDNN's set-up
         h = Handle()
         ConvGraph(h, "fwd", (1, 1, 4, 4), (1, 1, 1, 1), only=0).close()
         h.close()
         mark("preload thread: first cuDNN graph built")
+
+
+class _Preload:
+    """The thread running ``preload``, and the engine it waits for."""
+
+    def __init__(self):
+        self.engine: str | None = None
+        self.engine_known = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="lenet-imports", daemon=True)
+
+    def _engine(self) -> str:
+        self.engine_known.wait()
+        return self.engine
+
+    def _run(self) -> None:
+        try:
+            preload(self._engine, driver=start_gpu_driver())
+        except Exception:   # noqa: BLE001 (raised again where the program does this itself)
+            return
+
+
+_preload: _Preload | None = None
+_started_early = False
+
+
+def _start_preload() -> _Preload:
+    global _preload
+    start_gpu_driver()
+    if _preload is None:
+        _preload = _Preload()
+        _preload.thread.start()
+    return _preload
+
+
+def start_gpu() -> None:
+    """What a program runs first, before its own imports: the driver's thread, and the thread
+    that imports the GPU stack and starts the CUDA runtime (Note [overlapped start-up]). Once
+    per process; ``starting`` then tells it the engine, after the flags are parsed. From here
+    on, the program's parser leaves without the interpreter's teardown (--help, a bad flag):
+    these threads may be inside an import or a CUDA call."""
+    global _started_early
+    _started_early = True
+    _start_preload()
+
+
+def started_early() -> bool:
+    """Whether start_gpu() ran in this process."""
+    return _started_early
+
+
+@contextlib.contextmanager
+def starting(engine: str):
+    """``with starting(args.engine): ...``: start the GPU's driver and context and cuDNN's set-up,
+    and import what a model planned for ``engine`` loads (``preload``), on threads while the
+    block runs (reading and checking a dataset, say), unless start_gpu() started them already;
+    wait for both when the block ends."""
+    pre = _start_preload()
+    pre.engine = engine
+    pre.engine_known.set()
+    try:
+        yield
+    finally:
+        pre.thread.join()
+        start_gpu_driver().join()

@@ -12,7 +12,7 @@ child process, see Note [plotting in a child] in lenet/plot.py).
 
 Everything that needs no GPU is checked first: the flags, the dataset's files, --out,
 --resume's checkpoint. Only then is the GPU used (its driver and context start on a thread
-meanwhile: Note [overlapped start-up] in lenet/cli.py).
+meanwhile: Note [overlapped start-up] in lenet/startup.py).
 
 Note [stopping]: the first SIGINT or SIGTERM asks the loop to stop after the step in flight;
 it then writes a checkpoint that records the position inside the epoch (epoch, step, the
@@ -26,7 +26,7 @@ and resumed ends bit-identical to an uninterrupted one.
 from __future__ import annotations
 
 if __name__ == "__main__":   # python -m lenet.train: the GPU's start-up threads begin before the imports below
-    from lenet.cli import start_gpu   # (Note [overlapped start-up] in lenet/cli.py)
+    from lenet.startup import start_gpu   # (Note [overlapped start-up] in lenet/startup.py)
 
     start_gpu()
 
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import cli, data, files
+from . import cli, data, files, startup
 from .background import Background
 from .plot import Plotter, can_plot
 from .schedule import SCHEDULES, Schedule
@@ -258,7 +258,7 @@ def prepare(args) -> dict:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
-    with cli.starting(args.engine):   # Note [overlapped start-up]
+    with startup.starting(args.engine):   # Note [overlapped start-up]
         run = prepare(args)   # everything that needs no GPU, first
     from descriptors import require_gpu
 
@@ -311,7 +311,7 @@ def main(argv=None) -> int:
     checkpoint_path = out / "checkpoint.npz" if out else None
     plotter = Plotter(out / "curves.png") if out and can_plot() else None   # Note [plotting in a child]
     writer = Background() if out else None
-    clock = {"start-up": cli.process_seconds(), "training": 0.0, "evaluation": 0.0, "writing": 0.0}
+    clock = {"start-up": startup.process_seconds(), "training": 0.0, "evaluation": 0.0, "writing": 0.0}
     t_begin = time.perf_counter() - clock["start-up"]   # the program's start, on perf_counter's scale
     last_plot = [time.perf_counter()]
 

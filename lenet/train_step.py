@@ -9,7 +9,7 @@ the exact reference; the workspace total, the loss before and after, and the mea
 from __future__ import annotations
 
 if __name__ == "__main__":   # python -m lenet.train_step: the GPU's start-up threads begin before the imports below
-    from lenet.cli import start_gpu   # (Note [overlapped start-up] in lenet/cli.py)
+    from lenet.startup import start_gpu   # (Note [overlapped start-up] in lenet/startup.py)
 
     start_gpu()
 
@@ -17,7 +17,7 @@ import json
 
 import numpy as np
 
-from . import cli, data, files
+from . import cli, data, files, startup
 
 
 def parser() -> cli.Parser:
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     policy = cli.policy_from(args)
     if args.dump:
         files.check_output_file(args.dump, "--dump")
-    with cli.starting(args.engine):   # Note [overlapped start-up]
+    with startup.starting(args.engine):   # Note [overlapped start-up]
         x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
 

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lenet import cli, data  # noqa: E402
+from lenet import cli, data, startup  # noqa: E402
 from lenet.params import init_host  # noqa: E402
 from lenet.schedule import SCHEDULES, Schedule  # noqa: E402
 from torch_lenet import exact_float32, from_state  # noqa: E402
@@ -86,7 +86,7 @@ def main():
     S = args.shift
     padded = torch.nn.functional.pad(timg, (S, S, S, S)) if S else timg   # (N, 28+2S, 28+2S) uint8
     ar = torch.arange(28, device=dev)
-    t_start = time.perf_counter() - cli.process_seconds()
+    t_start = time.perf_counter() - startup.process_seconds()
     total = steps * args.epochs
     it, history = 0, []
     for epoch in range(args.epochs):

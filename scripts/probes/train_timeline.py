@@ -1,6 +1,7 @@
-"""Where the wall clock of one `python -m lenet.train` run goes, phase by phase, exit included.
+"""Where the wall clock of one `python -m lenet.train` (or `lenet.train_step`) run goes, phase by
+phase, exit included.
 
-Runs the trainer in a child process, started as python -m lenet.train starts (the driver's
+Runs the program in a child process, started as python -m lenet.train starts (the driver's
 thread first, then the imports), with its main phases wrapped by timers (the driver's thread,
 the dataset's reading, the statistics, the wait for the start-up threads, the model, the
 uploads, each plan, the first steps, each evaluation, the writer's close), reports the gaps
@@ -8,6 +9,7 @@ between them (imports, mostly), and the exit: the child's last timestamp against
 clock when the child is gone.
 
     python3 scripts/probes/train_timeline.py [--json PATH] [--profile plan#1 step#1] -- --data-dir data/fashion-mnist --epochs 30 ...
+    python3 scripts/probes/train_timeline.py --program train_step -- --data-dir data/fashion-mnist
 """
 
 from __future__ import annotations
@@ -24,11 +26,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
+def child(program: str, train_args: list[str], events_path: str, profile: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
-    from lenet import cli
+    from lenet import cli, startup
 
-    t_start = time.perf_counter() - cli.process_seconds()   # the process's start on perf_counter's scale
+    t_start = time.perf_counter() - startup.process_seconds()   # the process's start on perf_counter's scale
     events, profiles = [], {}
 
     def at() -> float:
@@ -67,18 +69,18 @@ def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
 
     events.append(("interpreter + probe imports", 0.0, at()))
     # As python -m lenet.train does: the start-up threads first, before the imports (timed here).
-    start_driver = cli._start_driver
+    start_context = startup.start_context
 
-    def timed_driver():
+    def timed_context():
         t0 = at()
         try:
-            start_driver()
+            return start_context()
         finally:
             events.append(("driver thread: cuInit + primary context", t0, at()))
 
-    cli._start_driver = timed_driver
-    cli.start_gpu()
-    starting = cli.starting
+    startup.start_context = timed_context
+    startup.start_gpu()
+    starting = startup.starting
 
     @contextlib.contextmanager
     def timed_starting(engine):
@@ -98,22 +100,28 @@ def child(train_args: list[str], events_path: str, profile: list[str]) -> None:
         wrap(lenet_model.LeNet, "plan", "plan", 4)
         wrap(lenet_model.LeNet, "step", "step (host time)", 3)
         wrap(lenet_model.LeNet, "evaluate", "evaluate", 2)
+        wrap(lenet_model.LeNet, "describe", "describe", 1)
 
-    cli.starting = timed_starting
-    from lenet import background, data, plot, train
+    startup.starting = timed_starting
+    import importlib
+
+    from lenet import background, data, plot
+
+    prog = importlib.import_module(f"lenet.{program}")
+    wrap(cli, "device_facts", "device_facts", 1)
 
     wrap(data, "load_split", "read dataset split")
     wrap(data, "pixel_stats", "pixel statistics", 1)
     wrap(background.Background, "close", "writer close", 1)
     wrap(plot.Plotter, "__init__", "Plotter (spawns the child)", 1)
     wrap(plot.Plotter, "close", "Plotter close (waits for the last drawing)", 1)
-    events.append(("import lenet.train, data", events[0][2], at()))
+    events.append((f"import lenet.{program}, data", events[0][2], at()))
     t0 = at()
     try:
-        code = train.main(train_args)
+        code = prog.main(train_args)
     finally:
-        events.append(("train.main total", t0, at()))
-        events += [(label, t - t_start, t - t_start) for label, t in cli.MARKS]
+        events.append((f"{program}.main total", t0, at()))
+        events += [(label, t - t_start, t - t_start) for label, t in startup.MARKS]
         Path(events_path).write_text(json.dumps({"events": events, "end": at(), "profiles": profiles}))
     sys.exit(code) if os.environ.get("PROBE_SLOW_EXIT") else cli.leave(code)   # cli.leave: as the programs
 
@@ -124,16 +132,17 @@ def main() -> None:
     ap.add_argument("--profile", nargs="*", default=[], metavar="FN#CALL",
                     help="cProfile these calls, e.g. plan#1 step#1 __init__#1")
     ap.add_argument("--log", help="write the trainer's whole output here")
+    ap.add_argument("--program", choices=("train", "train_step"), default="train")
     ap.add_argument("--child-events")
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     train_args = [a for a in args.train_args if a != "--"]
     if args.child_events:
-        child(train_args, args.child_events, args.profile)
+        child(args.program, train_args, args.child_events, args.profile)
         return
     events_path = f"/tmp/train_timeline_{os.getpid()}.json"
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, __file__, "--child-events", events_path, "--profile", *args.profile, "--",
+    p = subprocess.run([sys.executable, __file__, "--program", args.program, "--child-events", events_path, "--profile", *args.profile, "--",
                         *train_args], capture_output=True, text=True)
     total = time.perf_counter() - t0
     if args.log:
