@@ -133,5 +133,7 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     from .cli import leave
+    from .startup import keep_bytecode
 
+    keep_bytecode()   # before matplotlib's import (Note [bytecode cache] in lenet/startup.py)
     leave(main())   # the trainer waits for this process: no interpreter teardown (Note [fast exit])

@@ -26,9 +26,9 @@ and resumed ends bit-identical to an uninterrupted one.
 from __future__ import annotations
 
 if __name__ == "__main__":   # python -m lenet.train: the GPU's start-up threads begin before the imports below
-    from lenet.startup import start_gpu   # (Note [overlapped start-up] in lenet/startup.py)
+    from lenet.startup import begin   # (Notes [bytecode cache], [overlapped start-up] in lenet/startup.py)
 
-    start_gpu()
+    begin()
 
 import json
 import math

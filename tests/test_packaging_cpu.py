@@ -22,3 +22,15 @@ def test_gpu_extras_pin_the_graph_frontend():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     for name in ("cu13", "cu12"):
         assert "nvidia-cudnn-frontend>=1.28,<1.29" in extras[name], name
+
+
+def test_every_command_names_a_function_and_the_trainers_start_early():
+    import importlib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for command, target in scripts.items():
+        module, _, name = target.partition(":")
+        assert callable(getattr(importlib.import_module(module), name)), command
+    # the two programs with a start-up to keep short begin as python -m does (lenet/startup.py)
+    assert scripts["lenet-train"] == "lenet.startup:train"
+    assert scripts["lenet-train-step"] == "lenet.startup:train_step"

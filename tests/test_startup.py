@@ -66,3 +66,54 @@ def test_threads_run_every_phase_on_a_gpu(engine, graph):
               "preload thread: CUDA runtime started", "preload thread: descriptors, lenet.model imported"):
         assert m in marks, (m, marks)
     assert ("preload thread: first cuDNN graph built" in marks) == graph, marks
+
+
+# Imports a module of its own after keep_bytecode(); prints the folder and the cached files.
+_BYTECODE = """
+import json, os, sys
+from lenet.startup import keep_bytecode
+folder = keep_bytecode()
+sys.path.insert(0, sys.argv[1])
+import probe_module
+found = [os.path.join(d, f) for d, _, fs in os.walk(folder or os.devnull) for f in fs] if folder else []
+print(json.dumps({"folder": folder, "found": found, "write": not sys.dont_write_bytecode}))
+"""
+
+
+def _bytecode_run(tmp_path, **env):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "probe_module.py").write_text("X = 1\n")
+    full = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX", "LENET_BYTECODE_CACHE"):
+        full.pop(k, None)
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", _BYTECODE, str(src)], env=full, capture_output=True, text=True,
+                         timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout), src
+
+
+def test_bytecode_kept_in_our_folder_when_python_writes_none(tmp_path):
+    got, src = _bytecode_run(tmp_path, PYTHONDONTWRITEBYTECODE="1")
+    assert got["folder"] == str(tmp_path / "xdg" / "lenet" / "bytecode") and got["write"]
+    assert any(f.endswith(".pyc") and "probe_module" in f for f in got["found"]), got
+    assert not (src / "__pycache__").exists()   # never beside the sources
+
+
+def test_bytecode_folder_from_the_environment(tmp_path):
+    got, _ = _bytecode_run(tmp_path, PYTHONDONTWRITEBYTECODE="1", LENET_BYTECODE_CACHE=str(tmp_path / "bc"))
+    assert got["folder"] == str(tmp_path / "bc")
+    assert any("probe_module" in f for f in got["found"]), got
+
+
+@pytest.mark.parametrize("env", [
+    {"PYTHONDONTWRITEBYTECODE": "1", "LENET_BYTECODE_CACHE": "off"},   # switched off
+    {},                                                                # Python writes beside the sources
+    {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "PLACEHOLDER"},   # Python's own folder
+])
+def test_bytecode_left_to_python(tmp_path, env):
+    env = {k: (str(tmp_path / "theirs") if v == "PLACEHOLDER" else v) for k, v in env.items()}
+    got, _ = _bytecode_run(tmp_path, **env)
+    assert got["folder"] is None
+    assert not (tmp_path / "xdg").exists()

@@ -79,7 +79,7 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
             events.append(("driver thread: cuInit + primary context", t0, at()))
 
     startup.start_context = timed_context
-    startup.start_gpu()
+    startup.begin()
     starting = startup.starting
 
     @contextlib.contextmanager
