@@ -99,7 +99,8 @@ def begin() -> None:
     """What python -m lenet.train and lenet.train_step run first, before their own imports: the
     bytecode cache (Note [bytecode cache]), then the GPU's start-up threads (start_gpu)."""
     keep_bytecode()
-    start_gpu()
+    if not {"-h", "--help"} & set(sys.argv[1:]):   # help needs no GPU: it prints at once
+        start_gpu()
 
 
 def train() -> None:
@@ -324,12 +325,20 @@ def starting(engine: str):
     """``with starting(args.engine): ...``: start the GPU's driver and context and cuDNN's set-up,
     and import what a model planned for ``engine`` loads (``preload``), on threads while the
     block runs (reading and checking a dataset, say), unless start_gpu() started them already;
-    wait for both when the block ends."""
+    wait for both when the block ends, or, when it raises in a program that called start_gpu(),
+    let the program report the error without waiting (it leaves through os._exit)."""
     pre = _start_preload()
     pre.engine = engine
     pre.engine_known.set()
     try:
         yield
-    finally:
-        pre.thread.join()
-        start_gpu_driver().join()
+    except Exception:
+        if not _started_early:   # a program started early says why and leaves at once (cli.run), threads and all
+            _wait(pre)
+        raise
+    _wait(pre)
+
+
+def _wait(pre: _Preload) -> None:
+    pre.thread.join()
+    start_gpu_driver().join()
