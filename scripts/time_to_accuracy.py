@@ -93,8 +93,8 @@ def main():
     ap.add_argument("--torch-only", action="store_true", help="run scripts/torch_train.py only")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--warm", action="store_true",
-                    help="run each recipe of ours once, untimed, first: the timed runs find the plan cache warm, "
-                         "as a user's second run does")
+                    help="run each recipe once per trainer, untimed, first: the timed runs find the plan cache and "
+                         "the bytecode cache warm, as a user's second run does")
     ap.add_argument("--validation", type=int, metavar="N",
                     help="report accuracy on the last N training images, trained on the rest (choose recipes on "
                          "this, not on the test split)")
@@ -109,18 +109,21 @@ def main():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     rows = []
     for name, flags in recipes:
-        if args.warm and not args.torch_only:
+        whos = ["torch"] if args.torch_only else ["ours", "torch"] if args.torch else ["ours"]
+
+        def command(who: str, tmp: str, seed: int) -> list[str]:
+            base = ["--data-dir", args.data_dir, "--seed", str(seed), *shlex.split(flags)]
+            return ([sys.executable, "-m", "lenet.train", "--quiet", "--out", tmp, *base] if who == "ours"
+                    else [sys.executable, str(ROOT / "scripts" / "torch_train.py"), *base])
+
+        for who in whos if args.warm else []:
             with tempfile.TemporaryDirectory() as tmp:
-                run([sys.executable, "-m", "lenet.train", "--quiet", "--out", tmp, "--data-dir", args.data_dir,
-                     *shlex.split(flags), "--epochs", "1"], env, args.timeout)
-        for who in (["torch"] if args.torch_only else ["ours", "torch"] if args.torch else ["ours"]):
+                run(command(who, tmp, args.seeds[0]) + ["--epochs", "1"], env, args.timeout)
+        for who in whos:
             accs, walls, lines = [], [], []
             for seed in args.seeds:
                 with tempfile.TemporaryDirectory() as tmp:
-                    base = ["--data-dir", args.data_dir, "--seed", str(seed), *shlex.split(flags)]
-                    cmd = ([sys.executable, "-m", "lenet.train", "--quiet", "--out", tmp, *base] if who == "ours"
-                           else [sys.executable, str(ROOT / "scripts" / "torch_train.py"), *base])
-                    wall, out, rc = run(cmd, env, args.timeout)
+                    wall, out, rc = run(command(who, tmp, seed), env, args.timeout)
                 if rc != 0:
                     print(f"{name} {who} seed {seed}: exit {rc}\n{out[-2000:]}", flush=True)
                     accs.append(None)

@@ -19,13 +19,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from lenet import cli, data, startup  # noqa: E402
+from lenet import startup  # noqa: E402
+
+startup.keep_bytecode()   # as python -m lenet.train does, before the imports: the comparison is of trainers
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from lenet import cli, data  # noqa: E402
 from lenet.params import init_host  # noqa: E402
 from lenet.schedule import SCHEDULES, Schedule  # noqa: E402
 from torch_lenet import exact_float32, from_state  # noqa: E402
