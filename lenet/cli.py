@@ -230,11 +230,6 @@ def run(main) -> None:
             print(f"error: a GPU package is missing ({e}); install the GPU stack with "
                   f"pip install '.[cu13]'", file=sys.stderr)
             code = 2
-        elif startup.started_early():   # a bug: its traceback, then out without waiting for the start-up threads
-            import traceback
-
-            traceback.print_exc()
-            code = 1
         else:
             raise
     leave(code or 0)

@@ -325,16 +325,20 @@ def starting(engine: str):
     """``with starting(args.engine): ...``: start the GPU's driver and context and cuDNN's set-up,
     and import what a model planned for ``engine`` loads (``preload``), on threads while the
     block runs (reading and checking a dataset, say), unless start_gpu() started them already;
-    wait for both when the block ends, or, when it raises in a program that called start_gpu(),
-    let the program report the error without waiting (it leaves through os._exit)."""
+    wait for both when the block ends. A ValueError from the block in a program that called
+    start_gpu() (a bad --data-dir, say) goes to cli.run without waiting: it reports the error in
+    one line and leaves through os._exit, threads and all."""
     pre = _start_preload()
     pre.engine = engine
     pre.engine_known.set()
     try:
         yield
-    except Exception:
-        if not _started_early:   # a program started early says why and leaves at once (cli.run), threads and all
+    except ValueError:   # a bad dataset or value (data.DataError too): cli.run says so in one line and
+        if not _started_early:   # leaves through os._exit, so a program started early need not wait
             _wait(pre)
+        raise
+    except BaseException:
+        _wait(pre)
         raise
     _wait(pre)
 
