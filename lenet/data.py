@@ -105,7 +105,7 @@ def cache_dir() -> Path:
     $LENET_DATA_CACHE, else $XDG_CACHE_HOME/lenet/data, else ~/.cache/lenet/data."""
     if os.environ.get("LENET_DATA_CACHE"):
         return Path(os.environ["LENET_DATA_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lenet" / "data"
+    return files.cache_path("data")
 
 
 def read_idx_cached(path, *, ndim: int, cache: Path | None) -> np.ndarray:

@@ -16,6 +16,12 @@ import tempfile
 from pathlib import Path
 
 
+def cache_path(name: str) -> Path:
+    """Where the cache ``name`` lives unless its own variable says otherwise:
+    $XDG_CACHE_HOME/lenet/<name>, else ~/.cache/lenet/<name>."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lenet" / name
+
+
 class OutputError(ValueError):
     """An output path that cannot or must not be written; names the flag and what is allowed."""
 

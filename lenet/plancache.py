@@ -20,6 +20,8 @@ import os
 import sys
 from pathlib import Path
 
+from .files import cache_path
+
 FORMAT = 1
 MAX_ENTRIES = 2000
 
@@ -27,8 +29,7 @@ MAX_ENTRIES = 2000
 def default_path() -> Path:
     if os.environ.get("LENET_PLAN_CACHE"):
         return Path(os.environ["LENET_PLAN_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "lenet" / "plans.json"
+    return cache_path("plans.json")
 
 
 def environment(gpu: str, driver: int, cudnn: str, frontend: str | None) -> dict:

@@ -87,9 +87,10 @@ def keep_bytecode() -> str | None:
     if where is not None and where.strip().lower() in ("", "0", "off", "no", "false"):
         return None
     try:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        folder = where or os.path.join(base, "lenet", "bytecode")
-    except (OSError, RuntimeError):
+        from .files import cache_path
+
+        folder = where or str(cache_path("bytecode"))
+    except RuntimeError:   # no home folder to be found
         return None
     sys.pycache_prefix, sys.dont_write_bytecode = folder, False
     return folder
@@ -123,8 +124,8 @@ def train_step() -> None:
 
 _driver_thread: threading.Thread | None = None
 _context_up = threading.Event()    # set once the driver's thread is past the context (made or not)
-_cudnn_path: list[str | None] = []  # libcudnn's path as cuda.pathfinder resolves it, or [None]
-_cudnn_found = threading.Event()
+_cudnn_path: str | None = None   # libcudnn's path as cuda.pathfinder resolves it (None: not found)
+_cudnn_found = threading.Event()  # set once the preload thread has looked
 
 
 def start_context() -> bool:
@@ -149,9 +150,9 @@ def _driver_main() -> None:
     finally:
         _context_up.set()
     _cudnn_found.wait()
-    if up and _cudnn_path[0] is not None:
+    if up and _cudnn_path is not None:
         try:
-            if warm_cudnn(_cudnn_path[0]):
+            if warm_cudnn(_cudnn_path):
                 mark("driver thread: cuDNN's one-time set-up done")
         except (OSError, AttributeError):
             pass
@@ -230,12 +231,13 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     record the GPU's status (require_gpu() finds it cached) and, unless the engine is legacy,
     import the graph API's frontend, wait for cuDNN's one-time set-up on the driver's thread
     (Note [cuDNN's first call]) and build and drop one tiny graph with one plan."""
+    global _cudnn_path
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib
 
-        _cudnn_path.append(load_nvidia_dynamic_lib("cudnn").abs_path)
+        _cudnn_path = load_nvidia_dynamic_lib("cudnn").abs_path
     except Exception:   # noqa: BLE001 (descriptors._lib says what is missing, in its turn)
-        _cudnn_path.append(None)
+        pass
     finally:
         _cudnn_found.set()
     import cupy
@@ -331,18 +333,13 @@ def starting(engine: str):
     pre = _start_preload()
     pre.engine = engine
     pre.engine_known.set()
+    wait = True
     try:
         yield
-    except ValueError:   # a bad dataset or value (data.DataError too): cli.run says so in one line and
-        if not _started_early:   # leaves through os._exit, so a program started early need not wait
-            _wait(pre)
+    except ValueError:   # a bad dataset or value (data.DataError too): cli.run says so in one line
+        wait = not _started_early   # and leaves through os._exit, so a program started early need not wait
         raise
-    except BaseException:
-        _wait(pre)
-        raise
-    _wait(pre)
-
-
-def _wait(pre: _Preload) -> None:
-    pre.thread.join()
-    start_gpu_driver().join()
+    finally:
+        if wait:
+            pre.thread.join()
+            start_gpu_driver().join()
