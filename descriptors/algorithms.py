@@ -119,7 +119,19 @@ def algorithm_id(direction: Direction, name: str) -> int:
 
 # Graph-API plan names as cuDNN reports them: eng0, eng18_k11=0, eng70_k2=12_k18=1.
 _GRAPH_PLAN = re.compile(r"eng\d+(?:_k\d+=-?\d+)*")
-ENGINES = ("auto", "legacy", "graph")
+ENGINES = ("auto", "legacy", "graph")   # cuDNN's two engines, and both competing
+_OTHER_ENGINES: list[str] = []          # engines outside descriptors, registered by their owners
+
+
+def register_engine(name: str) -> None:
+    """Let AlgoPolicy.engine name an engine that runs outside descriptors (lenet.stages registers
+    its own): under it, cuDNN's convolution engines offer nothing (``engines_for`` is empty)."""
+    if name not in ENGINES and name not in _OTHER_ENGINES:
+        _OTHER_ENGINES.append(name)
+
+
+def engine_names() -> tuple[str, ...]:
+    return ENGINES + tuple(_OTHER_ENGINES)
 
 
 def is_graph_plan_name(name: str) -> bool:
@@ -141,8 +153,8 @@ class AlgoPolicy:
     """How to choose each convolution direction's implementation, and what filters the candidates.
 
     Each direction holds "heuristic", "exhaustive", a descriptor-API algorithm name or a
-    graph-API plan name. ``engine``: "auto" (both engines compete), "legacy" (the descriptor
-    API) or "graph" (the graph API). ``workspace_limit`` in bytes (None: no limit);
+    graph-API plan name. ``engine``: "auto" (every engine competes), "legacy" (the descriptor
+    API), "graph" (the graph API), or an engine registered with ``register_engine``. ``workspace_limit`` in bytes (None: no limit);
     ``deterministic``: only what cuDNN marks deterministic; ``allow_winograd`` and
     ``allow_tf32``: let the less exact candidates compete; ``chunk``: images per call for
     every convolution (None: chosen by timing).
@@ -164,8 +176,8 @@ class AlgoPolicy:
         if self.workspace_limit is not None and (not isinstance(self.workspace_limit, int)
                                                  or self.workspace_limit < 0):
             raise ValueError(f"workspace limit must be a number of bytes >= 0, got {self.workspace_limit!r}")
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown engine {self.engine!r}; use one of {', '.join(ENGINES)}")
+        if self.engine not in engine_names():
+            raise ValueError(f"unknown engine {self.engine!r}; use one of {', '.join(engine_names())}")
         if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
             raise ValueError(f"chunk must be a number of images >= 1, got {self.chunk!r}")
         for d in Direction:
@@ -178,6 +190,9 @@ class AlgoPolicy:
             if self.engine == "graph" and not is_graph_plan_name(c):
                 raise ValueError(f"{d}={c} names a descriptor-API algorithm, but engine graph offers only "
                                  f"graph-API plans")
+            if self.engine not in ENGINES:
+                raise ValueError(f"{d}={c} names a cuDNN algorithm or plan, but engine {self.engine} runs no "
+                                 f"cuDNN convolution; use heuristic or exhaustive with it")
 
     def choice(self, direction: Direction) -> str:
         return getattr(self, _FIELD[Direction(direction)])
@@ -375,4 +390,5 @@ def _filter_reason(r: AlgoResult, policy: AlgoPolicy, fixed: bool = False) -> st
 
 __all__ = ["Direction", "AlgoPolicy", "AlgoResult", "Workspace", "supported_algorithms", "workspace_size",
            "algorithm_id", "algorithm_name", "is_graph_plan_name", "ALGORITHM_NAMES", "CALLS", "ENGINES",
+           "register_engine", "engine_names",
            "UnknownAlgorithmError", "AlgorithmNotSupportedError"]

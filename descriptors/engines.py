@@ -343,6 +343,8 @@ def engines_for(policy: AlgoPolicy) -> list:
     """The engines ``policy.engine`` names. "auto" without the frontend is the descriptor API
     alone, said once (a RuntimeWarning); "graph" without it raises GraphUnavailable."""
     global _said_unavailable
+    if policy.engine not in ("auto", "legacy", "graph"):   # an engine outside descriptors
+        return []
     if policy.engine == "legacy":
         return [ENGINES["legacy"]]
     ok, why = available()
@@ -358,6 +360,11 @@ def engines_for(policy: AlgoPolicy) -> list:
     return [ENGINES["legacy"], ENGINES["graph"]]
 
 
+def uses_frontend(engine: str) -> bool:
+    """Whether a policy's ``engine`` may build graph-API plans (and so load the frontend)."""
+    return engine in ("auto", "graph")
+
+
 def clear_caches() -> None:
     """Close every cached descriptor and graph the engines hold."""
     for e in ENGINES.values():
@@ -366,4 +373,4 @@ def clear_caches() -> None:
 
 
 __all__ = ["ConvSpec", "Candidate", "LegacyEngine", "GraphEngine", "ENGINES", "BATCH_ROLES", "engines_for",
-           "clear_caches"]
+           "uses_frontend", "clear_caches"]

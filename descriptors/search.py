@@ -190,7 +190,7 @@ def _operands(spec: ConvSpec) -> dict:
     return out
 
 
-def _reference(handle, spec: ConvSpec, arrays: dict):
+def reference(handle, spec: ConvSpec, arrays: dict):
     """The exact answer on ``arrays`` (a copy), from the descriptor API in FMA float32."""
     legacy = ENGINES["legacy"]
     exact = AlgoPolicy(engine="legacy")
@@ -218,7 +218,7 @@ def _norm_kernels():
     return sqdiff, sq
 
 
-def _distance(out, ref) -> float:
+def distance(out, ref) -> float:
     """|out - ref| / |ref|, accumulated in float64, in one pass each: no temporary the size of the
     output (a chunk of 65536 images would need 3.6 GB)."""
     import math
@@ -267,7 +267,7 @@ def table(handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True, cap
             + ("; ".join(f"{k} {v}" for k, v in list(excluded.items())[:6]) or "none listed"))
 
     arrays = _operands(spec)
-    ref = _reference(handle, spec, arrays)
+    ref = reference(handle, spec, arrays)
     out = arrays[spec.output]
     ws = Workspace(max(c.workspace_bytes for c in cands))
     tol, stream = tolerance(policy), handle.stream
@@ -286,7 +286,7 @@ def table(handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True, cap
                 dropped[c.label] = e.status_name
                 continue
             raise
-        err = _distance(out, ref)
+        err = distance(out, ref)
         if not fixed and not err <= tol:   # NaN fails too
             dropped[c.label] = f"is {err:.1e} from the exact reference (bound {tol:.0e}; see Note [exact candidates])"
             continue

@@ -135,25 +135,28 @@ def algo_spec(text: str) -> str:
 
 
 def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
-    from descriptors.algorithms import ENGINES
+    from descriptors.algorithms import engine_names
 
-    g = p.add_argument_group("convolutions: engines, algorithms, chunks")
-    g.add_argument("--engine", choices=ENGINES, default="auto",
-                   help="auto: cuDNN's descriptor API and graph API compete and the fastest measured "
-                        "candidate wins, per operation and batch size; legacy: the descriptor API only; "
-                        "graph: the graph API only (needs nvidia-cudnn-frontend) (default: auto)")
+    from . import stages   # registers the stage engines' names  # noqa: F401
+
+    g = p.add_argument_group("stages and convolutions: engines, algorithms, chunks")
+    g.add_argument("--engine", choices=engine_names(), default="auto",
+                   help="auto: every engine competes and the fastest measured wins, per stage and batch size "
+                        "(our fused kernels, and cuDNN's descriptor API and graph API for each convolution); "
+                        "ours: our fused stage kernels only; legacy: cuDNN's descriptor API only; graph: "
+                        "cuDNN's graph API only (needs nvidia-cudnn-frontend) (default: auto)")
     g.add_argument("--algo", type=algo_spec, default="heuristic", metavar="SPEC",
-                   help="heuristic (each engine's first-ranked candidate, timed against the other's), "
-                        "exhaustive (time every candidate), one algorithm or graph plan name for every "
-                        "direction that has it (e.g. fft, implicit_gemm, eng0), or per direction: "
-                        "fwd=NAME,bwd-data=NAME,bwd-filter=NAME (default: heuristic)")
+                   help="heuristic (each engine's first-ranked candidate, timed against the others'), "
+                        "exhaustive (time every candidate), one cuDNN algorithm or graph plan name for every "
+                        "direction that has it (e.g. fft, implicit_gemm, eng0; the stages then run on cuDNN), "
+                        "or per direction: fwd=NAME,bwd-data=NAME,bwd-filter=NAME (default: heuristic)")
     g.add_argument("--chunk", type=positive_int, default=None, metavar="N",
                    help="run every convolution and pooling in calls of at most N images (default: chosen by "
                         "timing: the whole batch or chunks of 1024 to 16384)")
     g.add_argument("--workspace-limit", type=byte_size, default=None, metavar="BYTES",
                    help="largest convolution workspace a candidate may use, e.g. 64M (default: no limit)")
     g.add_argument("--deterministic", action="store_true",
-                   help="only candidates cuDNN marks deterministic (bit-identical reruns)")
+                   help="only deterministic candidates, chosen by rule rather than timing (bit-identical reruns)")
     g.add_argument("--allow-winograd", action="store_true",
                    help="let heuristic/exhaustive pick the Winograd algorithms, which are off by up to "
                         "~1e-3 relative in float32 (naming one in --algo always works)")
@@ -189,8 +192,9 @@ def add_speed_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture the whole step in a CUDA graph and replay it (default: on)")
     g.add_argument("--fused", action=argparse.BooleanOptionalAction, default=True,
-                   help="let operations fuse: conv+bias+ReLU in one cuDNN call where that is fastest, the fully "
-                        "connected layers as cuBLASLt matmuls with bias/ReLU/bias-gradient epilogues (default: on)")
+                   help="let operations fuse: our fused stage kernels (conv+bias+ReLU+pool), conv+bias+ReLU in one "
+                        "cuDNN call where that is fastest, the fully connected layers as cuBLASLt matmuls with "
+                        "bias/ReLU/bias-gradient epilogues (default: on)")
 
 
 def policy_from(args):
@@ -273,8 +277,9 @@ def device_facts(model) -> dict:
 
 
 def conv_rows(rows: list[dict]) -> list[dict]:
-    """The rows of the convolution directions (fwd, bwd-data, bwd-filter of each layer)."""
-    return [r for r in rows if r["op"].split("+")[0] in ("fwd", "bwd-data", "bwd-filter") and r["layer"][:4] == "conv"]
+    """The rows of the stages' directions: fwd, bwd-data, bwd-filter of each cuDNN convolution, or fwd and bwd
+    of a stage of ours."""
+    return [r for r in rows if r["op"].split("+")[0] in ("fwd", "bwd", "bwd-data", "bwd-filter") and r["layer"][:4] == "conv"]
 
 
 def format_rows(rows: list[dict], workspace: int) -> str:

@@ -27,8 +27,10 @@ from descriptors import ActivationDescriptor, AlgoPolicy, Handle, PoolingDescrip
 from . import params as P
 from .blas import Blas, LtMatmul
 from .kernels import MIRROR, SoftmaxCE, gather_batch
-from .ops import SGD, ConvLayer, FullyConnected, MaxPool, SoftmaxCrossEntropy
+from .ops import SGD, FullyConnected, SoftmaxCrossEntropy
+from .ops.context import PlanContext
 from .runner import Runner
+from .stages import Stage, StageSpec, StageTensors
 
 CLASSES = 10
 IMAGE = (1, 28, 28)
@@ -144,16 +146,13 @@ class LeNet:
             self.correct_dev = cupy.zeros(1, dtype=cupy.int32)        # (1,) right answers in it
             self.running_loss = cupy.zeros(1, dtype=cupy.float32)     # (1,) sum of step losses since reset
             self.ones = cupy.ones(max(N, 576), dtype=cupy.float32)    # (max(N, 24*24),) for gemv sums
-            self.bias_scratch = cupy.empty(6 * 24 * 24, dtype=cupy.float32)  # (C*H*W,) of conv1, the larger
             rng = cupy.random.default_rng(seed)
             f32 = cupy.float32
             self.buf = {
                 "x": rng.standard_normal((N, 1, 28, 28), dtype=f32),  # input, random until loaded
                 "labels": cupy.zeros(N, dtype=cupy.int32),             # (N,)
-                "c1": cupy.empty((N, 6, 24, 24), f32),   # relu(conv1 + bias)
-                "p1": cupy.empty((N, 6, 12, 12), f32),
-                "c2": cupy.empty((N, 16, 8, 8), f32),    # relu(conv2 + bias)
-                "p2": cupy.empty((N, 16, 4, 4), f32),    # = flat (N, 256)
+                "p1": cupy.empty((N, 6, 12, 12), f32),   # maxpool(relu(conv1 + bias))
+                "p2": cupy.empty((N, 16, 4, 4), f32),    # maxpool(relu(conv2 + bias)) = flat (N, 256)
                 "h1": cupy.empty((N, 120), f32),         # relu(fc1 + bias)
                 "logits": cupy.empty((N, CLASSES), f32),
                 "logits_kept": cupy.empty((N, CLASSES), f32),   # the first view's, under test-time augmentation
@@ -161,20 +160,22 @@ class LeNet:
                 "dh1": cupy.empty((N, 120), f32),
                 "relu_mask": cupy.zeros(N * LtMatmul.AUX_LD // 8, cupy.uint8),  # fc1's ReLU bits (cuBLASLt)
                 "dp2": cupy.empty((N, 16, 4, 4), f32),   # masked by p2 > 0 (Note [relu at the pooled level])
-                "dc2": cupy.empty((N, 16, 8, 8), f32),
                 "dp1": cupy.empty((N, 6, 12, 12), f32),  # masked by p1 > 0
-                "dc1": cupy.empty((N, 6, 24, 24), f32),
             }
         self.relu = ActivationDescriptor("relu")
         self.pool = self._pooling(self.policy)
-        # The network, in order. conv1's input gradient is never computed: nothing needs it.
-        self.layers = (
-            ConvLayer("conv1", "x", "c1", (1, 28, 28), (6, 1, 5, 5)),
-            MaxPool("pool1", "c1", "p1", (6, 24, 24)),
-            ConvLayer("conv2", "p1", "c2", (6, 12, 12), (16, 6, 5, 5), dx="dp1", act="p1"),
-            MaxPool("pool2", "c2", "p2", (16, 8, 8)),
-            FullyConnected(x="p2", dx="dp2", act="p2"),
+        # The network, in order: two stages (conv + bias + ReLU + max-pool, lenet/stages/), then the
+        # fully connected head. conv1's input gradient is never computed: nothing needs it.
+        b, p, g = self.buf, self.p, self.g
+        self.stages = (
+            Stage(StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5)),
+                  StageTensors(x=b["x"], y=b["p1"], dy=b["dp1"], w=p["conv1.weight"], b=p["conv1.bias"],
+                               dw=g["conv1.weight"], db=g["conv1.bias"]), N),
+            Stage(StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True),
+                  StageTensors(x=b["p1"], y=b["p2"], dy=b["dp2"], dx=b["dp1"], w=p["conv2.weight"],
+                               b=p["conv2.bias"], dw=g["conv2.weight"], db=g["conv2.bias"]), N),
         )
+        self.head = FullyConnected(x="p2", dx="dp2", act="p2")
         self.loss_op = SoftmaxCrossEntropy()
         self.sgd = SGD(momentum, weight_decay, nesterov, ema_decay)
         self.momentum, self.weight_decay = self.sgd.momentum, self.sgd.weight_decay
@@ -192,7 +193,9 @@ class LeNet:
             return step
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
-        step = Step(n, [layer.plan(self, n) for layer in self.layers], self.loss_op.plan(self, n))
+        ctx = PlanContext(self.handle, self.policy, self.workspace, self.blas, self.ones, self.pool, self.fused,
+                          self.cuda_graph)
+        step = Step(n, [*(s.plan(ctx, n) for s in self.stages), self.head.plan(self, n)], self.loss_op.plan(self, n))
         self.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
         self._steps[n] = step
         if self.plan_cache is not None:
@@ -236,13 +239,13 @@ class LeNet:
         from descriptors.engines import ENGINES
 
         policy = AlgoPolicy(engine=engine, allow_winograd=engine == "legacy")
-        convs = [layer for layer in self.layers if isinstance(layer, ConvLayer)]
+        specs = [s.spec for s in self.stages]
         out = {}
-        for d, epilogue, layers in (("fwd", "bias_relu", convs), ("bwd-data", "drelu", [c for c in convs if c.dx]),
-                                    ("bwd-filter", "", convs)):
+        for d, epilogue, chosen in (("fwd", "bias_relu", specs), ("bwd-data", "drelu", [s for s in specs if s.dx]),
+                                    ("bwd-filter", "", specs)):
             sets = []
-            for layer in layers:
-                cands, _ = ENGINES[engine].candidates(self.handle, layer.spec(d, n, epilogue), policy, self.fused)
+            for spec in chosen:
+                cands, _ = ENGINES[engine].candidates(self.handle, spec.conv(d, n, epilogue), policy, self.fused)
                 sets.append({c.name for c in cands})
             out[d] = sorted(set.intersection(*sets))
         return out

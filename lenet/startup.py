@@ -228,8 +228,8 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     context, start the CUDA runtime; then call ``engine()``, which waits until the program has
     parsed its flags and returns the engine's name. Only then import our libcudnn wrappers
     (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Then
-    record the GPU's status (require_gpu() finds it cached) and, unless the engine is legacy,
-    import the graph API's frontend, wait for cuDNN's one-time set-up on the driver's thread
+    record the GPU's status (require_gpu() finds it cached), compile the stage engines' kernels,
+    and, where the engine may use the graph API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread
     (Note [cuDNN's first call]) and build and drop one tiny graph with one plan."""
     global _cudnn_path
     try:
@@ -259,11 +259,17 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     from descriptors.graph import ConvGraph, available
     from descriptors.handle import gpu_status
 
+    from descriptors.engines import uses_frontend
+
     importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
+    stages = importlib.import_module(f"{__package__}.stages")
 
     mark("preload thread: descriptors, lenet.model imported")
     up = driver is not None and gpu_status()[0]
-    if name == "legacy" or not available()[0]:   # imports the frontend (once: cached)
+    if up:
+        stages.warm(name)   # our kernels compiled (or loaded from CuPy's cache) before the model needs them
+        mark("preload thread: stage kernels ready")
+    if not uses_frontend(name) or not available()[0]:   # imports the frontend (once: cached)
         return
     mark("preload thread: frontend imported")
     if up:

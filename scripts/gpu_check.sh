@@ -3,7 +3,8 @@
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
 # Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then train_step under
 # each engine and policy, then compute-sanitizer memcheck and leak check over a few steps (eager and CUDA graph),
-# and ends with one summary line: passed / failed / skipped, programs, memcheck, GPU, cuDNN.
+# racecheck and synccheck over our stage kernels, and ends with one summary line: passed / failed / skipped,
+# programs, sanitizer, GPU, cuDNN.
 # Wheels in .whl/ (packages the machine lacks, e.g. nvmath-python) are installed to /tmp/site.
 set -u -o pipefail
 out=${OUT:-out/gpu-check}
@@ -20,7 +21,7 @@ LENET_REQUIRE_GPU=1 python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARG
 test_rc=${PIPESTATUS[0]}
 
 prog_rc=0
-for engine in auto graph legacy; do
+for engine in auto ours graph legacy; do
     for algo in heuristic exhaustive; do
         python3 -m lenet.train_step --engine "$engine" --algo "$algo" --steps 100 2>&1 \
             | tee "$out/train_step_${engine}_$algo.txt"
@@ -47,6 +48,21 @@ for mode in eager graph; do
     grep -E "ERROR SUMMARY|LEAK SUMMARY|pool holds|^loss" "$out/sanitizer_$mode.txt" | sed "s/^/sanitizer $mode: /"
 done
 
+# racecheck (shared-memory hazards) and synccheck (barrier misuse) over our stage kernels (kernel names
+# stage_*), at a batch that fills whole groups and one that leaves a partial group, eager and CUDA graph.
+for tool in racecheck synccheck; do
+    for batch in 64 7; do
+        for flag in "" --graph; do
+            log="$out/${tool}_${batch}${flag:+_graph}.txt"
+            compute-sanitizer --tool $tool --kernel-name kns=stage_ --error-exitcode 7 \
+                python3 scripts/profile_step.py --batch $batch --steps 2 --engine ours --algo exhaustive $flag \
+                > "$log" 2>&1 || san_rc=1
+            grep -qE "(RACECHECK|ERROR) SUMMARY: 0 " "$log" || san_rc=1
+            grep -E "SUMMARY|^loss" "$log" | sed "s/^/$tool batch $batch${flag:+ graph}: /"
+        done
+    done
+done
+
 for extra in ${GPU_CHECK_EXTRA:-}; do   # more commands, e.g. a short training run, named by the caller
     bash -c "$extra" 2>&1 | tee -a "$out/extra.txt"; [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
 done
@@ -60,6 +76,6 @@ g, c = gpu[-1] if gpu else ("unknown", "unknown")
 ok = test_rc == 0 and prog_rc == 0 and san_rc == 0 and count("passed") > 0 and count("skipped") == 0
 print(f"gpu-check: {'PASS' if ok else 'FAIL'} | {count('passed')} passed, {count('failed')} failed, "
       f"{count('skipped')} skipped, {count('error')} errors | programs {'ok' if prog_rc == 0 else 'FAILED'} "
-      f"| memcheck + leak check {'clean' if san_rc == 0 else 'FAILED'} | GPU {g} | cuDNN {c}")
+      f"| memcheck + leak check, racecheck, synccheck {'clean' if san_rc == 0 else 'FAILED'} | GPU {g} | cuDNN {c}")
 sys.exit(0 if ok else 1)
 PY

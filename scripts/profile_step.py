@@ -19,6 +19,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from descriptors import AlgoPolicy  # noqa: E402
+from descriptors.algorithms import engine_names  # noqa: E402
 from lenet.model import LeNet  # noqa: E402
 
 
@@ -27,7 +28,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--algo", default="exhaustive")
-    ap.add_argument("--engine", default="auto", choices=("auto", "legacy", "graph"))
+    ap.add_argument("--engine", default="auto", choices=engine_names())
     ap.add_argument("--graph", action="store_true", help="replay the profiled steps from the CUDA graph")
     ap.add_argument("--no-fused", action="store_true", help="the plain step (no cuDNN/cuBLASLt fusion)")
     ap.add_argument("--torch", action="store_true", help="profile PyTorch's step instead (float32, no TF32)")

@@ -96,8 +96,8 @@ def test_parity_engines_and_policies(torch_ref, models, n, policy, engine, fused
     model = models[n]
     model.set_policy(AlgoPolicy.parse(policy, engine=engine), fused)
     rows = conv_rows(model.describe(n))
-    assert len(rows) == 5 and all(r["engine"] in ({"legacy", "graph"} if engine == "auto" else {engine})
-                                  for r in rows), rows
+    allowed = {"legacy", "graph", "ours"} if engine == "auto" else {engine}
+    assert {r["layer"] for r in rows} == {"conv1", "conv2"} and all(r["engine"] in allowed for r in rows), rows
     assert fused or not any(r["fused"] for r in rows)
     check_one_step(torch_ref, model, n, what=f"n={n} {engine} {policy} {'fused' if fused else 'unfused'}")
 
@@ -147,16 +147,15 @@ def test_parity_every_graph_plan(torch_ref, models, n):
     # Each exact graph plan both layers build (Note [exact candidates]), named as train_step prints
     # it, one direction at a time.
     from descriptors.search import table
-    from lenet.ops.conv import ConvLayer
     model = models[n]
-    convs = [layer for layer in model.layers if isinstance(layer, ConvLayer)]
+    specs = [s.spec for s in model.stages]
     tried = 0
     for d, field, epilogue in (("fwd", "fwd", "bias_relu"), ("bwd-data", "bwd_data", "drelu"),
                                ("bwd-filter", "bwd_filter", "")):
-        layers = [c for c in convs if d != "bwd-data" or c.dx]
-        names = set.intersection(*({t.candidate.name for t in table(model.handle, c.spec(d, n, epilogue),
+        chosen = [s for s in specs if d != "bwd-data" or s.dx]
+        names = set.intersection(*({t.candidate.name for t in table(model.handle, s.conv(d, n, epilogue),
                                                                      AlgoPolicy.parse("exhaustive", engine="graph"))}
-                                   for c in layers))
+                                   for s in chosen))
         assert names, f"no exact graph plan common to both layers for {d}"
         for name in sorted(names):
             model.set_policy(AlgoPolicy(engine="graph", **{field: name}))
@@ -176,9 +175,14 @@ def test_parity_winograd_combinations(torch_ref, models, n):
 
 
 def test_deterministic_policy(models):
+    # With --deterministic and the heuristic, timing decides nothing: the first stage engine that runs
+    # (ours), or under a cuDNN engine its first-ranked deterministic candidates.
     model = models[7]
     model.set_policy(AlgoPolicy(deterministic=True))
     assert model.pool.read()["mode"] == "max_deterministic"
+    rows = conv_rows(model.describe(7))
+    assert all(r["deterministic"] for r in rows) and all(r["engine"] == "ours" for r in rows), rows
+    model.set_policy(AlgoPolicy(deterministic=True, engine="legacy"))
     rows = conv_rows(model.describe(7))
     assert all(r["deterministic"] for r in rows) and all(r["engine"] == "legacy" for r in rows), rows
     model.set_policy(AlgoPolicy(deterministic=True, engine="graph"))
@@ -323,7 +327,7 @@ def test_train_step_program(tmp_path):
                               "--algo", algo], env=env, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         facts = json.loads(out.stdout)
-        assert len(facts["algorithms"]) == 5 and facts["step_ms"] > 0
+        assert {r["layer"] for r in facts["algorithms"]} == {"conv1", "conv2"} and facts["step_ms"] > 0
         assert facts["loss_after"] < facts["loss_before"]
     out = subprocess.run([sys.executable, "-m", "lenet.train_step", "--synthetic", "--algo", "fwd=fft",
                           "--batch-size", "8", "--workspace-limit", "0"], env=env, capture_output=True,
@@ -342,7 +346,8 @@ def test_chunks_with_a_remainder(torch_ref):
     check_one_step(torch_ref, model, 40, seed=8, what="chunks of 16")
 
 
-LARGE = [("graph", False, 8192), ("graph", True, None), ("auto", True, 8192), ("auto", False, None)]
+LARGE = [("graph", False, 8192), ("graph", True, None), ("auto", True, 8192), ("auto", False, None),
+         ("ours", False, None)]
 
 
 @pytest.mark.parametrize("engine,graph,chunk", LARGE, ids=[f"{e}-{'cuda-graph' if g else 'eager'}-{c or 'timed'}"

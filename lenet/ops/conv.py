@@ -1,8 +1,8 @@
-"""A convolution layer (conv + bias + ReLU), planned per batch size.
+"""The convolution of a stage (conv + bias + ReLU) on cuDNN, planned per batch size.
 
 Each direction (forward with bias and ReLU, weight gradient, data gradient) is chosen by
-descriptors.search over every engine, chunk sizes included, and bound here to the model's
-buffers; the layer never knows which engine won.
+descriptors.search over every engine, chunk sizes included, and bound here to the stage's
+tensors; the layer never knows which engine won.
 
 Note [relu at the pooled level]: ReLU commutes with max pooling (both are monotone), so
 p = maxpool(relu(c)) = relu(maxpool(c)) and the ReLU mask of a stage can be applied to the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from descriptors.engines import BATCH_ROLES, ENGINES, ConvSpec
+from descriptors.engines import BATCH_ROLES, ENGINES
 from descriptors.search import ConvChoice, choose
 
 
@@ -74,48 +74,31 @@ class BoundConv:
         return row
 
 
-class ConvLayer:
-    """y = relu(conv(x, w) + b) over named model buffers; dy is ``"d" + y``.
+class PlannedConv:
+    """conv + bias + ReLU of one stage at batch n, bound to its tensors: the forward, the weight and
+    bias gradient, and (when ``dx`` is given) the data gradient masked by ``act > 0``.
 
-    ``dx`` names the input gradient to compute (None: none, as for the first layer), and
-    ``act`` the ReLU output whose mask that gradient takes (see Note [relu at the pooled level]).
+    ``x``, ``y``, ``dy``, ``dx``, ``act`` are the batch's rows; ``conv(direction, n, epilogue)`` makes
+    the ConvSpec of each direction; ``bias_scratch`` holds C*H*W floats of y for the bias gradient.
     """
 
-    def __init__(self, name: str, x: str, y: str, x_chw: tuple, w_kcrs: tuple, *, dx: str | None = None,
-                 act: str | None = None, pad=0, stride=1, dilation=1):
-        self.name, self.x, self.y, self.dx, self.act = name, x, y, dx, act
-        self.x_chw, self.w_kcrs = tuple(x_chw), tuple(w_kcrs)
-        self.conv = dict(pad=pad, stride=stride, dilation=dilation)
-
-    def spec(self, direction: str, n: int, epilogue: str = "") -> ConvSpec:
-        pair = (lambda v: (v, v) if isinstance(v, int) else tuple(v))
-        return ConvSpec(direction, n, self.x_chw, self.w_kcrs, pair(self.conv["pad"]), pair(self.conv["stride"]),
-                        pair(self.conv["dilation"]), epilogue)
-
-    def plan(self, model, n: int) -> "PlannedConvLayer":
-        return PlannedConvLayer(self, model, n)
-
-
-class PlannedConvLayer:
-    def __init__(self, layer: ConvLayer, model, n: int):
-        self.layer, self.n = layer, n
-        buf, p, g = model.buf, model.p, model.g
-        h, pol, ws = model.handle, model.policy, model.workspace
-        kw = dict(fused=model.fused, captured=model.cuda_graph)
-        x, y, dy = buf[layer.x][:n], buf[layer.y][:n], buf["d" + layer.y][:n]
-        w, b = p[f"{layer.name}.weight"], p[f"{layer.name}.bias"].reshape(1, -1, 1, 1)
-        self.forward = BoundConv(h, choose(h, layer.spec("fwd", n, "bias_relu"), pol, **kw),
-                                 {"x": x, "w": w, "b": b, "y": y}, ws)
-        self.wgrad = BoundConv(h, choose(h, layer.spec("bwd-filter", n), pol, **kw),
-                               {"x": x, "dy": dy, "dw": g[f"{layer.name}.weight"]}, ws, model.blas, model.ones)
+    def __init__(self, ctx, name: str, conv, n: int, *, x, w, b, y, dy, dw, db, dx=None, act=None, bias_scratch):
+        self.name, self.n = name, n
+        h, pol, ws = ctx.handle, ctx.policy, ctx.workspace
+        kw = dict(fused=ctx.fused, captured=ctx.captured)
+        b4 = b.reshape(1, -1, 1, 1)
+        self.forward = BoundConv(h, choose(h, conv("fwd", n, "bias_relu"), pol, **kw),
+                                 {"x": x, "w": w, "b": b4, "y": y}, ws)
+        self.wgrad = BoundConv(h, choose(h, conv("bwd-filter", n), pol, **kw),
+                               {"x": x, "dy": dy, "dw": dw}, ws, ctx.blas, ctx.ones)
         self.dgrad = None
-        if layer.dx is not None:
-            arrays = {"dy": dy, "w": w, "dx": buf[layer.dx][:n]}
-            if layer.act is not None:
-                arrays["act"] = buf[layer.act][:n]
-            self.dgrad = BoundConv(h, choose(h, layer.spec("bwd-data", n, "drelu" if layer.act else ""), pol, **kw),
+        if dx is not None:
+            arrays = {"dy": dy, "w": w, "dx": dx}
+            if act is not None:
+                arrays["act"] = act
+            self.dgrad = BoundConv(h, choose(h, conv("bwd-data", n, "drelu" if act is not None else ""), pol, **kw),
                                    arrays, ws)
-        self._bias = _bias_gradient(model, dy, g[f"{layer.name}.bias"])
+        self._bias = _bias_gradient(ctx.blas, ctx.ones, dy, db, bias_scratch)
 
     def backward(self) -> None:
         self.wgrad()
@@ -128,13 +111,13 @@ class PlannedConvLayer:
         return max(c.workspace_bytes for c in (self.forward, self.wgrad, self.dgrad) if c is not None)
 
     def describe(self) -> list[dict]:
-        rows = [c.describe(self.layer.name) for c in (self.forward, self.wgrad, self.dgrad) if c is not None]
-        rows.append({"layer": self.layer.name, "op": "bias-grad", "engine": "cublas", "algo": "2 x gemv",
+        rows = [c.describe(self.name) for c in (self.forward, self.wgrad, self.dgrad) if c is not None]
+        rows.append({"layer": self.name, "op": "bias-grad", "engine": "cublas", "algo": "2 x gemv",
                      "chunk": self.n, "chunks": 1})
         return rows
 
 
-def _bias_gradient(model, dy, db):
+def _bias_gradient(blas, ones, dy, db, scratch):
     """db[c] = sum of dy[:, c, :, :], as two cuBLAS gemv: over the batch, then over H*W.
 
     Note [conv bias gradient]: cudnnConvolutionBackwardBias launches one block per channel;
@@ -142,8 +125,8 @@ def _bias_gradient(model, dy, db):
     conv2, the largest items of the step. Two gemv take ~4 us each.
     """
     n, c, hh, ww = dy.shape
-    tmp = model.bias_scratch[: c * hh * ww]
-    flat, blas, ones = dy.reshape(n, c * hh * ww), model.blas, model.ones
+    tmp = scratch[: c * hh * ww]
+    flat = dy.reshape(n, c * hh * ww)
 
     def run():
         blas.column_sums(flat, ones, tmp)                    # (C*H*W,) sum over N

@@ -63,29 +63,19 @@ def _choose(handle, pool, chw: tuple, n: int, sizes: list, captured: bool) -> tu
     return chunk, ms
 
 
-class MaxPool:
-    """y = maxpool2x2(x) over named model buffers; backward dx from dy (``"d" + name``)."""
-
-    def __init__(self, name: str, x: str, y: str, x_chw: tuple):
-        self.name, self.x, self.y, self.x_chw = name, x, y, tuple(x_chw)
-
-    def plan(self, model, n: int) -> "PlannedPool":
-        return PlannedPool(self, model, n)
-
-
 class PlannedPool:
-    def __init__(self, layer: MaxPool, model, n: int):
-        self.layer, self.n = layer, n
-        h, pool = model.handle, model.pool
+    """y = maxpool2x2(x) at batch n over the batch's rows of x (N, C, H, W) and y, and its backward
+    dx from dy, in chunks chosen by timing."""
+
+    def __init__(self, ctx, name: str, n: int, *, x, y, dx, dy):
+        self.name, self.n = name, n
+        h, pool, pol = ctx.handle, ctx.pool, ctx.policy
         self.mode = pool.read()["mode"]
-        chw = layer.x_chw
-        pol = model.policy
+        chw = tuple(x.shape[1:])
         sizes = chunk_sizes(n, pol.chunk, pol.deterministic and pol.fwd == "heuristic")
         if min(sizes) > POOL_LIMIT:       # a forced chunk above the limit: the largest that runs
             sizes = [POOL_LIMIT]
-        self.chunk, self.ms = _choose(h, pool, chw, n, sizes, model.cuda_graph)
-        b = model.buf
-        x, y, dx, dy = (b[k][:n] for k in (layer.x, layer.y, "d" + layer.x, "d" + layer.y))
+        self.chunk, self.ms = _choose(h, pool, chw, n, sizes, ctx.captured)
         descs = {}
         self._fwd, self._bwd = [], []
         for start in range(0, n, self.chunk):
@@ -111,5 +101,5 @@ class PlannedPool:
     workspace_bytes = 0
 
     def describe(self) -> list[dict]:
-        return [{"layer": self.layer.name, "op": "pool fwd+bwd", "engine": "legacy", "algo": self.mode,
+        return [{"layer": self.name, "op": "pool fwd+bwd", "engine": "legacy", "algo": self.mode,
                  "chunk": self.chunk, "chunks": -(-self.n // self.chunk), "time_ms": self.ms, "workspace_bytes": 0}]

@@ -1,0 +1,275 @@
+// LeNet's two stages, conv (5x5, valid) + bias + ReLU + 2x2/2 max-pool, forward and backward, each
+// direction fused into one kernel (plus one small reduction for the weight and bias gradients).
+// Launchers and the engine around them: lenet/stages/ours.py.
+//
+// Layouts: NCHW float32. An argmax byte q = 2 * dy + dx names the position of a pooling window's
+// maximum (dy, dx in {0, 1}); the first maximum in the order a00, a01, a10, a11 wins.
+//   stage 1: x (N, 1, 28, 28), w (6, 1, 5, 5), b (6)   -> conv (N, 6, 24, 24) -> p (N, 6, 12, 12)
+//   stage 2: x (N, 6, 12, 12), w (16, 6, 5, 5), b (16) -> conv (N, 16, 8, 8)  -> p (N, 16, 4, 4)
+//
+// Note [stage backward through the argmax]: the gradient below a 2x2 max-pool is nonzero at one
+// position in four (the argmax), so the weight gradient sums over the pooled positions only,
+// dw[k, c, r, s] = sum_(n, pi, pj) dp[n, k, pi, pj] * x[n, c, y + r, x + s] with (y, x) the window's
+// argmax, and the data gradient gathers, for each input position, the at most 3 x 3 windows per
+// output channel whose argmax lies within the filter's reach: a quarter of the multiply-adds of a
+// dense weight or data gradient. The incoming dp is the gradient of the pooled output already
+// masked by this stage's ReLU (see Note [relu at the pooled level] in lenet/ops/conv.py); the data
+// gradient is masked by the previous stage's ReLU, whose output is this stage's input x.
+//
+// Weight and bias gradients are deterministic: each block sums its images in a fixed order into
+// its own row of `part`, and stage_reduce_kernel adds the rows in block order. No float atomics.
+
+#define S1_IMAGE 784
+#define S1_POOLED 864   // 6 * 12 * 12
+#define S2_IMAGE 864    // 6 * 12 * 12
+#define S2_POOLED 256   // 16 * 4 * 4
+#define S2_WEIGHTS 2400 // 16 * 6 * 5 * 5
+
+// ReLU of a window's maximum that keeps a NaN (fmaxf would turn it into 0 and hide a diverged run).
+__device__ __forceinline__ float relu_keep_nan(float v) { return (v > 0.f || v != v) ? v : 0.f; }
+
+// Stage 1 forward. blockDim.x = 144 * imgs: thread t works on image slot t / 144 of the block's
+// current group of imgs images, at pooled position (pi, pj) = (t % 144 / 12, t % 144 % 12), for all
+// 6 channels: its 6 x 6 input patch in registers, 4 conv outputs per channel, their max and argmax.
+// Shared: sx (imgs * 784 floats, dynamic) the group's images; sw (150), sb (6) weights and bias.
+extern "C" __global__ void __launch_bounds__(576)
+stage1_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                      float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+  extern __shared__ float sx[];
+  __shared__ float sw[150];
+  __shared__ float sb[6];
+  const int t = threadIdx.x, imgs = blockDim.x / 144, slot = t / 144, pos = t % 144;
+  const int pi = pos / 12, pj = pos % 12;
+  for (int i = t; i < 150; i += blockDim.x) sw[i] = w[i];
+  if (t < 6) sb[t] = b[t];
+  for (int n0 = blockIdx.x * imgs; n0 < N; n0 += gridDim.x * imgs) {
+    __syncthreads();   // every read of the previous group is done
+    const int count = min(imgs, N - n0);
+    for (int i = t; i < count * S1_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n0 * S1_IMAGE + i];
+    __syncthreads();
+    if (slot >= count) continue;
+    const float* xs = sx + slot * S1_IMAGE + (2 * pi) * 28 + 2 * pj;
+    float v[6][6];
+#pragma unroll
+    for (int r = 0; r < 6; ++r)
+#pragma unroll
+      for (int s = 0; s < 6; ++s) v[r][s] = xs[r * 28 + s];
+    const size_t out = (size_t)(n0 + slot) * S1_POOLED + pos;
+#pragma unroll
+    for (int k = 0; k < 6; ++k) {
+      float a0 = sb[k], a1 = a0, a2 = a0, a3 = a0;
+#pragma unroll
+      for (int r = 0; r < 5; ++r)
+#pragma unroll
+        for (int s = 0; s < 5; ++s) {
+          const float wv = sw[k * 25 + r * 5 + s];
+          a0 = fmaf(v[r][s], wv, a0);
+          a1 = fmaf(v[r][s + 1], wv, a1);
+          a2 = fmaf(v[r + 1][s], wv, a2);
+          a3 = fmaf(v[r + 1][s + 1], wv, a3);
+        }
+      float best = a0;
+      int q = 0;
+      if (a1 > best) { best = a1; q = 1; }
+      if (a2 > best) { best = a2; q = 2; }
+      if (a3 > best) { best = a3; q = 3; }
+      p[out + k * 144] = relu_keep_nan(best);
+      arg[out + k * 144] = (unsigned char)q;
+    }
+  }
+}
+
+// Stage 2 forward. blockDim.x = 256 * imgs: thread t works on image slot t / 256 at pooled output
+// o = t % 256 = (k, pi, pj): 4 conv outputs in registers over 6 channels x 25 taps, then max and argmax.
+// Shared (dynamic): sw (2400) the weights, then sx (imgs * 864) the group's images; sb (16) the bias.
+extern "C" __global__ void __launch_bounds__(512)
+stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                      float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+  extern __shared__ float smem[];
+  float* sw = smem;
+  float* sx = smem + S2_WEIGHTS;
+  __shared__ float sb[16];
+  const int t = threadIdx.x, imgs = blockDim.x / 256, slot = t / 256, o = t % 256;
+  const int k = o >> 4, pi = (o >> 2) & 3, pj = o & 3;
+  for (int i = t; i < S2_WEIGHTS; i += blockDim.x) sw[i] = w[i];
+  if (t < 16) sb[t] = b[t];
+  for (int n0 = blockIdx.x * imgs; n0 < N; n0 += gridDim.x * imgs) {
+    __syncthreads();
+    const int count = min(imgs, N - n0);
+    for (int i = t; i < count * S2_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n0 * S2_IMAGE + i];
+    __syncthreads();
+    if (slot >= count) continue;
+    float a00 = sb[k], a01 = a00, a10 = a00, a11 = a00;
+    for (int c = 0; c < 6; ++c) {
+      const float* xc = sx + slot * S2_IMAGE + c * 144 + (2 * pi) * 12 + 2 * pj;
+      const float* wc = sw + (k * 6 + c) * 25;
+#pragma unroll
+      for (int r = 0; r < 5; ++r) {
+        float x0[6], x1[6];
+#pragma unroll
+        for (int s = 0; s < 6; ++s) { x0[s] = xc[r * 12 + s]; x1[s] = xc[(r + 1) * 12 + s]; }
+#pragma unroll
+        for (int s = 0; s < 5; ++s) {
+          const float wv = wc[r * 5 + s];
+          a00 = fmaf(x0[s], wv, a00);
+          a01 = fmaf(x0[s + 1], wv, a01);
+          a10 = fmaf(x1[s], wv, a10);
+          a11 = fmaf(x1[s + 1], wv, a11);
+        }
+      }
+    }
+    float best = a00;
+    int q = 0;
+    if (a01 > best) { best = a01; q = 1; }
+    if (a10 > best) { best = a10; q = 2; }
+    if (a11 > best) { best = a11; q = 3; }
+    const size_t out = (size_t)(n0 + slot) * S2_POOLED + o;
+    p[out] = relu_keep_nan(best);
+    arg[out] = (unsigned char)q;
+  }
+}
+
+// Stage 1 backward: the weight and bias gradients (nothing needs conv1's data gradient).
+// blockDim.x = 160, one image per block iteration: thread t < 150 owns weight (k, r, s) =
+// (t / 25, t % 25 / 5, t % 5); 150 <= t < 156 the bias of channel t - 150; each sums its images in
+// registers and writes its block's row part[blockIdx.x * 156 + t] (dw 150, then db 6).
+// Shared: sx (784) the image; sg (864) the pooled gradient; so (864) each window's argmax as an
+// offset y * 28 + x into the image (Note [stage backward through the argmax]).
+extern "C" __global__ void __launch_bounds__(160)
+stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restrict__ arg,
+                       const float* __restrict__ dp, float* __restrict__ part, int N) {
+  __shared__ float sx[S1_IMAGE];
+  __shared__ float sg[S1_POOLED];
+  __shared__ int so[S1_POOLED];
+  const int t = threadIdx.x;
+  const int k = t / 25, tap = (t % 25 / 5) * 28 + t % 5;
+  float acc = 0.f;
+  for (int n = blockIdx.x; n < N; n += gridDim.x) {
+    __syncthreads();
+    for (int i = t; i < S1_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n * S1_IMAGE + i];
+    for (int i = t; i < S1_POOLED; i += blockDim.x) {
+      const int q = arg[(size_t)n * S1_POOLED + i], pos = i % 144;
+      so[i] = (2 * (pos / 12) + (q >> 1)) * 28 + 2 * (pos % 12) + (q & 1);
+      sg[i] = dp[(size_t)n * S1_POOLED + i];
+    }
+    __syncthreads();
+    float a = 0.f;
+    if (t < 150) {
+      const float* g = sg + k * 144;
+      const int* off = so + k * 144;
+      for (int i = 0; i < 144; ++i) a = fmaf(g[i], sx[off[i] + tap], a);
+    } else if (t < 156) {
+      const float* g = sg + (t - 150) * 144;
+      for (int i = 0; i < 144; ++i) a += g[i];
+    }
+    acc += a;
+  }
+  if (t < 156) part[(size_t)blockIdx.x * 156 + t] = acc;
+}
+
+// Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients.
+// blockDim.x = 256, one image per block iteration.
+//   Weight gradient: thread t owns weights t + 256 j (j < 10, those < 2400) in registers.
+//   Bias gradient: thread t < 16 owns channel t.
+//   Data gradient: thread t < 144 owns input position (yy, xx) = (t / 12, t % 12), all 6 channels.
+// Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16).
+// Shared: sw (2400) weights; sx (864) the image; sg (256) the pooled gradient; so (256) each window's
+// argmax as an offset y * 12 + x into a 12 x 12 input plane; sy, sxc (256) its row and column in the
+// 8 x 8 conv output (Note [stage backward through the argmax]).
+extern "C" __global__ void __launch_bounds__(256)
+stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
+                       const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, int N) {
+  __shared__ float sw[S2_WEIGHTS];
+  __shared__ float sx[S2_IMAGE];
+  __shared__ float sg[S2_POOLED];
+  __shared__ int so[S2_POOLED];
+  __shared__ unsigned char sy[S2_POOLED], sxc[S2_POOLED];
+  const int t = threadIdx.x;
+  for (int i = t; i < S2_WEIGHTS; i += blockDim.x) sw[i] = w[i];
+  int tap[10], row[10];
+  float acc[10];
+#pragma unroll
+  for (int j = 0; j < 10; ++j) {
+    const int wi = min(t + 256 * j, S2_WEIGHTS - 1), rem = wi % 150;
+    row[j] = (wi / 150) * 16;
+    tap[j] = (rem / 25) * 144 + (rem % 25 / 5) * 12 + rem % 5;
+    acc[j] = 0.f;
+  }
+  float bacc = 0.f;
+  const int yy = t / 12, xx = t % 12;
+  const int pi0 = max(0, (yy - 4) / 2), pi1 = min(3, yy / 2), pj0 = max(0, (xx - 4) / 2), pj1 = min(3, xx / 2);
+  for (int n = blockIdx.x; n < N; n += gridDim.x) {
+    __syncthreads();
+    for (int i = t; i < S2_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n * S2_IMAGE + i];
+    {
+      const int q = arg[(size_t)n * S2_POOLED + t], pos = t & 15;
+      const int y = 2 * (pos >> 2) + (q >> 1), xc = 2 * (pos & 3) + (q & 1);
+      sy[t] = (unsigned char)y;
+      sxc[t] = (unsigned char)xc;
+      so[t] = y * 12 + xc;
+      sg[t] = dp[(size_t)n * S2_POOLED + t];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < 10; ++j) {
+      if (t + 256 * j < S2_WEIGHTS) {
+        const float* g = sg + row[j];
+        const int* off = so + row[j];
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) a = fmaf(g[i], sx[off[i] + tap[j]], a);
+        acc[j] += a;
+      }
+    }
+    if (t < 16) {
+      float a = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) a += sg[t * 16 + i];
+      bacc += a;
+    }
+    if (t < 144) {
+      float a[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      for (int k = 0; k < 16; ++k)
+        for (int pi = pi0; pi <= pi1; ++pi)
+          for (int pj = pj0; pj <= pj1; ++pj) {
+            const int i = k * 16 + pi * 4 + pj, r = yy - sy[i], s = xx - sxc[i];
+            if (r >= 0 && r < 5 && s >= 0 && s < 5) {
+              const float g = sg[i];
+              const float* wk = sw + k * 150 + r * 5 + s;
+#pragma unroll
+              for (int c = 0; c < 6; ++c) a[c] = fmaf(g, wk[c * 25], a[c]);
+            }
+          }
+#pragma unroll
+      for (int c = 0; c < 6; ++c) {
+        const int o = c * 144 + t;
+        dx[(size_t)n * S2_IMAGE + o] = sx[o] > 0.f ? a[c] : 0.f;
+      }
+    }
+  }
+  float* mine = part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
+#pragma unroll
+  for (int j = 0; j < 10; ++j)
+    if (t + 256 * j < S2_WEIGHTS) mine[t + 256 * j] = acc[j];
+  if (t < 16) mine[S2_WEIGHTS + t] = bacc;
+}
+
+// The blocks' rows of partial sums added in block order (deterministic): column i < mw goes to
+// dw[i], the rest to db[i - mw]. One thread per column; four running sums over the rows b % 4,
+// added in a fixed order at the end.
+extern "C" __global__ void stage_reduce_kernel(const float* __restrict__ part, float* __restrict__ dw,
+                                               float* __restrict__ db, int rows, int mw, int mb) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = mw + mb;
+  if (i >= m) return;
+  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+  int b = 0;
+  for (; b + 4 <= rows; b += 4) {
+    a0 += part[(size_t)b * m + i];
+    a1 += part[(size_t)(b + 1) * m + i];
+    a2 += part[(size_t)(b + 2) * m + i];
+    a3 += part[(size_t)(b + 3) * m + i];
+  }
+  for (; b < rows; ++b) a0 += part[(size_t)b * m + i];
+  const float a = (a0 + a1) + (a2 + a3);
+  if (i < mw) dw[i] = a; else db[i - mw] = a;
+}

@@ -1,0 +1,114 @@
+"""The exact answer of a stage, from cuDNN, that every candidate of ours is checked against.
+
+Note [checking a stage]: a stage holds two decisions, the pooling's argmax and the ReLU, and a
+float32 decision taken at a near-tie may go either way: two exact float32 implementations that sum
+in different orders can route a gradient to different positions, and one such decision moves a
+weight-gradient entry by a whole term. So a candidate is checked against the same decisions:
+  forward   its pooled output within EXACT_RTOL (norm-wise) of the reference, and its argmax equal
+            to the reference's at every window with a live output (> 0) whose top two values are
+            more than TIE_RTOL * max|conv| apart (the ties it may decide either way are counted);
+  backward  given the reference's argmax and the gradient masked by the reference's ReLU, its weight,
+            bias and input gradients within EXACT_RTOL of the reference's.
+The reference is cuDNN's exact descriptor-API convolutions (descriptors.search.reference, FMA
+float32), with the bias, the pooling and the routing through the argmax done on the GPU by CuPy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from descriptors.search import EXACT_RTOL, distance, reference
+
+TIE_RTOL = 1e-4
+CHECK_BATCH = 256
+
+
+@dataclass
+class StageReference:
+    x: object      # (m, C, H, W) operands ...
+    w: object
+    b: object
+    dy_raw: object
+    y: object      # (m, K, H/2, W/2) pooled output
+    arg: object    # (m, K, H/2, W/2) uint8 argmax q = 2 * dy + dx
+    decided: object  # (m, K, H/2, W/2) bool: live windows whose argmax is not a near-tie
+    dy: object     # dy_raw masked by y > 0: what the stage's backward receives
+    dw: object
+    db: object
+    dx: object     # masked by x > 0, or None
+
+
+def operands(spec, m: int, seed: int = 0):
+    """Random x (a ReLU output when the stage has an input gradient), w, b, dy at batch m."""
+    import cupy
+
+    rng = cupy.random.default_rng(seed)
+    f32 = cupy.float32
+    x = rng.standard_normal((m, *spec.x), dtype=f32)
+    if spec.dx:
+        x = cupy.maximum(x, 0)
+    w = rng.standard_normal(spec.w, dtype=f32) * f32(0.2)
+    b = rng.standard_normal(spec.w[0], dtype=f32) * f32(0.1)
+    dy = rng.standard_normal((m, *spec.y), dtype=f32)
+    return x, w, b, dy
+
+
+def stage_reference(handle, spec, m: int = CHECK_BATCH) -> StageReference:
+    import cupy
+
+    x, w, b, dy_raw = operands(spec, m)
+    k, h, ww = spec.conv_chw
+    with handle.stream:
+        c = cupy.empty((m, k, h, ww), cupy.float32)
+    reference(handle, spec.conv("fwd", m), {"x": x, "w": w, "y": c})
+    with handle.stream:
+        c += b.reshape(1, k, 1, 1)
+        win = c.reshape(m, k, h // 2, 2, ww // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(m, k, h // 2, ww // 2, 4)
+        arg = win.argmax(axis=-1).astype(cupy.uint8)
+        top2 = cupy.sort(win, axis=-1)[..., 2:]
+        top = top2[..., 1]
+        decided = (top > 0) & (top2[..., 1] - top2[..., 0] > TIE_RTOL * float(cupy.abs(c).max()))
+        y = cupy.maximum(top, 0)
+        dy = dy_raw * (top > 0)
+        routed = (cupy.arange(4, dtype=cupy.uint8) == arg[..., None]) * dy[..., None]
+        dc = cupy.ascontiguousarray(routed.reshape(m, k, h // 2, ww // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
+                                    .reshape(m, k, h, ww))
+        dw = cupy.empty(spec.w, cupy.float32)
+        db = dc.sum(axis=(0, 2, 3))
+    reference(handle, spec.conv("bwd-filter", m), {"x": x, "dy": dc, "dw": dw})
+    dx = None
+    if spec.dx:
+        with handle.stream:
+            dx = cupy.empty_like(x)
+        reference(handle, spec.conv("bwd-data", m), {"dy": dc, "w": w, "dx": dx})
+        with handle.stream:
+            dx *= x > 0
+    handle.stream.synchronize()
+    return StageReference(x, w, b, dy_raw, y, arg, decided, dy, dw, db, dx)
+
+
+def check_forward(ref: StageReference, y, arg) -> tuple[float, int, str | None]:
+    """(distance of y, number of windows decided otherwise at a near-tie, why it fails or None)."""
+    import cupy
+
+    err = distance(y, ref.y)
+    differ = arg != ref.arg
+    wrong = int(cupy.count_nonzero(differ & ref.decided))
+    ties = int(cupy.count_nonzero(differ)) - wrong
+    if not err <= EXACT_RTOL:
+        return err, ties, f"pooled output is {err:.1e} from cuDNN's exact result (bound {EXACT_RTOL:.0e})"
+    if wrong:
+        return err, ties, f"{wrong} pooling windows took another argmax than cuDNN's away from any tie"
+    return err, ties, None
+
+
+def check_backward(ref: StageReference, dw, db, dx=None) -> tuple[float, str | None]:
+    """(largest distance of dw, db, dx from the reference's, why it fails or None)."""
+    errs = {"dw": distance(dw, ref.dw), "db": distance(db, ref.db)}
+    if ref.dx is not None:
+        errs["dx"] = distance(dx, ref.dx)
+    worst = max(errs, key=lambda k: errs[k] if errs[k] == errs[k] else float("inf"))
+    err = errs[worst]
+    if not err <= EXACT_RTOL:
+        return err, f"{worst} is {err:.1e} from cuDNN's exact result (bound {EXACT_RTOL:.0e})"
+    return err, None

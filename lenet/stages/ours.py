@@ -1,0 +1,264 @@
+"""Our stage engine: each direction of a stage fused into one kernel of lenet/kernels/stage.cu (the
+backward plus one reduction of the per-block weight and bias gradients).
+
+Candidates are launch shapes: the forward's images per block iteration and its blocks per SM, the
+backward's blocks per SM. ``heuristic`` takes the first of each list (a rule: no timing),
+``exhaustive`` times them all, each as the step runs it. Every candidate is checked against cuDNN's
+exact result before it may run (Note [checking a stage] in lenet/stages/check.py), once per
+process. Our kernels are exact float32 (FMA, no TF32) and deterministic: a fixed launch shape sums
+the gradients in a fixed order (Note [stage backward through the argmax] in the kernel file).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from descriptors.algorithms import AlgorithmNotSupportedError, Direction
+from descriptors.timing import time_launcher
+
+from ..kernels import kernel
+from . import check
+
+BACKWARD_BLOCKS_PER_SM = (8, 2, 4, 16)   # the first is the heuristic's
+FORWARD_BLOCKS_PER_SM = (8, 4, 16)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernels of one stage shape: names, threads per image and per block, partial-sum widths."""
+
+    forward: str
+    backward: str
+    fwd_threads: int           # threads per image of the forward
+    fwd_images: tuple          # images per forward block iteration (the first is the heuristic's)
+    fwd_smem: object           # images -> dynamic shared memory bytes of the forward
+    bwd_threads: int
+    mw: int                    # weight-gradient columns of a block's partial row
+    mb: int                    # bias-gradient columns
+
+    @property
+    def width(self) -> int:
+        return self.mw + self.mb
+
+
+# Keyed by (x, w, dx) of a StageSpec: LeNet's two stages.
+KERNELS = {
+    ((1, 28, 28), (6, 1, 5, 5), False): Kernels("stage1_forward_kernel", "stage1_backward_kernel", 144, (2, 1, 4),
+                                                lambda i: 4 * 784 * i, 160, 150, 6),
+    ((6, 12, 12), (16, 6, 5, 5), True): Kernels("stage2_forward_kernel", "stage2_backward_kernel", 256, (1, 2),
+                                                lambda i: 4 * (2400 + 864 * i), 256, 2400, 16),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _sms() -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+@dataclass(frozen=True)
+class Forward:
+    images: int       # per block iteration
+    per_sm: int       # blocks per SM (the grid is at most per_sm * SMs, and at most what the batch needs)
+
+    @property
+    def name(self) -> str:
+        return f"fused fwd i{self.images} g{self.per_sm}"
+
+    def grid(self, n: int) -> int:
+        return max(1, min(-(-n // self.images), self.per_sm * _sms()))
+
+
+@dataclass(frozen=True)
+class Backward:
+    per_sm: int
+
+    @property
+    def name(self) -> str:
+        return f"fused bwd g{self.per_sm}"
+
+    def grid(self, n: int) -> int:
+        return max(1, min(n, self.per_sm * _sms()))
+
+
+def forward_launcher(ks: Kernels, cand: Forward, n: int, x, w, b, y, arg):
+    """A zero-argument launch of the stage's forward on the first n images."""
+    fn, grid = kernel("stage", ks.forward), cand.grid(n)
+    threads, smem = ks.fwd_threads * cand.images, ks.fwd_smem(cand.images)
+    args = (x, w, b, y, arg, np.int32(n))
+    return lambda: fn((grid,), (threads,), args, shared_mem=smem)
+
+
+def backward_launcher(ks: Kernels, cand: Backward, n: int, part, x, w, arg, dy, dw, db, dx=None):
+    """A zero-argument launch of the stage's backward and of the reduction of its partial sums."""
+    fn, reduce, grid = kernel("stage", ks.backward), kernel("stage", "stage_reduce_kernel"), cand.grid(n)
+    if part.shape[0] < grid:
+        raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid}")
+    args = (x, arg, dy, part, np.int32(n)) if dx is None else (x, w, arg, dy, dx, part, np.int32(n))
+    red = (part, dw, db, np.int32(grid), np.int32(ks.mw), np.int32(ks.mb))
+    red_grid = -(-ks.width // 128)
+
+    def run():
+        fn((grid,), (ks.bwd_threads,), args)
+        reduce((red_grid,), (128,), red)
+    return run
+
+
+class OursPlan:
+    engine = "ours"
+    workspace_bytes = 0
+
+    def __init__(self, spec, n, fwd: Forward, bwd: Backward, forward, backward, errors: dict, times: dict):
+        self.spec, self.n, self.fwd, self.bwd = spec, n, fwd, bwd
+        self.forward, self.backward = forward, backward
+        self.errors, self.times = errors, times
+
+    def describe(self) -> list[dict]:
+        name = self.spec.name
+        e = self.errors
+        return [
+            {"layer": name, "op": "fwd+bias_relu_pool", "engine": "ours", "algo": self.fwd.name, "fused": True,
+             "chunk": self.n, "chunks": 1, "time_ms": self.times.get("fwd"), "workspace_bytes": 0,
+             "error": e.get("fwd"), "ties": e.get("ties"), "deterministic": True, "math": "fp32"},
+            {"layer": name, "op": "bwd" + ("+data" if self.spec.dx else "") + "+filter+bias", "engine": "ours",
+             "algo": self.bwd.name, "fused": True, "chunk": self.n, "chunks": 1, "time_ms": self.times.get("bwd"),
+             "workspace_bytes": 0, "error": e.get("bwd"), "deterministic": True, "math": "fp32"},
+        ]
+
+    def choice(self) -> dict:
+        return {"fwd": [self.fwd.images, self.fwd.per_sm], "bwd": [self.bwd.per_sm]}
+
+
+class OursStage:
+    name = "ours"
+
+    def __init__(self):
+        self._checked: dict = {}   # (device, spec, candidate) -> (error, ties, why) (see Note [checking a stage])
+        self._refs: dict = {}      # (device, spec) -> StageReference
+
+    def serves(self, engine: str) -> bool:
+        """Whether --engine ``engine`` lets this engine compete."""
+        return engine in ("auto", self.name)
+
+    def warm(self) -> None:
+        """Compile the kernels (or load them from CuPy's cache)."""
+        for ks in KERNELS.values():
+            kernel("stage", ks.forward)
+
+    def refuses(self, spec, ctx) -> str | None:
+        p = ctx.policy
+        if not self.serves(p.engine):
+            return f"engine {p.engine} runs cuDNN only"
+        if not ctx.fused:
+            return "fusion is off (--no-fused), and our stages are fused kernels"
+        if p.chunk is not None:
+            return "runs the whole batch in one launch, and --chunk fixes cuDNN's calls"
+        fixed = [p.choice(d) for d in Direction if p.fixed(d)]
+        if fixed:
+            return f"--algo names cuDNN's {fixed[0]}"
+        if (spec.x, spec.w, spec.dx) not in KERNELS:
+            return f"no kernel of ours for x {spec.x}, w {spec.w}"
+        return None
+
+    def candidates(self, spec, policy) -> tuple[list[Forward], list[Backward]]:
+        ks = KERNELS[(spec.x, spec.w, spec.dx)]
+        fwd = [Forward(i, g) for g in FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]
+        bwd = [Backward(g) for g in BACKWARD_BLOCKS_PER_SM]
+        if policy.choice("fwd") == "heuristic":
+            fwd = fwd[:1]
+        if policy.choice("bwd-filter") == "heuristic":
+            bwd = bwd[:1]
+        return fwd, bwd
+
+    # ---------------------------------------------------------------- the check
+
+    def _reference(self, handle, spec):
+        key = (handle.device_id, spec)
+        if key not in self._refs:
+            self._refs[key] = check.stage_reference(handle, spec)
+        return self._refs[key]
+
+    def check(self, handle, spec, cand) -> tuple[float, int, str | None]:
+        """(distance from cuDNN's exact result, near-tie decisions taken otherwise, why it fails or None),
+        once per candidate (Note [checking a stage])."""
+        key = (handle.device_id, spec, cand)
+        if key in self._checked:
+            return self._checked[key]
+        import cupy
+
+        ks = KERNELS[(spec.x, spec.w, spec.dx)]
+        ref = self._reference(handle, spec)
+        m = ref.x.shape[0]
+        with handle.stream:
+            if isinstance(cand, Forward):
+                y = cupy.full(ref.y.shape, cupy.nan, cupy.float32)
+                arg = cupy.full(ref.arg.shape, 255, cupy.uint8)
+                forward_launcher(ks, cand, m, ref.x, ref.w, ref.b, y, arg)()
+                result = check.check_forward(ref, y, arg)
+            else:
+                part = cupy.empty((cand.grid(m), ks.width), cupy.float32)
+                dw = cupy.full(spec.w, cupy.nan, cupy.float32)
+                db = cupy.full(spec.w[0], cupy.nan, cupy.float32)
+                dx = cupy.full(ref.x.shape, cupy.nan, cupy.float32) if spec.dx else None
+                backward_launcher(ks, cand, m, part, ref.x, ref.w, ref.arg, ref.dy, dw, db, dx)()
+                err, why = check.check_backward(ref, dw, db, dx)
+                result = (err, 0, why)
+        handle.stream.synchronize()
+        self._checked[key] = result
+        return result
+
+    # ---------------------------------------------------------------- planning
+
+    def plan(self, ctx, stage, n: int, stored: dict | None = None) -> OursPlan:
+        import cupy
+
+        spec, handle = stage.spec, ctx.handle
+        ks = KERNELS[(spec.x, spec.w, spec.dx)]
+        rows = max(BACKWARD_BLOCKS_PER_SM) * _sms()
+
+        def make():
+            return {"arg": cupy.empty((stage.max_batch, *spec.y), cupy.uint8),   # (N, K, H/2, W/2) argmax bytes
+                    "part": cupy.empty((rows, ks.width), cupy.float32)}        # (blocks, mw + mb) partial sums
+        own = stage.scratch(self.name, make)
+        t = stage.tensors.rows(n)
+        arg = own["arg"][:n]
+
+        def fwd_of(c):
+            return forward_launcher(ks, c, n, t.x, t.w, t.b, t.y, arg)
+
+        def bwd_of(c):
+            return backward_launcher(ks, c, n, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx)
+
+        if stored is not None:
+            fwds, bwds = [Forward(*stored["fwd"])], [Backward(*stored["bwd"])]
+        else:
+            fwds, bwds = self.candidates(spec, ctx.policy)
+        errors, times, chosen = {}, {}, {}
+        for d, cands, launcher in (("fwd", fwds, fwd_of), ("bwd", bwds, bwd_of)):
+            best, dropped = None, []
+            for c in cands:
+                err, ties, why = self.check(handle, spec, c)
+                if why is not None:
+                    dropped.append(f"{c.name} {why}")
+                    continue
+                run = launcher(c)
+                if d == "bwd" and "fwd" in chosen:
+                    chosen["fwd"][1]()   # the backward reads what the chosen forward leaves (the argmax)
+                ms = time_launcher(run, handle.stream, graph=ctx.captured) if len(cands) > 1 else None
+                if best is None or (ms is not None and ms < best[2]):
+                    best = (c, run, ms if ms is not None else math.inf, err, ties)
+            if best is None:
+                raise AlgorithmNotSupportedError(f"no {d} kernel of ours passed the check for {spec.name}: "
+                                                 + "; ".join(dropped[:3]))
+            chosen[d] = best
+            errors[d] = best[3]
+            if d == "fwd":
+                errors["ties"] = best[4]
+            times[d] = None if best[2] == math.inf else best[2]
+        (fc, frun, *_), (bc, brun, *_) = chosen["fwd"], chosen["bwd"]
+        return OursPlan(spec, n, fc, bc, frun, brun, errors, times)

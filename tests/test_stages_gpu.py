@@ -1,0 +1,164 @@
+"""Our fused stage kernels (lenet/kernels/stage.cu) against PyTorch in float64, every launch shape
+at several batch sizes; the check the search runs on them; the whole step on --engine ours and auto
+against PyTorch; bit-identical reruns with --deterministic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import assert_close
+from descriptors import AlgoPolicy
+
+pytestmark = pytest.mark.gpu
+
+STAGE_RTOL = 1e-5   # float32 against float64 at the same decisions: sums of at most ~1e5 products
+
+
+def _specs():
+    from lenet.stages import StageSpec
+    return [StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5)), StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True)]
+
+
+def _float64_stage(torch, spec, x, w, b):
+    """(conv64, pooled64, argmax bytes, near-tie mask) of relu(maxpool(conv(x) + b)) in float64."""
+    F = torch.nn.functional
+    c = F.conv2d(x.double(), w.double(), b.double())
+    pooled, idx = F.max_pool2d(c, 2, return_indices=True)
+    wdt = c.shape[-1]
+    arg = (((idx // wdt) % 2) * 2 + (idx % wdt) % 2).to(torch.uint8)
+    win = c.unfold(2, 2, 2).unfold(3, 2, 2).reshape(*pooled.shape, 4)
+    top2 = win.topk(2, dim=-1).values
+    tie = (top2[..., 0] - top2[..., 1]) <= 1e-5 * c.abs().max()
+    return c, pooled.clamp_min(0), arg, tie
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 1001, 8192])
+def test_kernels_against_float64(torch_ref, n):
+    import cupy
+    import torch
+
+    from lenet.stages import ours
+    dev = "cuda"
+    gen = torch.Generator(device=dev).manual_seed(n)
+    for spec in _specs():
+        ks = ours.KERNELS[(spec.x, spec.w, spec.dx)]
+        x = torch.randn((n, *spec.x), device=dev, generator=gen)
+        if spec.dx:
+            x = x.clamp_min(0)
+        w = torch.randn(spec.w, device=dev, generator=gen) * 0.2
+        b = torch.randn(spec.w[0], device=dev, generator=gen) * 0.1
+        dy = torch.randn((n, *spec.y), device=dev, generator=gen)
+        c64, p64, arg64, tie = _float64_stage(torch, spec, x, w, b)
+        cx, cw, cb = (cupy.asarray(t.contiguous()) for t in (x, w, b))
+        for cand in [ours.Forward(i, g) for g in ours.FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]:
+            y = cupy.full((n, *spec.y), cupy.nan, cupy.float32)
+            arg = cupy.full((n, *spec.y), 255, cupy.uint8)
+            ours.forward_launcher(ks, cand, n, cx, cw, cb, y, arg)()
+            assert_close(cupy.asnumpy(y), p64.cpu().numpy(), f"{spec.name} n={n} {cand.name} pooled", STAGE_RTOL)
+            live = (p64 > 0).cpu().numpy()
+            differ = (cupy.asnumpy(arg) != arg64.cpu().numpy()) & live
+            away = differ & ~tie.cpu().numpy()
+            assert not away.any(), f"{spec.name} n={n} {cand.name}: {int(away.sum())} argmaxes differ away from ties"
+        # The backward on float64's decisions: the gradient masked by float64's ReLU, routed to its argmax.
+        dym = dy * (p64 > 0)
+        xr = x.double().requires_grad_(spec.dx)
+        wr, br = w.double().requires_grad_(), b.double().requires_grad_()
+        out = torch.nn.functional.conv2d(xr, wr, br)
+        dc = torch.zeros_like(c64)
+        h2, w2 = spec.y[1], spec.y[2]
+        q = arg64.long()
+        rows = torch.arange(h2, device=dev).view(1, 1, h2, 1) * 2 + q // 2
+        cols = torch.arange(w2, device=dev).view(1, 1, 1, w2) * 2 + q % 2
+        flat = (rows * c64.shape[-1] + cols).reshape(n, spec.w[0], -1)
+        dc.view(n, spec.w[0], -1).scatter_(2, flat, dym.double().reshape(n, spec.w[0], -1))
+        grads = torch.autograd.grad(out, [t for t in (xr, wr, br) if t.requires_grad], dc)
+        gx = grads[0] * (x > 0) if spec.dx else None
+        gw, gb = grads[-2], grads[-1]
+        cdy, carg = cupy.asarray(dym.contiguous()), cupy.asarray(arg64.contiguous())
+        for cand in [ours.Backward(g) for g in ours.BACKWARD_BLOCKS_PER_SM]:
+            part = cupy.empty((cand.grid(n), ks.width), cupy.float32)
+            dw, db = cupy.full(spec.w, cupy.nan, cupy.float32), cupy.full(spec.w[0], cupy.nan, cupy.float32)
+            dx = cupy.full((n, *spec.x), cupy.nan, cupy.float32) if spec.dx else None
+            ours.backward_launcher(ks, cand, n, part, cx, cw, carg, cdy, dw, db, dx)()
+            what = f"{spec.name} n={n} {cand.name}"
+            assert_close(cupy.asnumpy(dw), gw.cpu().numpy(), f"{what} dw", STAGE_RTOL)
+            assert_close(cupy.asnumpy(db), gb.cpu().numpy(), f"{what} db", STAGE_RTOL)
+            if spec.dx:
+                assert_close(cupy.asnumpy(dx), gx.cpu().numpy(), f"{what} dx", STAGE_RTOL)
+            again = dw.copy()
+            ours.backward_launcher(ks, cand, n, part, cx, cw, carg, cdy, dw, db, dx)()
+            assert cupy.array_equal(again, dw), f"{what}: a rerun is not bit-identical"
+
+
+def test_the_search_check_passes_ours_and_catches_a_wrong_decision():
+    import cupy
+
+    from descriptors import Handle
+    from lenet.stages import check, ours
+    h = Handle()
+    engine = ours.OursStage()
+    for spec in _specs():
+        ks = ours.KERNELS[(spec.x, spec.w, spec.dx)]
+        fwd, bwd = engine.candidates(spec, AlgoPolicy.parse("exhaustive"))
+        for cand in fwd + bwd:
+            err, ties, why = engine.check(h, spec, cand)
+            assert why is None and err < 1e-5, (spec.name, cand, err, why)
+        ref = engine._reference(h, spec)
+        m = ref.x.shape[0]
+        y, arg = cupy.empty_like(ref.y), cupy.empty_like(ref.arg)
+        ours.forward_launcher(ks, fwd[0], m, ref.x, ref.w, ref.b, y, arg)()
+        bad = arg.copy()
+        i = int(cupy.flatnonzero(ref.decided.ravel())[0])
+        bad.ravel()[i] = (int(bad.ravel()[i]) + 1) % 4
+        assert check.check_forward(ref, y, bad)[2] is not None, "a wrong argmax passed the check"
+        assert check.check_backward(ref, ref.dw * 1.001, ref.db, ref.dx)[1] is not None, "a wrong dw passed"
+
+
+STEP = [(n, e, g) for n in (1, 7, 64, 256) for e in ("ours", "auto") for g in (False, True)]
+
+
+@pytest.mark.parametrize("n,engine,graph", STEP, ids=[f"{n}-{e}-{'graph' if g else 'eager'}" for n, e, g in STEP])
+def test_step_parity(torch_ref, n, engine, graph):
+    from lenet.model import LeNet
+    from test_model_gpu import check_one_step, check_one_step_graph
+    for policy in ("heuristic", "exhaustive"):
+        model = LeNet(max_batch=n, seed=n, cuda_graph=graph, policy=AlgoPolicy.parse(policy, engine=engine))
+        rows = [r for r in model.describe(n) if r["layer"] in ("conv1", "conv2")]
+        if engine == "ours":
+            assert {r["engine"] for r in rows} == {"ours"}, rows
+        (check_one_step_graph if graph else check_one_step)(torch_ref, model, n, what=f"{engine} {policy} n={n}")
+
+
+def test_large_batch_ours(torch_ref):
+    from lenet.model import LeNet
+    from test_model_gpu import check_one_step_graph
+    model = LeNet(max_batch=20000, seed=11, cuda_graph=True, policy=AlgoPolicy(engine="ours"))
+    check_one_step_graph(torch_ref, model, 20000, what="ours n=20000")
+
+
+def test_deterministic_ours_is_bit_identical():
+    from lenet.model import LeNet
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((300, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 300).astype(np.int32)
+    runs = []
+    for graph in (True, True, False):
+        m = LeNet(max_batch=300, seed=3, momentum=0.9, cuda_graph=graph, policy=AlgoPolicy(deterministic=True))
+        assert {r["engine"] for r in m.describe(300) if r["layer"] in ("conv1", "conv2")} == {"ours"}
+        m.load_batch(x, y)
+        for _ in range(4):
+            m.step(300, 0.05)
+        runs.append(m.flat_state()[0])
+    assert np.array_equal(runs[0], runs[1]) and np.array_equal(runs[0], runs[2]), "reruns differ"
+
+
+def test_stored_stage_choice_is_reused(tmp_path):
+    from lenet.model import LeNet
+    path = tmp_path / "plans.json"
+    a = LeNet(max_batch=64, seed=0, plan_cache=path, policy=AlgoPolicy.parse("exhaustive"))
+    rows_a = a.describe(64)
+    b = LeNet(max_batch=64, seed=0, plan_cache=path, policy=AlgoPolicy.parse("exhaustive"))
+    rows_b = b.describe(64)
+    pick = (lambda rows: [(r["layer"], r["engine"], r["algo"]) for r in rows if r["layer"] in ("conv1", "conv2")])
+    assert pick(rows_a) == pick(rows_b)
+    assert b.plan_cache.summary()["searched"] == 0, b.plan_cache.summary()
