@@ -40,6 +40,7 @@ def test_kernels_against_float64(torch_ref, n):
 
     from lenet.stages import ours
     dev = "cuda"
+    stream = cupy.cuda.get_current_stream()
     gen = torch.Generator(device=dev).manual_seed(n)
     for spec in _specs():
         ks = ours.KERNELS[(spec.x, spec.w, spec.dx)]
@@ -54,7 +55,7 @@ def test_kernels_against_float64(torch_ref, n):
         for cand in [ours.Forward(i, g) for g in ours.FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]:
             y = cupy.full((n, *spec.y), cupy.nan, cupy.float32)
             arg = cupy.full((n, *spec.y), 255, cupy.uint8)
-            ours.forward_launcher(ks, cand, n, cx, cw, cb, y, arg)()
+            ours.forward_launcher(ks, cand, n, stream, cx, cw, cb, y, arg)()
             assert_close(cupy.asnumpy(y), p64.cpu().numpy(), f"{spec.name} n={n} {cand.name} pooled", STAGE_RTOL)
             live = (p64 > 0).cpu().numpy()
             differ = (cupy.asnumpy(arg) != arg64.cpu().numpy()) & live
@@ -80,14 +81,14 @@ def test_kernels_against_float64(torch_ref, n):
             part = cupy.empty((cand.grid(n), ks.width), cupy.float32)
             dw, db = cupy.full(spec.w, cupy.nan, cupy.float32), cupy.full(spec.w[0], cupy.nan, cupy.float32)
             dx = cupy.full((n, *spec.x), cupy.nan, cupy.float32) if spec.dx else None
-            ours.backward_launcher(ks, cand, n, part, cx, cw, carg, cdy, dw, db, dx)()
+            ours.backward_launcher(ks, cand, n, stream, part, cx, cw, carg, cdy, dw, db, dx)()
             what = f"{spec.name} n={n} {cand.name}"
             assert_close(cupy.asnumpy(dw), gw.cpu().numpy(), f"{what} dw", STAGE_RTOL)
             assert_close(cupy.asnumpy(db), gb.cpu().numpy(), f"{what} db", STAGE_RTOL)
             if spec.dx:
                 assert_close(cupy.asnumpy(dx), gx.cpu().numpy(), f"{what} dx", STAGE_RTOL)
             again = dw.copy()
-            ours.backward_launcher(ks, cand, n, part, cx, cw, carg, cdy, dw, db, dx)()
+            ours.backward_launcher(ks, cand, n, stream, part, cx, cw, carg, cdy, dw, db, dx)()
             assert cupy.array_equal(again, dw), f"{what}: a rerun is not bit-identical"
 
 
@@ -107,7 +108,7 @@ def test_the_search_check_passes_ours_and_catches_a_wrong_decision():
         ref = engine._reference(h, spec)
         m = ref.x.shape[0]
         y, arg = cupy.empty_like(ref.y), cupy.empty_like(ref.arg)
-        ours.forward_launcher(ks, fwd[0], m, ref.x, ref.w, ref.b, y, arg)()
+        ours.forward_launcher(ks, fwd[0], m, h.stream, ref.x, ref.w, ref.b, y, arg)()
         bad = arg.copy()
         i = int(cupy.flatnonzero(ref.decided.ravel())[0])
         bad.ravel()[i] = (int(bad.ravel()[i]) + 1) % 4
@@ -162,3 +163,25 @@ def test_stored_stage_choice_is_reused(tmp_path):
     pick = (lambda rows: [(r["layer"], r["engine"], r["algo"]) for r in rows if r["layer"] in ("conv1", "conv2")])
     assert pick(rows_a) == pick(rows_b)
     assert b.plan_cache.summary()["searched"] == 0, b.plan_cache.summary()
+
+
+@pytest.mark.parametrize("engine", ["ours", "auto"])
+def test_five_graph_replays_follow_pytorch(torch_ref, engine):
+    # Every kernel of the step must be inside the captured graph: a launch on another stream would run
+    # once, at capture, and the replays would train without it.
+    from lenet.model import LeNet
+    from test_model_gpu import torch_step
+    from torch_lenet import well_conditioned_batch
+    model = LeNet(max_batch=64, seed=9, cuda_graph=True, policy=AlgoPolicy(engine=engine))
+    state = model.state_dict()
+    x, y = well_conditioned_batch(state, 64, 5)
+    ref, ref_after = torch_step(torch_ref, state, x, y, lr=0.05, steps=5)
+    model.load_batch(x, y)
+    losses = []
+    for _ in range(5):
+        model.step(64, 0.05)
+        losses.append(model.loss())
+    np.testing.assert_allclose(losses, [r[1] for r in ref], rtol=1e-4)
+    after = model.state_dict()
+    for k in ref_after:
+        assert_close(after[k], ref_after[k], f"{engine} graph {k} after 5 steps")

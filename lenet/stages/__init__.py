@@ -111,6 +111,7 @@ class Stage:
             except AlgorithmNotSupportedError as err:
                 failed[e.name] = str(err)
                 continue
+            ctx.workspace.reserve(plan.workspace_bytes)   # may re-allocate: see Note [re-capture]
             plan.forward()   # the backward reads what the forward leaves
             ms = {"fwd": time_launcher(plan.forward, ctx.handle.stream, graph=ctx.captured),
                   "bwd": time_launcher(plan.backward, ctx.handle.stream, graph=ctx.captured)}
@@ -137,6 +138,7 @@ class Stage:
             plan = e.plan(ctx, self, n, hit.get("choice") or None)
         except (AlgorithmNotSupportedError, KeyError, TypeError, ValueError):
             return None
+        ctx.workspace.reserve(plan.workspace_bytes)
         times = hit.get("times") if isinstance(hit.get("times"), dict) else {}
         return PlannedStage(plan, times, why_not)
 

@@ -86,16 +86,21 @@ class Backward:
         return max(1, min(n, self.per_sm * _sms()))
 
 
-def forward_launcher(ks: Kernels, cand: Forward, n: int, x, w, b, y, arg):
-    """A zero-argument launch of the stage's forward on the first n images."""
+def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg):
+    """A zero-argument launch of the stage's forward on the first n images, on ``stream``."""
     fn, grid = kernel("stage", ks.forward), cand.grid(n)
     threads, smem = ks.fwd_threads * cand.images, ks.fwd_smem(cand.images)
     args = (x, w, b, y, arg, np.int32(n))
-    return lambda: fn((grid,), (threads,), args, shared_mem=smem)
+
+    def run():
+        with stream:
+            fn((grid,), (threads,), args, shared_mem=smem)
+    return run
 
 
-def backward_launcher(ks: Kernels, cand: Backward, n: int, part, x, w, arg, dy, dw, db, dx=None):
-    """A zero-argument launch of the stage's backward and of the reduction of its partial sums."""
+def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None):
+    """A zero-argument launch of the stage's backward and of the reduction of its partial sums, on
+    ``stream``."""
     fn, reduce, grid = kernel("stage", ks.backward), kernel("stage", "stage_reduce_kernel"), cand.grid(n)
     if part.shape[0] < grid:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid}")
@@ -104,8 +109,9 @@ def backward_launcher(ks: Kernels, cand: Backward, n: int, part, x, w, arg, dy, 
     red_grid = -(-ks.width // 128)
 
     def run():
-        fn((grid,), (ks.bwd_threads,), args)
-        reduce((red_grid,), (128,), red)
+        with stream:
+            fn((grid,), (ks.bwd_threads,), args)
+            reduce((red_grid,), (128,), red)
     return run
 
 
@@ -198,14 +204,14 @@ class OursStage:
             if isinstance(cand, Forward):
                 y = cupy.full(ref.y.shape, cupy.nan, cupy.float32)
                 arg = cupy.full(ref.arg.shape, 255, cupy.uint8)
-                forward_launcher(ks, cand, m, ref.x, ref.w, ref.b, y, arg)()
+                forward_launcher(ks, cand, m, handle.stream, ref.x, ref.w, ref.b, y, arg)()
                 result = check.check_forward(ref, y, arg)
             else:
                 part = cupy.empty((cand.grid(m), ks.width), cupy.float32)
                 dw = cupy.full(spec.w, cupy.nan, cupy.float32)
                 db = cupy.full(spec.w[0], cupy.nan, cupy.float32)
                 dx = cupy.full(ref.x.shape, cupy.nan, cupy.float32) if spec.dx else None
-                backward_launcher(ks, cand, m, part, ref.x, ref.w, ref.arg, ref.dy, dw, db, dx)()
+                backward_launcher(ks, cand, m, handle.stream, part, ref.x, ref.w, ref.arg, ref.dy, dw, db, dx)()
                 err, why = check.check_backward(ref, dw, db, dx)
                 result = (err, 0, why)
         handle.stream.synchronize()
@@ -229,10 +235,10 @@ class OursStage:
         arg = own["arg"][:n]
 
         def fwd_of(c):
-            return forward_launcher(ks, c, n, t.x, t.w, t.b, t.y, arg)
+            return forward_launcher(ks, c, n, handle.stream, t.x, t.w, t.b, t.y, arg)
 
         def bwd_of(c):
-            return backward_launcher(ks, c, n, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx)
+            return backward_launcher(ks, c, n, handle.stream, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx)
 
         if stored is not None:
             fwds, bwds = [Forward(*stored["fwd"])], [Backward(*stored["bwd"])]
