@@ -18,6 +18,11 @@
 //
 // Weight and bias gradients are deterministic: each block sums its images in a fixed order into
 // its own row of `part`, and stage_reduce_kernel adds the rows in block order. No float atomics.
+//
+// Note [prefetch]: a backward block works on one image at a time, and every image begins with a
+// load from global memory that the whole block waits for at a barrier. The backward kernels
+// therefore load the next image's inputs into registers right after the barrier and compute the
+// current image meanwhile; the next iteration only moves them from registers to shared memory.
 
 #define S1_IMAGE 784
 #define S1_POOLED 864   // 6 * 12 * 12
@@ -134,8 +139,12 @@ stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
 // (t / 25, t % 25 / 5, t % 5); 150 <= t < 156 the bias of channel t - 150; each sums its images in
 // registers and writes its block's row part[blockIdx.x * 156 + t] (dw 150, then db 6).
 // Shared: sx (784) the image; sg (864) the pooled gradient; so (864) each window's argmax as an
-// offset y * 28 + x into the image (Note [stage backward through the argmax]).
-extern "C" __global__ void __launch_bounds__(160)
+// offset y * 28 + x into the image (Note [stage backward through the argmax]). The next image's
+// inputs are loaded into registers while this one is computed (Note [prefetch]).
+#define S1B_THREADS 160
+#define S1B_X 5   // ceil(784 / 160)
+#define S1B_G 6   // ceil(864 / 160)
+extern "C" __global__ void __launch_bounds__(S1B_THREADS)
 stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restrict__ arg,
                        const float* __restrict__ dp, float* __restrict__ part, int N) {
   __shared__ float sx[S1_IMAGE];
@@ -143,20 +152,45 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
   __shared__ int so[S1_POOLED];
   const int t = threadIdx.x;
   const int k = t / 25, tap = (t % 25 / 5) * 28 + t % 5;
+  float nx[S1B_X], ng[S1B_G];
+  int nq[S1B_G];
+  auto fetch = [&](int n) {
+#pragma unroll
+    for (int j = 0; j < S1B_X; ++j) {
+      const int i = t + S1B_THREADS * j;
+      if (i < S1_IMAGE) nx[j] = x[(size_t)n * S1_IMAGE + i];
+    }
+#pragma unroll
+    for (int j = 0; j < S1B_G; ++j) {
+      const int i = t + S1B_THREADS * j;
+      if (i < S1_POOLED) { nq[j] = arg[(size_t)n * S1_POOLED + i]; ng[j] = dp[(size_t)n * S1_POOLED + i]; }
+    }
+  };
   float acc = 0.f;
+  if (blockIdx.x < N) fetch(blockIdx.x);
   for (int n = blockIdx.x; n < N; n += gridDim.x) {
-    __syncthreads();
-    for (int i = t; i < S1_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n * S1_IMAGE + i];
-    for (int i = t; i < S1_POOLED; i += blockDim.x) {
-      const int q = arg[(size_t)n * S1_POOLED + i], pos = i % 144;
-      so[i] = (2 * (pos / 12) + (q >> 1)) * 28 + 2 * (pos % 12) + (q & 1);
-      sg[i] = dp[(size_t)n * S1_POOLED + i];
+    __syncthreads();   // every read of the previous image is done
+#pragma unroll
+    for (int j = 0; j < S1B_X; ++j) {
+      const int i = t + S1B_THREADS * j;
+      if (i < S1_IMAGE) sx[i] = nx[j];
+    }
+#pragma unroll
+    for (int j = 0; j < S1B_G; ++j) {
+      const int i = t + S1B_THREADS * j;
+      if (i < S1_POOLED) {
+        const int q = nq[j], pos = i % 144;
+        so[i] = (2 * (pos / 12) + (q >> 1)) * 28 + 2 * (pos % 12) + (q & 1);
+        sg[i] = ng[j];
+      }
     }
     __syncthreads();
+    if (n + gridDim.x < N) fetch(n + gridDim.x);
     float a = 0.f;
     if (t < 150) {
       const float* g = sg + k * 144;
       const int* off = so + k * 144;
+#pragma unroll 8
       for (int i = 0; i < 144; ++i) a = fmaf(g[i], sx[off[i] + tap], a);
     } else if (t < 156) {
       const float* g = sg + (t - 150) * 144;
@@ -168,15 +202,24 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
 }
 
 // Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients.
-// blockDim.x = 256, one image per block iteration.
-//   Weight gradient: thread t owns weights t + 256 j (j < 10, those < 2400) in registers.
+// blockDim.x = 160, one image per block iteration.
+//   Weight gradient: thread t < 150 owns filter tap (c, r, s) = (t / 25, t % 25 / 5, t % 5) of all 16
+//   output channels: 16 sums in registers, each over the channel's 16 pooled positions.
 //   Bias gradient: thread t < 16 owns channel t.
-//   Data gradient: thread t < 144 owns input position (yy, xx) = (t / 12, t % 12), all 6 channels.
+//   Data gradient: thread t < 144 owns input position (yy, xx) = (t / 12, t % 12), all 6 channels:
+//   for each output channel, the at most 3 x 3 windows whose argmax lies within the filter's reach.
 // Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16).
 // Shared: sw (2400) weights; sx (864) the image; sg (256) the pooled gradient; so (256) each window's
 // argmax as an offset y * 12 + x into a 12 x 12 input plane; sy, sxc (256) its row and column in the
-// 8 x 8 conv output (Note [stage backward through the argmax]).
-extern "C" __global__ void __launch_bounds__(256)
+// 8 x 8 conv output (Note [stage backward through the argmax]). The next image's inputs are loaded
+// into registers while this one is computed (Note [prefetch]).
+#define S2B_THREADS 160
+#ifndef S2B_MIN_BLOCKS
+#define S2B_MIN_BLOCKS 1   // blocks per SM the register budget is fitted to (scripts/probes/stage_kernels.py)
+#endif
+#define S2B_X 6   // ceil(864 / 160)
+#define S2B_G 2   // ceil(256 / 160)
+extern "C" __global__ void __launch_bounds__(S2B_THREADS, S2B_MIN_BLOCKS)
 stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
                        const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, int N) {
   __shared__ float sw[S2_WEIGHTS];
@@ -185,40 +228,57 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
   __shared__ int so[S2_POOLED];
   __shared__ unsigned char sy[S2_POOLED], sxc[S2_POOLED];
   const int t = threadIdx.x;
-  for (int i = t; i < S2_WEIGHTS; i += blockDim.x) sw[i] = w[i];
-  int tap[10], row[10];
-  float acc[10];
+  for (int i = t; i < S2_WEIGHTS; i += S2B_THREADS) sw[i] = w[i];
+  const int tap = (t / 25) * 144 + (t % 25 / 5) * 12 + t % 5;
+  float acc[16];
 #pragma unroll
-  for (int j = 0; j < 10; ++j) {
-    const int wi = min(t + 256 * j, S2_WEIGHTS - 1), rem = wi % 150;
-    row[j] = (wi / 150) * 16;
-    tap[j] = (rem / 25) * 144 + (rem % 25 / 5) * 12 + rem % 5;
-    acc[j] = 0.f;
-  }
+  for (int k = 0; k < 16; ++k) acc[k] = 0.f;
   float bacc = 0.f;
   const int yy = t / 12, xx = t % 12;
   const int pi0 = max(0, (yy - 4) / 2), pi1 = min(3, yy / 2), pj0 = max(0, (xx - 4) / 2), pj1 = min(3, xx / 2);
+  float nx[S2B_X], ng[S2B_G];
+  int nq[S2B_G];
+  auto fetch = [&](int n) {
+#pragma unroll
+    for (int j = 0; j < S2B_X; ++j) {
+      const int i = t + S2B_THREADS * j;
+      if (i < S2_IMAGE) nx[j] = x[(size_t)n * S2_IMAGE + i];
+    }
+#pragma unroll
+    for (int j = 0; j < S2B_G; ++j) {
+      const int i = t + S2B_THREADS * j;
+      if (i < S2_POOLED) { nq[j] = arg[(size_t)n * S2_POOLED + i]; ng[j] = dp[(size_t)n * S2_POOLED + i]; }
+    }
+  };
+  if (blockIdx.x < N) fetch(blockIdx.x);
   for (int n = blockIdx.x; n < N; n += gridDim.x) {
-    __syncthreads();
-    for (int i = t; i < S2_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n * S2_IMAGE + i];
-    {
-      const int q = arg[(size_t)n * S2_POOLED + t], pos = t & 15;
-      const int y = 2 * (pos >> 2) + (q >> 1), xc = 2 * (pos & 3) + (q & 1);
-      sy[t] = (unsigned char)y;
-      sxc[t] = (unsigned char)xc;
-      so[t] = y * 12 + xc;
-      sg[t] = dp[(size_t)n * S2_POOLED + t];
+    __syncthreads();   // every read of the previous image is done
+#pragma unroll
+    for (int j = 0; j < S2B_X; ++j) {
+      const int i = t + S2B_THREADS * j;
+      if (i < S2_IMAGE) sx[i] = nx[j];
+    }
+#pragma unroll
+    for (int j = 0; j < S2B_G; ++j) {
+      const int i = t + S2B_THREADS * j;
+      if (i < S2_POOLED) {
+        const int pos = i & 15, q = nq[j];
+        const int y = 2 * (pos >> 2) + (q >> 1), xc = 2 * (pos & 3) + (q & 1);
+        sy[i] = (unsigned char)y;
+        sxc[i] = (unsigned char)xc;
+        so[i] = y * 12 + xc;
+        sg[i] = ng[j];
+      }
     }
     __syncthreads();
+    if (n + gridDim.x < N) fetch(n + gridDim.x);
+    if (t < 150) {
 #pragma unroll
-    for (int j = 0; j < 10; ++j) {
-      if (t + 256 * j < S2_WEIGHTS) {
-        const float* g = sg + row[j];
-        const int* off = so + row[j];
+      for (int k = 0; k < 16; ++k) {
         float a = 0.f;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) a = fmaf(g[i], sx[off[i] + tap[j]], a);
-        acc[j] += a;
+        for (int i = 0; i < 16; ++i) a = fmaf(sg[k * 16 + i], sx[so[k * 16 + i] + tap], a);
+        acc[k] += a;
       }
     }
     if (t < 16) {
@@ -248,9 +308,10 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
     }
   }
   float* mine = part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
+  if (t < 150) {
 #pragma unroll
-  for (int j = 0; j < 10; ++j)
-    if (t + 256 * j < S2_WEIGHTS) mine[t + 256 * j] = acc[j];
+    for (int k = 0; k < 16; ++k) mine[k * 150 + t] = acc[k];
+  }
   if (t < 16) mine[S2_WEIGHTS + t] = bacc;
 }
 

@@ -50,7 +50,7 @@ KERNELS = {
     ((1, 28, 28), (6, 1, 5, 5), False): Kernels("stage1_forward_kernel", "stage1_backward_kernel", 144, (2, 1, 4),
                                                 lambda i: 4 * 784 * i, 160, 150, 6),
     ((6, 12, 12), (16, 6, 5, 5), True): Kernels("stage2_forward_kernel", "stage2_backward_kernel", 256, (1, 2),
-                                                lambda i: 4 * (2400 + 864 * i), 256, 2400, 16),
+                                                lambda i: 4 * (2400 + 864 * i), 160, 2400, 16),
 }
 
 

@@ -1,0 +1,78 @@
+"""Probe (GPU): our stage kernels (lenet/kernels/stage.cu) under compile-time variants and launch
+shapes, ns per image at several batch sizes, CUDA-event timed inside a CUDA graph.
+
+    python3 scripts/probes/stage_kernels.py --batch 64 8192 65536 --define "" "-DS2B_MIN_BLOCKS=6"
+
+Each variant is the same source compiled with other -D options (a register budget, say); every
+launch shape the engine offers is timed for each direction. Prints one line per (variant, kernel,
+shape, batch) and writes JSON with --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[64, 8192, 65536])
+    ap.add_argument("--define", nargs="+", default=[""], help="extra NVRTC options per variant, e.g. -DS2B_MIN_BLOCKS=6")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    import cupy
+
+    from descriptors.timing import time_launcher
+    from lenet.stages import ours
+
+    src = resources.files("lenet").joinpath("kernels", "stage.cu").read_text()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rng = cupy.random.default_rng(0)
+    rows = []
+    for define in args.define:
+        opts = ("-std=c++17", *define.split())
+        mod = cupy.RawModule(code=src, options=opts)
+        orig = ours.kernel
+        ours.kernel = lambda module, name: mod.get_function(name)   # this variant's kernels
+        try:
+            for n in args.batch:
+                for ks in ours.KERNELS.values():
+                    c_in = 784 if ks.forward.startswith("stage1") else 864
+                    k_out = 864 if ks.forward.startswith("stage1") else 256
+                    x = cupy.maximum(rng.standard_normal((n, c_in), dtype=cupy.float32), 0)
+                    w = rng.standard_normal(ks.mw, dtype=cupy.float32) * 0.2
+                    b = rng.standard_normal(ks.mb, dtype=cupy.float32) * 0.1
+                    y = cupy.empty((n, k_out), cupy.float32)
+                    arg = cupy.empty((n, k_out), cupy.uint8)
+                    dy = rng.standard_normal((n, k_out), dtype=cupy.float32)
+                    dx = cupy.empty_like(x) if ks.forward.startswith("stage2") else None
+                    dw, db = cupy.empty(ks.mw, cupy.float32), cupy.empty(ks.mb, cupy.float32)
+                    part = cupy.empty((max(ours.BACKWARD_BLOCKS_PER_SM) * ours._sms(), ks.width), cupy.float32)
+                    for cand in [ours.Forward(i, g) for g in ours.FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]:
+                        run = ours.forward_launcher(ks, cand, n, stream, x, w, b, y, arg)
+                        ms = time_launcher(run, stream)
+                        rows.append({"define": define, "kernel": ks.forward, "shape": cand.name, "n": n,
+                                     "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
+                    for cand in [ours.Backward(g) for g in ours.BACKWARD_BLOCKS_PER_SM]:
+                        run = ours.backward_launcher(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
+                        ms = time_launcher(run, stream)
+                        rows.append({"define": define, "kernel": ks.backward, "shape": cand.name, "n": n,
+                                     "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
+                    for r in rows[-(len(ks.fwd_images) * len(ours.FORWARD_BLOCKS_PER_SM)
+                                    + len(ours.BACKWARD_BLOCKS_PER_SM)):]:
+                        print(f"{r['define'] or '-':<22} {r['kernel']:<24} {r['shape']:<20} n={r['n']:<6} "
+                              f"{r['us']:9.1f} us {r['ns_per_image']:8.2f} ns/img", flush=True)
+        finally:
+            ours.kernel = orig
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
