@@ -140,7 +140,8 @@ stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
 // registers and writes its block's row part[blockIdx.x * 156 + t] (dw 150, then db 6).
 // Shared: sx (784) the image; sg (864) the pooled gradient; so (864) each window's argmax as an
 // offset y * 28 + x into the image (Note [stage backward through the argmax]). The next image's
-// inputs are loaded into registers while this one is computed (Note [prefetch]).
+// inputs are loaded into registers while this one is computed (Note [prefetch]). (One 8-byte pair
+// per window instead of sg and so measured 148 us against 112 at batch 8192: kept apart.)
 #define S1B_THREADS 160
 #define S1B_X 5   // ceil(784 / 160)
 #define S1B_G 6   // ceil(864 / 160)
@@ -207,16 +208,24 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
 //   output channels: 16 sums in registers, each over the channel's 16 pooled positions.
 //   Bias gradient: thread t < 16 owns channel t.
 //   Data gradient: thread t < 144 owns input position (yy, xx) = (t / 12, t % 12), all 6 channels:
-//   for each output channel, the at most 3 x 3 windows whose argmax lies within the filter's reach.
+//   for each output channel, the 3 x 3 windows around it whose argmax may lie within the filter's
+//   reach, each visited whether it does or not (a zero gradient where not): no branch on data, so
+//   the 144 visits unroll and their loads overlap (a loop that branched took 43 ns per image at
+//   batch 8192, scripts/probes/stage_kernels.py).
 // Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16).
-// Shared: sw (2400) weights; sx (864) the image; sg (256) the pooled gradient; so (256) each window's
-// argmax as an offset y * 12 + x into a 12 x 12 input plane; sy, sxc (256) its row and column in the
-// 8 x 8 conv output (Note [stage backward through the argmax]). The next image's inputs are loaded
-// into registers while this one is computed (Note [prefetch]).
+// Shared: sw (2400) weights; sx (864) the image; sgo (256) each window's pooled gradient and its
+// argmax as an offset y * 12 + x into a 12 x 12 input plane, in one 8-byte pair; syx (256) the
+// argmax's row and column in the 8 x 8 conv output, as y << 8 | x (Note [stage backward through the
+// argmax]). The next image's inputs are loaded into registers while this one is computed (Note
+// [prefetch]).
 #define S2B_THREADS 160
 #ifndef S2B_MIN_BLOCKS
-#define S2B_MIN_BLOCKS 1   // blocks per SM the register budget is fitted to (scripts/probes/stage_kernels.py)
+#define S2B_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to (scripts/probes/stage_kernels.py)
 #endif
+#ifndef S2B_K_UNROLL
+#define S2B_K_UNROLL 2     // output channels per unrolled step of the data gradient (the same probe)
+#endif
+constexpr int s2b_k_unroll = S2B_K_UNROLL;   // #pragma unroll takes a constant, not a macro
 #define S2B_X 6   // ceil(864 / 160)
 #define S2B_G 2   // ceil(256 / 160)
 extern "C" __global__ void __launch_bounds__(S2B_THREADS, S2B_MIN_BLOCKS)
@@ -224,9 +233,8 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
                        const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, int N) {
   __shared__ float sw[S2_WEIGHTS];
   __shared__ float sx[S2_IMAGE];
-  __shared__ float sg[S2_POOLED];
-  __shared__ int so[S2_POOLED];
-  __shared__ unsigned char sy[S2_POOLED], sxc[S2_POOLED];
+  __shared__ float2 sgo[S2_POOLED];
+  __shared__ int syx[S2_POOLED];
   const int t = threadIdx.x;
   for (int i = t; i < S2_WEIGHTS; i += S2B_THREADS) sw[i] = w[i];
   const int tap = (t / 25) * 144 + (t % 25 / 5) * 12 + t % 5;
@@ -236,6 +244,14 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
   float bacc = 0.f;
   const int yy = t / 12, xx = t % 12;
   const int pi0 = max(0, (yy - 4) / 2), pi1 = min(3, yy / 2), pj0 = max(0, (xx - 4) / 2), pj1 = min(3, xx / 2);
+  int woff[9], wmask = 0;   // the 3 x 3 windows from (pi0, pj0): offset pi * 4 + pj, and which exist
+#pragma unroll
+  for (int v = 0; v < 9; ++v) {
+    const int pi = pi0 + v / 3, pj = pj0 + v % 3;
+    const bool ok = pi <= pi1 && pj <= pj1;
+    woff[v] = ok ? pi * 4 + pj : 0;
+    wmask |= ok ? 1 << v : 0;
+  }
   float nx[S2B_X], ng[S2B_G];
   int nq[S2B_G];
   auto fetch = [&](int n) {
@@ -264,48 +280,54 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
       if (i < S2_POOLED) {
         const int pos = i & 15, q = nq[j];
         const int y = 2 * (pos >> 2) + (q >> 1), xc = 2 * (pos & 3) + (q & 1);
-        sy[i] = (unsigned char)y;
-        sxc[i] = (unsigned char)xc;
-        so[i] = y * 12 + xc;
-        sg[i] = ng[j];
+        sgo[i] = make_float2(ng[j], __int_as_float(y * 12 + xc));
+        syx[i] = y << 8 | xc;
       }
     }
     __syncthreads();
     if (n + gridDim.x < N) fetch(n + gridDim.x);
+#ifndef S2B_SKIP_WGRAD   // attribution switches for scripts/probes/stage_kernels.py only
     if (t < 150) {
 #pragma unroll
       for (int k = 0; k < 16; ++k) {
         float a = 0.f;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) a = fmaf(sg[k * 16 + i], sx[so[k * 16 + i] + tap], a);
+        for (int i = 0; i < 16; ++i) {
+          const float2 v = sgo[k * 16 + i];
+          a = fmaf(v.x, sx[__float_as_int(v.y) + tap], a);
+        }
         acc[k] += a;
       }
     }
+#endif
     if (t < 16) {
       float a = 0.f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) a += sg[t * 16 + i];
+      for (int i = 0; i < 16; ++i) a += sgo[t * 16 + i].x;
       bacc += a;
     }
+#ifndef S2B_SKIP_DGRAD
     if (t < 144) {
       float a[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll s2b_k_unroll
       for (int k = 0; k < 16; ++k)
-        for (int pi = pi0; pi <= pi1; ++pi)
-          for (int pj = pj0; pj <= pj1; ++pj) {
-            const int i = k * 16 + pi * 4 + pj, r = yy - sy[i], s = xx - sxc[i];
-            if (r >= 0 && r < 5 && s >= 0 && s < 5) {
-              const float g = sg[i];
-              const float* wk = sw + k * 150 + r * 5 + s;
 #pragma unroll
-              for (int c = 0; c < 6; ++c) a[c] = fmaf(g, wk[c * 25], a[c]);
-            }
-          }
+        for (int v = 0; v < 9; ++v) {
+          const int i = k * 16 + woff[v], p = syx[i];
+          const int r = yy - (p >> 8), s = xx - (p & 255);
+          const bool hit = ((wmask >> v) & 1) && (unsigned)r < 5u && (unsigned)s < 5u;
+          const float g = hit ? sgo[i].x : 0.f;
+          const float* wk = sw + k * 150 + (hit ? r * 5 + s : 0);
+#pragma unroll
+          for (int c = 0; c < 6; ++c) a[c] = fmaf(g, wk[c * 25], a[c]);
+        }
 #pragma unroll
       for (int c = 0; c < 6; ++c) {
         const int o = c * 144 + t;
         dx[(size_t)n * S2_IMAGE + o] = sx[o] > 0.f ? a[c] : 0.f;
       }
     }
+#endif
   }
   float* mine = part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
   if (t < 150) {
@@ -315,22 +337,26 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
   if (t < 16) mine[S2_WEIGHTS + t] = bacc;
 }
 
-// The blocks' rows of partial sums added in block order (deterministic): column i < mw goes to
-// dw[i], the rest to db[i - mw]. One thread per column; four running sums over the rows b % 4,
-// added in a fixed order at the end.
-extern "C" __global__ void stage_reduce_kernel(const float* __restrict__ part, float* __restrict__ dw,
-                                               float* __restrict__ db, int rows, int mw, int mb) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x, m = mw + mb;
-  if (i >= m) return;
-  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-  int b = 0;
-  for (; b + 4 <= rows; b += 4) {
-    a0 += part[(size_t)b * m + i];
-    a1 += part[(size_t)(b + 1) * m + i];
-    a2 += part[(size_t)(b + 2) * m + i];
-    a3 += part[(size_t)(b + 3) * m + i];
+// The blocks' rows of partial sums added in a fixed order (deterministic): column i < mw goes to
+// dw[i], the rest to db[i - mw]. blockDim.x = 256 (8 warps): a block owns 32 columns, lane = column;
+// warp w sums rows w, w + 8, w + 16, ... in order, then warp 0 adds the 8 warps' sums in order.
+// Shared: sums (8 x 32) the warps' sums. Many rows (a large grid of partials) are read in parallel:
+// one thread per column looping over every row took ~30 us for 528 rows (ncu, batch 8192).
+extern "C" __global__ void __launch_bounds__(256)
+stage_reduce_kernel(const float* __restrict__ part, float* __restrict__ dw, float* __restrict__ db,
+                    int rows, int mw, int mb) {
+  __shared__ float sums[8][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = mw + mb;
+  const int i = blockIdx.x * 32 + lane;
+  float a = 0.f;
+  if (i < m)
+    for (int b = warp; b < rows; b += 8) a += part[(size_t)b * m + i];
+  sums[warp][lane] = a;
+  __syncthreads();
+  if (warp == 0 && i < m) {
+    float total = sums[0][lane];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) total += sums[w][lane];
+    if (i < mw) dw[i] = total; else db[i - mw] = total;
   }
-  for (; b < rows; ++b) a0 += part[(size_t)b * m + i];
-  const float a = (a0 + a1) + (a2 + a3);
-  if (i < mw) dw[i] = a; else db[i - mw] = a;
 }

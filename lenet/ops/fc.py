@@ -10,13 +10,30 @@ ReLU, gemv bias gradients), and ``note`` says why.
 
 The input gradient dp2 takes the ReLU mask of the activation that fed fc1 (``act``, the
 pooled p2; see Note [relu at the pooled level] in lenet/ops/conv.py).
+
+Note [head engines]: the head also runs as two kernels of ours (lenet/kernels/head.cu: the forward,
+and the backward with its mask, then one reduction of per-block weight gradients) in place of six to
+eight library launches, each a few microseconds at small batches. Under --engine auto both run at
+plan time and the faster wins (each timed as the step runs it); --engine ours takes ours,
+--engine legacy|graph the cuBLAS path; with --deterministic and the heuristic policy, ours by rule.
+Ours takes G images per block iteration, G a candidate timed like a stage's launch shape.
 """
 
 from __future__ import annotations
 
-from descriptors import TensorDescriptor, add_tensor
+import math
 
+import numpy as np
+
+from descriptors import TensorDescriptor, add_tensor
+from descriptors.timing import time_launcher
+
+from .. import params as P
 from ..blas import Lt, LtMatmul, LtUnavailable
+from ..kernels import kernel
+
+HEAD_GROUPS = (4, 1, 2, 8, 16)   # images per block iteration (the first is the heuristic's)
+HEAD_BWD_BLOCKS_PER_SM = 2       # at most this many backward blocks per SM: each writes a 128 KB row
 
 
 class FullyConnected:
@@ -25,9 +42,31 @@ class FullyConnected:
 
     def __init__(self, x: str = "p2", dx: str = "dp2", act: str | None = "p2"):
         self.name, self.x, self.dx, self.act = "fc", x, dx, act
+        self._part = None   # our backward's partial-sum rows, made on first use
 
-    def plan(self, model, n: int) -> "PlannedFullyConnected":
-        return PlannedFullyConnected(self, model, n)
+    def plan(self, model, n: int):
+        """The cuBLAS path or ours, whichever runs faster (Note [head engines])."""
+        pol = model.policy
+        if pol.engine not in ("auto", "ours") or not model.fused:
+            return PlannedFullyConnected(self, model, n)
+        libs = None if pol.engine == "ours" else PlannedFullyConnected(self, model, n)
+        groups = HEAD_GROUPS[:1] if pol.choice("fwd") == "heuristic" else HEAD_GROUPS
+        reproducible = pol.deterministic and pol.choice("fwd") == "heuristic"
+        if self._part is None:
+            import cupy
+
+            rows = HEAD_BWD_BLOCKS_PER_SM * OursHead.sms()
+            self._part = cupy.empty((rows, OursHead.WIDTH), cupy.float32)   # (blocks, fc1.weight .. fc2.bias)
+        best = None
+        for g in groups:
+            cand = OursHead(self, model, n, g, self._part)
+            ms = cand.time(model) if (len(groups) > 1 or (libs is not None and not reproducible)) else None
+            if best is None or (ms is not None and ms < best[0]):
+                best = (ms if ms is not None else math.inf, cand)
+        if libs is None or reproducible:
+            return best[1]
+        libs_ms = OursHead.time_plan(libs, model)
+        return best[1] if best[0] <= libs_ms else libs
 
 
 class PlannedFullyConnected:
@@ -112,3 +151,65 @@ class PlannedFullyConnected:
                else f"cuBLAS gemm + cuDNN bias/ReLU ({self.note})")
         return [{"layer": "fc1+fc2", "op": "fwd+bwd", "engine": "cublaslt" if self.lt is not None else "cublas",
                  "algo": how, "chunk": self.n, "chunks": 1, "workspace_bytes": 0}]
+
+
+class OursHead:
+    """The head on our kernels (Note [head engines]): forward = fc1 + ReLU + fc2; backward = dh1,
+    dp2 (masked by p2 > 0), and the weight and bias gradients as per-block rows summed in order."""
+
+    workspace_bytes = 0
+    BASE = P.OFFSETS["fc1.weight"]
+    WIDTH = P.OFFSETS["fc2.bias"] + P.SHAPES["fc2.bias"][0] - BASE   # fc1.weight .. fc2.bias, padding included
+
+    def __init__(self, layer: FullyConnected, model, n: int, group: int, part):
+        b, p = model.buf, model.p
+        self.n, self.group, self.stream = n, int(group), model.stream
+        x, dx = b[layer.x][:n].reshape(n, -1), b[layer.dx][:n].reshape(n, -1)      # (n, 256)
+        h1, logits, dlogits = b["h1"][:n], b["logits"][:n], b["dlogits"][:n]       # (n, 120), (n, 10), (n, 10)
+        grads = model.grads[self.BASE: self.BASE + self.WIDTH]
+        fwd, bwd, red = (kernel("head", "head_forward_kernel"), kernel("head", "head_backward_kernel"),
+                         kernel("stage", "stage_reduce_kernel"))
+        g = self.group
+        fgrid = max(1, -(-n // g))
+        bgrid = max(1, min(fgrid, part.shape[0]))
+        off = {k: P.OFFSETS[k] - self.BASE for k in ("fc1.bias", "fc2.weight", "fc2.bias")}
+        fargs = (x, p["fc1.weight"], p["fc1.bias"], p["fc2.weight"], p["fc2.bias"], h1, logits, np.int32(n), np.int32(g))
+        bargs = (x, h1, dlogits, p["fc1.weight"], p["fc2.weight"], dx, part, np.int32(self.WIDTH),
+                 np.int32(off["fc1.bias"]), np.int32(off["fc2.weight"]), np.int32(off["fc2.bias"]), np.int32(n),
+                 np.int32(g))
+        rargs = (part, grads, grads, np.int32(bgrid), np.int32(self.WIDTH), np.int32(0))
+        fsmem, bsmem = 4 * (g * (256 + 120) + 32 * 121), 4 * g * (256 + 120 + 10 + 120)
+        rgrid = -(-self.WIDTH // 32)
+
+        def forward():
+            with self.stream:
+                fwd((fgrid,), (128,), fargs, shared_mem=fsmem)
+
+        def backward():
+            with self.stream:
+                bwd((bgrid,), (256,), bargs, shared_mem=bsmem)
+                red((rgrid,), (256,), rargs)
+        self.forward, self.backward = forward, backward
+        self.ms = None
+
+    @staticmethod
+    def sms() -> int:
+        import cupy
+
+        return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+    @staticmethod
+    def time_plan(plan, model) -> float:
+        """ms of forward + backward as the step runs them (the backward after a forward)."""
+        plan.forward()
+        return (time_launcher(plan.forward, model.stream, graph=model.cuda_graph)
+                + time_launcher(plan.backward, model.stream, graph=model.cuda_graph))
+
+    def time(self, model) -> float:
+        self.ms = self.time_plan(self, model)
+        return self.ms
+
+    def describe(self) -> list[dict]:
+        return [{"layer": "fc1+fc2", "op": "fwd+bwd", "engine": "ours", "algo": f"fused head g{self.group}",
+                 "fused": True, "chunk": self.n, "chunks": 1, "time_ms": self.ms, "workspace_bytes": 0,
+                 "deterministic": True}]

@@ -1,7 +1,7 @@
 """Probe (GPU): our stage kernels (lenet/kernels/stage.cu) under compile-time variants and launch
 shapes, ns per image at several batch sizes, CUDA-event timed inside a CUDA graph.
 
-    python3 scripts/probes/stage_kernels.py --batch 64 8192 65536 --define "" "-DS2B_MIN_BLOCKS=6"
+    python3 scripts/probes/stage_kernels.py --batch 64 8192 65536 --define none S2B_MIN_BLOCKS=6
 
 Each variant is the same source compiled with other -D options (a register budget, say); every
 launch shape the engine offers is timed for each direction. Prints one line per (variant, kernel,
@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 8192, 65536])
-    ap.add_argument("--define", nargs="+", default=[""], help="extra NVRTC options per variant, e.g. -DS2B_MIN_BLOCKS=6")
+    ap.add_argument("--define", nargs="+", default=["none"],
+                    help="one variant per value: none, or macros NAME[=VALUE] joined by commas (S2B_MIN_BLOCKS=6)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import cupy
@@ -35,7 +36,7 @@ def main() -> int:
     rng = cupy.random.default_rng(0)
     rows = []
     for define in args.define:
-        opts = ("-std=c++17", *define.split())
+        opts = ("-std=c++17", *(f"-D{d}" for d in define.split(",") if define != "none"))
         mod = cupy.RawModule(code=src, options=opts)
         orig = ours.kernel
         ours.kernel = lambda module, name: mod.get_function(name)   # this variant's kernels
