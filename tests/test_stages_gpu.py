@@ -77,7 +77,7 @@ def test_kernels_against_float64(torch_ref, n):
         gx = grads[0] * (x > 0) if spec.dx else None
         gw, gb = grads[-2], grads[-1]
         cdy, carg = cupy.asarray(dym.contiguous()), cupy.asarray(arg64.contiguous())
-        for cand in [ours.Backward(g) for g in ours.BACKWARD_BLOCKS_PER_SM]:
+        for cand in [ours.Backward(g, v) for v in range(len(ks.backward)) for g in ours.BACKWARD_BLOCKS_PER_SM]:
             part = cupy.empty((cand.grid(n), ks.width), cupy.float32)
             dw, db = cupy.full(spec.w, cupy.nan, cupy.float32), cupy.full(spec.w[0], cupy.nan, cupy.float32)
             dx = cupy.full((n, *spec.x), cupy.nan, cupy.float32) if spec.dx else None

@@ -41,9 +41,16 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
     for (int g = 0; g < H_MAXG; ++g) acc[g] = 0.f;
     for (int i0 = 0; i0 < H_IN; i0 += H_TILE) {
       __syncthreads();   // the previous tile is read (and, first, sp is written)
-      for (int e = t; e < H_TILE * H_HID; e += blockDim.x) {
-        const int j = e / H_TILE, ii = e % H_TILE;
-        sw[ii * (H_HID + 1) + j] = W1[j * H_IN + i0 + ii];
+      float wv[H_TILE * H_HID / 128];   // this thread's share of the tile, loaded together
+#pragma unroll
+      for (int u = 0; u < H_TILE * H_HID / 128; ++u) {
+        const int e = t + 128 * u;
+        wv[u] = W1[(e / H_TILE) * H_IN + i0 + e % H_TILE];
+      }
+#pragma unroll
+      for (int u = 0; u < H_TILE * H_HID / 128; ++u) {
+        const int e = t + 128 * u;
+        sw[(e % H_TILE) * (H_HID + 1) + e / H_TILE] = wv[u];
       }
       __syncthreads();
       if (t < H_HID) {
@@ -127,18 +134,26 @@ head_backward_kernel(const float* __restrict__ p2, const float* __restrict__ h1,
       float acc[H_MAXG];
 #pragma unroll
       for (int g = 0; g < H_MAXG; ++g) acc[g] = 0.f;
-      for (int j = 0; j < H_HID; ++j) {
-        const float w = W1[j * H_IN + i];
-        float d = 0.f;
+      for (int j0 = 0; j0 < H_HID; j0 += 8) {   // 8 loads of W1's column in flight, then their sums
+        float w[8], d[8];
 #pragma unroll
-        for (int g = 0; g < H_MAXG; ++g)
-          if (g < G) {
-            const float dh = sdh[g * H_HID + j];
-            acc[g] = fmaf(w, dh, acc[g]);
-            d = fmaf(dh, sp[g * H_IN + i], d);
-          }
-        float* dst = row + j * H_IN + i;
-        *dst = first ? d : *dst + d;
+        for (int u = 0; u < 8; ++u) w[u] = W1[(j0 + u) * H_IN + i];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          d[u] = 0.f;
+#pragma unroll
+          for (int g = 0; g < H_MAXG; ++g)
+            if (g < G) {
+              const float dh = sdh[g * H_HID + j0 + u];
+              acc[g] = fmaf(w[u], dh, acc[g]);
+              d[u] = fmaf(dh, sp[g * H_IN + i], d[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          float* dst = row + (j0 + u) * H_IN + i;
+          *dst = first ? d[u] : *dst + d[u];
+        }
       }
 #pragma unroll
       for (int g = 0; g < H_MAXG; ++g)

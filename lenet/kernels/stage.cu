@@ -202,23 +202,28 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
   if (t < 156) part[(size_t)blockIdx.x * 156 + t] = acc;
 }
 
-// Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients.
-// blockDim.x = 160, one image per block iteration.
-//   Weight gradient: thread t < 150 owns filter tap (c, r, s) = (t / 25, t % 25 / 5, t % 5) of all 16
-//   output channels: 16 sums in registers, each over the channel's 16 pooled positions.
+// Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients, in two versions:
+// KS = 1 (stage2_backward_kernel, 160 threads) and KS = 2 (stage2_backward_split_kernel, 320
+// threads), where each half of the block takes half of the 16 output channels (k), so one image's
+// work is done by twice the threads in about half the time (small batches; the search times both).
+// One image per block iteration.
+//   Weight gradient: thread t < 150 KS owns filter tap (c, r, s) = (u / 25, u % 25 / 5, u % 5),
+//   u = t % 150, for the 16 / KS channels k of its half h = t / 150: sums in registers, each over
+//   the channel's 16 pooled positions.
 //   Bias gradient: thread t < 16 owns channel t.
-//   Data gradient: thread t < 144 owns input position (yy, xx) = (t / 12, t % 12), all 6 channels:
-//   for each output channel, the 3 x 3 windows around it whose argmax may lie within the filter's
-//   reach, each visited whether it does or not (a zero gradient where not): no branch on data, so
-//   the 144 visits unroll and their loads overlap (a loop that branched took 43 ns per image at
-//   batch 8192, scripts/probes/stage_kernels.py).
+//   Data gradient: thread t < 144 KS owns input position (yy, xx) = (u / 12, u % 12), u = t % 144,
+//   all 6 channels, over the channels k of its half h = t / 144: for each k, the 3 x 3 windows
+//   around it whose argmax may lie within the filter's reach, each visited whether it does or not
+//   (a zero gradient where not): no branch on data, so the visits unroll and their loads overlap (a
+//   loop that branched took 43 ns per image at batch 8192, scripts/probes/stage_kernels.py). With
+//   KS = 2 the second half's sums go through shared memory and the first half adds them, in that
+//   order, before the mask.
 // Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16).
 // Shared: sw (2400) weights; sx (864) the image; sgo (256) each window's pooled gradient and its
 // argmax as an offset y * 12 + x into a 12 x 12 input plane, in one 8-byte pair; syx (256) the
 // argmax's row and column in the 8 x 8 conv output, as y << 8 | x (Note [stage backward through the
-// argmax]). The next image's inputs are loaded into registers while this one is computed (Note
-// [prefetch]).
-#define S2B_THREADS 160
+// argmax]); sdx (6 x 144, KS = 2) the second half's data-gradient sums. The next image's inputs
+// are loaded into registers while this one is computed (Note [prefetch]).
 #ifndef S2B_MIN_BLOCKS
 #define S2B_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to (scripts/probes/stage_kernels.py)
 #endif
@@ -226,23 +231,30 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
 #define S2B_K_UNROLL 2     // output channels per unrolled step of the data gradient (the same probe)
 #endif
 constexpr int s2b_k_unroll = S2B_K_UNROLL;   // #pragma unroll takes a constant, not a macro
-#define S2B_X 6   // ceil(864 / 160)
-#define S2B_G 2   // ceil(256 / 160)
-extern "C" __global__ void __launch_bounds__(S2B_THREADS, S2B_MIN_BLOCKS)
-stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
-                       const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, int N) {
+
+template <int KS>
+__device__ __forceinline__ void stage2_backward(const float* __restrict__ x, const float* __restrict__ w,
+                                                const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                                                float* __restrict__ dx, float* __restrict__ part, int N) {
+  constexpr int THREADS = 160 * KS, KN = 16 / KS;
+  constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
   __shared__ float sw[S2_WEIGHTS];
   __shared__ float sx[S2_IMAGE];
   __shared__ float2 sgo[S2_POOLED];
   __shared__ int syx[S2_POOLED];
+  __shared__ float sdx[KS > 1 ? 6 * 144 : 1];
   const int t = threadIdx.x;
-  for (int i = t; i < S2_WEIGHTS; i += S2B_THREADS) sw[i] = w[i];
-  const int tap = (t / 25) * 144 + (t % 25 / 5) * 12 + t % 5;
-  float acc[16];
+  for (int i = t; i < S2_WEIGHTS; i += THREADS) sw[i] = w[i];
+  const int wu = t % 150, wk0 = (t / 150) * KN;                   // weight gradient: tap, first k
+  const int tap = (wu / 25) * 144 + (wu % 25 / 5) * 12 + wu % 5;
+  const bool wown = t < 150 * KS;
+  float acc[KN];
 #pragma unroll
-  for (int k = 0; k < 16; ++k) acc[k] = 0.f;
+  for (int k = 0; k < KN; ++k) acc[k] = 0.f;
   float bacc = 0.f;
-  const int yy = t / 12, xx = t % 12;
+  const int du = t % 144, dk0 = (t / 144) * KN;                    // data gradient: position, first k
+  const bool down = t < 144 * KS;
+  const int yy = du / 12, xx = du % 12;
   const int pi0 = max(0, (yy - 4) / 2), pi1 = min(3, yy / 2), pj0 = max(0, (xx - 4) / 2), pj1 = min(3, xx / 2);
   int woff[9], wmask = 0;   // the 3 x 3 windows from (pi0, pj0): offset pi * 4 + pj, and which exist
 #pragma unroll
@@ -252,17 +264,17 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
     woff[v] = ok ? pi * 4 + pj : 0;
     wmask |= ok ? 1 << v : 0;
   }
-  float nx[S2B_X], ng[S2B_G];
-  int nq[S2B_G];
+  float nx[NX], ng[NG];
+  int nq[NG];
   auto fetch = [&](int n) {
 #pragma unroll
-    for (int j = 0; j < S2B_X; ++j) {
-      const int i = t + S2B_THREADS * j;
+    for (int j = 0; j < NX; ++j) {
+      const int i = t + THREADS * j;
       if (i < S2_IMAGE) nx[j] = x[(size_t)n * S2_IMAGE + i];
     }
 #pragma unroll
-    for (int j = 0; j < S2B_G; ++j) {
-      const int i = t + S2B_THREADS * j;
+    for (int j = 0; j < NG; ++j) {
+      const int i = t + THREADS * j;
       if (i < S2_POOLED) { nq[j] = arg[(size_t)n * S2_POOLED + i]; ng[j] = dp[(size_t)n * S2_POOLED + i]; }
     }
   };
@@ -270,13 +282,13 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
   for (int n = blockIdx.x; n < N; n += gridDim.x) {
     __syncthreads();   // every read of the previous image is done
 #pragma unroll
-    for (int j = 0; j < S2B_X; ++j) {
-      const int i = t + S2B_THREADS * j;
+    for (int j = 0; j < NX; ++j) {
+      const int i = t + THREADS * j;
       if (i < S2_IMAGE) sx[i] = nx[j];
     }
 #pragma unroll
-    for (int j = 0; j < S2B_G; ++j) {
-      const int i = t + S2B_THREADS * j;
+    for (int j = 0; j < NG; ++j) {
+      const int i = t + THREADS * j;
       if (i < S2_POOLED) {
         const int pos = i & 15, q = nq[j];
         const int y = 2 * (pos >> 2) + (q >> 1), xc = 2 * (pos & 3) + (q & 1);
@@ -287,13 +299,13 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
     __syncthreads();
     if (n + gridDim.x < N) fetch(n + gridDim.x);
 #ifndef S2B_SKIP_WGRAD   // attribution switches for scripts/probes/stage_kernels.py only
-    if (t < 150) {
+    if (wown) {
 #pragma unroll
-      for (int k = 0; k < 16; ++k) {
+      for (int k = 0; k < KN; ++k) {
         float a = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
-          const float2 v = sgo[k * 16 + i];
+          const float2 v = sgo[(wk0 + k) * 16 + i];
           a = fmaf(v.x, sx[__float_as_int(v.y) + tap], a);
         }
         acc[k] += a;
@@ -306,14 +318,14 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
       for (int i = 0; i < 16; ++i) a += sgo[t * 16 + i].x;
       bacc += a;
     }
+    float a[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #ifndef S2B_SKIP_DGRAD
-    if (t < 144) {
-      float a[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (down) {
 #pragma unroll s2b_k_unroll
-      for (int k = 0; k < 16; ++k)
+      for (int kk = 0; kk < KN; ++kk)
 #pragma unroll
         for (int v = 0; v < 9; ++v) {
-          const int i = k * 16 + woff[v], p = syx[i];
+          const int k = dk0 + kk, i = k * 16 + woff[v], p = syx[i];
           const int r = yy - (p >> 8), s = xx - (p & 255);
           const bool hit = ((wmask >> v) & 1) && (unsigned)r < 5u && (unsigned)s < 5u;
           const float g = hit ? sgo[i].x : 0.f;
@@ -321,20 +333,43 @@ stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w,
 #pragma unroll
           for (int c = 0; c < 6; ++c) a[c] = fmaf(g, wk[c * 25], a[c]);
         }
+    }
+#endif
+    if (KS > 1) {
+      if (down && t >= 144) {
+#pragma unroll
+        for (int c = 0; c < 6; ++c) sdx[c * 144 + du] = a[c];
+      }
+      __syncthreads();
+    }
+    if (t < 144) {
 #pragma unroll
       for (int c = 0; c < 6; ++c) {
         const int o = c * 144 + t;
-        dx[(size_t)n * S2_IMAGE + o] = sx[o] > 0.f ? a[c] : 0.f;
+        const float v = KS > 1 ? a[c] + sdx[o] : a[c];
+        dx[(size_t)n * S2_IMAGE + o] = sx[o] > 0.f ? v : 0.f;
       }
     }
-#endif
   }
   float* mine = part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
-  if (t < 150) {
+  if (wown) {
 #pragma unroll
-    for (int k = 0; k < 16; ++k) mine[k * 150 + t] = acc[k];
+    for (int k = 0; k < KN; ++k) mine[(wk0 + k) * 150 + wu] = acc[k];
   }
   if (t < 16) mine[S2_WEIGHTS + t] = bacc;
+}
+
+extern "C" __global__ void __launch_bounds__(160, S2B_MIN_BLOCKS)
+stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
+                       const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, int N) {
+  stage2_backward<1>(x, w, arg, dp, dx, part, N);
+}
+
+extern "C" __global__ void __launch_bounds__(320)
+stage2_backward_split_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                             float* __restrict__ dx, float* __restrict__ part, int N) {
+  stage2_backward<2>(x, w, arg, dp, dx, part, N);
 }
 
 // The blocks' rows of partial sums added in a fixed order (deterministic): column i < mw goes to

@@ -32,11 +32,10 @@ class Kernels:
     """The kernels of one stage shape: names, threads per image and per block, partial-sum widths."""
 
     forward: str
-    backward: str
+    backward: tuple            # the backward's versions: (kernel, threads per block), the heuristic's first
     fwd_threads: int           # threads per image of the forward
     fwd_images: tuple          # images per forward block iteration (the first is the heuristic's)
     fwd_smem: object           # images -> dynamic shared memory bytes of the forward
-    bwd_threads: int
     mw: int                    # weight-gradient columns of a block's partial row
     mb: int                    # bias-gradient columns
 
@@ -47,10 +46,11 @@ class Kernels:
 
 # Keyed by (x, w, dx) of a StageSpec: LeNet's two stages.
 KERNELS = {
-    ((1, 28, 28), (6, 1, 5, 5), False): Kernels("stage1_forward_kernel", "stage1_backward_kernel", 144, (1, 2, 4),
-                                                lambda i: 4 * 784 * i, 160, 150, 6),
-    ((6, 12, 12), (16, 6, 5, 5), True): Kernels("stage2_forward_kernel", "stage2_backward_kernel", 256, (1, 2),
-                                                lambda i: 4 * (2400 + 864 * i), 160, 2400, 16),
+    ((1, 28, 28), (6, 1, 5, 5), False): Kernels("stage1_forward_kernel", (("stage1_backward_kernel", 160),), 144,
+                                                (1, 2, 4), lambda i: 4 * 784 * i, 150, 6),
+    ((6, 12, 12), (16, 6, 5, 5), True): Kernels("stage2_forward_kernel", (("stage2_backward_kernel", 160),
+                                                                        ("stage2_backward_split_kernel", 320)), 256,
+                                                (1, 2), lambda i: 4 * (2400 + 864 * i), 2400, 16),
 }
 
 
@@ -77,10 +77,11 @@ class Forward:
 @dataclass(frozen=True)
 class Backward:
     per_sm: int
+    version: int = 0   # index into Kernels.backward
 
     @property
     def name(self) -> str:
-        return f"fused bwd g{self.per_sm}"
+        return f"fused bwd{'' if self.version == 0 else f' v{self.version + 1}'} g{self.per_sm}"
 
     def grid(self, n: int) -> int:
         return max(1, min(n, self.per_sm * _sms()))
@@ -101,7 +102,8 @@ def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg
 def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None):
     """A zero-argument launch of the stage's backward and of the reduction of its partial sums, on
     ``stream``."""
-    fn, reduce, grid = kernel("stage", ks.backward), kernel("stage", "stage_reduce_kernel"), cand.grid(n)
+    name, threads = ks.backward[cand.version]
+    fn, reduce, grid = kernel("stage", name), kernel("stage", "stage_reduce_kernel"), cand.grid(n)
     if part.shape[0] < grid:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid}")
     args = (x, arg, dy, part, np.int32(n)) if dx is None else (x, w, arg, dy, dx, part, np.int32(n))
@@ -110,7 +112,7 @@ def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, a
 
     def run():
         with stream:
-            fn((grid,), (ks.bwd_threads,), args)
+            fn((grid,), (threads,), args)
             reduce((red_grid,), (256,), red)
     return run
 
@@ -137,7 +139,7 @@ class OursPlan:
         ]
 
     def choice(self) -> dict:
-        return {"fwd": [self.fwd.images, self.fwd.per_sm], "bwd": [self.bwd.per_sm]}
+        return {"fwd": [self.fwd.images, self.fwd.per_sm], "bwd": [self.bwd.per_sm, self.bwd.version]}
 
 
 class OursStage:
@@ -174,7 +176,7 @@ class OursStage:
     def candidates(self, spec, policy) -> tuple[list[Forward], list[Backward]]:
         ks = KERNELS[(spec.x, spec.w, spec.dx)]
         fwd = [Forward(i, g) for g in FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]
-        bwd = [Backward(g) for g in BACKWARD_BLOCKS_PER_SM]
+        bwd = [Backward(g, v) for v in range(len(ks.backward)) for g in BACKWARD_BLOCKS_PER_SM]
         if policy.choice("fwd") == "heuristic":
             fwd = fwd[:1]
         if policy.choice("bwd-filter") == "heuristic":
@@ -242,6 +244,8 @@ class OursStage:
 
         if stored is not None:
             fwds, bwds = [Forward(*stored["fwd"])], [Backward(*stored["bwd"])]
+            if bwds[0].version >= len(ks.backward):
+                raise ValueError(f"stored backward version {bwds[0].version} does not exist")
         else:
             fwds, bwds = self.candidates(spec, ctx.policy)
         errors, times, chosen = {}, {}, {}

@@ -54,18 +54,18 @@ def main() -> int:
                     dx = cupy.empty_like(x) if ks.forward.startswith("stage2") else None
                     dw, db = cupy.empty(ks.mw, cupy.float32), cupy.empty(ks.mb, cupy.float32)
                     part = cupy.empty((max(ours.BACKWARD_BLOCKS_PER_SM) * ours._sms(), ks.width), cupy.float32)
+                    first = len(rows)
                     for cand in [ours.Forward(i, g) for g in ours.FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]:
                         run = ours.forward_launcher(ks, cand, n, stream, x, w, b, y, arg)
                         ms = time_launcher(run, stream)
                         rows.append({"define": define, "kernel": ks.forward, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
-                    for cand in [ours.Backward(g) for g in ours.BACKWARD_BLOCKS_PER_SM]:
+                    for cand in [ours.Backward(g, v) for v in range(len(ks.backward)) for g in ours.BACKWARD_BLOCKS_PER_SM]:
                         run = ours.backward_launcher(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
                         ms = time_launcher(run, stream)
                         rows.append({"define": define, "kernel": ks.backward, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
-                    for r in rows[-(len(ks.fwd_images) * len(ours.FORWARD_BLOCKS_PER_SM)
-                                    + len(ours.BACKWARD_BLOCKS_PER_SM)):]:
+                    for r in rows[first:]:
                         print(f"{r['define'] or '-':<22} {r['kernel']:<24} {r['shape']:<20} n={r['n']:<6} "
                               f"{r['us']:9.1f} us {r['ns_per_image']:8.2f} ns/img", flush=True)
         finally:
