@@ -56,9 +56,9 @@ def operands(spec, m: int, seed: int = 0):
 def stage_reference(handle, spec, m: int = CHECK_BATCH) -> StageReference:
     import cupy
 
-    x, w, b, dy_raw = operands(spec, m)
     k, h, ww = spec.conv_chw
-    with handle.stream:
+    with handle.stream:   # made on the stream cuDNN reads them on (the model's, which does not wait for others)
+        x, w, b, dy_raw = operands(spec, m)
         c = cupy.empty((m, k, h, ww), cupy.float32)
     reference(handle, spec.conv("fwd", m), {"x": x, "w": w, "y": c})
     with handle.stream:
