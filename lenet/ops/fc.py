@@ -32,7 +32,7 @@ from .. import params as P
 from ..blas import Lt, LtMatmul, LtUnavailable
 from ..kernels import kernel
 
-HEAD_GROUPS = (4, 1, 2, 8, 16)   # images per block iteration (the first is the heuristic's)
+HEAD_GROUPS = (4, 1, 2, 8)       # images per block iteration (the first is the heuristic's; at most 8)
 HEAD_BWD_BLOCKS_PER_SM = 2       # at most this many backward blocks per SM: each writes a 128 KB row
 
 
@@ -178,12 +178,15 @@ class OursHead:
                  np.int32(off["fc1.bias"]), np.int32(off["fc2.weight"]), np.int32(off["fc2.bias"]), np.int32(n),
                  np.int32(g))
         rargs = (part, grads, grads, np.int32(bgrid), np.int32(self.WIDTH), np.int32(0))
-        fsmem, bsmem = 4 * (g * (256 + 120) + 32 * 121), 4 * g * (256 + 120 + 10 + 120)
+        fsmem = 4 * (1200 + g * (256 + 120) + 64 * 121)
+        bsmem = 4 * (120 * 256 + g * (256 + 120 + 10 + 120))   # W1 in shared memory: over the default 48 KB
+        if bwd.max_dynamic_shared_size_bytes < bsmem:
+            bwd.max_dynamic_shared_size_bytes = bsmem
         rgrid = -(-self.WIDTH // 32)
 
         def forward():
             with self.stream:
-                fwd((fgrid,), (128,), fargs, shared_mem=fsmem)
+                fwd((fgrid,), (256,), fargs, shared_mem=fsmem)
 
         def backward():
             with self.stream:
