@@ -4,10 +4,11 @@ and PyTorch's, in one process on one GPU, interleaved.
     python3 scripts/bench.py                       # batch sizes 1 64 256 1024 8192 65536
     python3 scripts/bench.py --batch 64 256 --repeats 9 --json bench.json
 
-PyTorch, plain float32 (TF32 off): eager and CUDA graph, each with cudnn.benchmark off and on;
-its fastest is the yardstick. PyTorch with TF32 convolutions (its default), CUDA graph, is an extra
-line, compared with ours under --allow-tf32. Ours, all as CUDA graphs: --engine legacy, graph and
-auto (exact float32), auto with --allow-tf32, and auto eager. Each repeat times a run of steps
+PyTorch, plain float32 (TF32 off): eager and CUDA graph, each with cudnn.benchmark off and on, and
+above 8192 images the whole step as gradient accumulation over 8192-image micro-batches in one CUDA
+graph (how a PyTorch user runs a large batch); its fastest is the yardstick. PyTorch with TF32 convolutions (its default), CUDA graph, is an extra
+line, compared with ours under --allow-tf32. Ours, all as CUDA graphs: --engine legacy, graph, ours
+and auto (exact float32), auto with --allow-tf32, and auto eager. --variants picks some of them. Each repeat times a run of steps
 with CUDA events after warm-up (planning and search excluded); the table shows the median over
 repeats. Also times one epoch of 60,000 GPU-resident images at batch 64.
 """
@@ -82,8 +83,8 @@ class Ours:
 class Torch:
     """PyTorch's step with its own backend flags (cudnn.benchmark, TF32), set before every use."""
 
-    def __init__(self, batch, graph, benchmark=False, tf32=False, compile_=False):
-        self.flags = (benchmark, tf32)
+    def __init__(self, batch, graph, benchmark=False, tf32=False, compile_=False, micro=None):
+        self.flags, self.micro, self.batch = (benchmark, tf32), micro, batch
         self._flags()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -114,8 +115,14 @@ class Torch:
 
     def _step(self):
         self.opt.zero_grad(set_to_none=self.graph is None)
-        loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
-        loss.backward()
+        if self.micro is None:
+            loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
+            loss.backward()
+        else:   # the mean over the whole batch, accumulated micro-batch by micro-batch
+            for s in range(0, self.batch, self.micro):
+                xs, ys = self.x[s:s + self.micro], self.y[s:s + self.micro]
+                loss = torch.nn.functional.cross_entropy(self.model(xs), ys, reduction="sum") / self.batch
+                loss.backward()
         self.opt.step()
 
     def step(self):
@@ -151,7 +158,8 @@ def time_run(v, k: int) -> float:
     return s.elapsed_time(e) * 1000 / k
 
 
-TORCH_FP32 = ("torch eager", "torch eager bench", "torch graph", "torch graph bench")
+TORCH_FP32 = ("torch eager", "torch eager bench", "torch graph", "torch graph bench", "torch graph accum")
+MICRO = 8192   # PyTorch's micro-batch above this batch size
 
 
 def makers(batch, algo, compile_):
@@ -165,16 +173,21 @@ def makers(batch, algo, compile_):
          "ours eager auto": ours("auto", graph=False),
          "ours legacy": ours("legacy"),
          "ours graph": ours("graph"),
+         "ours ours": ours("ours"),
          "ours auto": ours("auto"),
          "ours auto tf32": ours("auto", tf32=True)}
+    if batch > MICRO:
+        m["torch graph accum"] = lambda: Torch(batch, True, micro=MICRO)
     if compile_:
         m["torch compile"] = lambda: Torch(batch, False, compile_=True)
     return m
 
 
-def bench_batch(batch, repeats, algo, compile_) -> dict:
+def bench_batch(batch, repeats, algo, compile_, only=None) -> dict:
     variants, out = {}, {}
     for name, make in makers(batch, algo, compile_).items():
+        if only and name not in only:
+            continue
         try:
             variants[name] = make()
         except Exception as e:  # noqa: BLE001  a variant that cannot run is reported, not fatal
@@ -249,6 +262,7 @@ def main():
     ap.add_argument("--algo", default="exhaustive", help="our algorithm policy (default: exhaustive)")
     ap.add_argument("--compile", action="store_true", help="also torch.compile (slow to build)")
     ap.add_argument("--no-epoch", action="store_true", help="skip the epoch timing")
+    ap.add_argument("--variants", nargs="+", default=None, help="only these variants (names as printed)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     exact_float32()
@@ -263,7 +277,7 @@ def main():
     print(hdr)
     print("-" * len(hdr))
     for b in args.batch:
-        r = bench_batch(b, args.repeats, args.algo, args.compile)
+        r = bench_batch(b, args.repeats, args.algo, args.compile, args.variants)
         results[b] = r
         for name, v in r.items():
             if "error" in v:
@@ -276,7 +290,7 @@ def main():
             continue
         best_name = min(fp32, key=fp32.get)
         summary = {}
-        for ours in ("ours legacy", "ours graph", "ours auto"):
+        for ours in ("ours legacy", "ours graph", "ours ours", "ours auto"):
             if "us_per_step" in r.get(ours, {}):
                 summary[ours] = fp32[best_name] / r[ours]["us_per_step"]
         r["speedup_vs_best_torch_fp32"] = summary
