@@ -56,7 +56,7 @@ for tool in racecheck synccheck; do
         for flag in ""; do
             log="$out/${tool}_${batch}${flag:+_graph}.txt"
             compute-sanitizer --tool $tool --error-exitcode 7 \
-                python3 scripts/profile_step.py --batch $batch --steps 2 --engine ours --algo exhaustive $flag \
+                python3 scripts/profile_step.py --batch $batch --steps 2 --engine ours --algo heuristic $flag \
                 > "$log" 2>&1 || san_rc=1
             grep -qE "(RACECHECK|ERROR) SUMMARY: 0 " "$log" || san_rc=1
             grep -E "SUMMARY|^loss" "$log" | sed "s/^/$tool batch $batch${flag:+ graph}: /"
