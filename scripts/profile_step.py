@@ -60,9 +60,11 @@ def main():
     import gc
 
     import descriptors
+    from lenet import stages
 
     del m
     descriptors.clear_caches()
+    stages.clear_caches()
     gc.collect()
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()

@@ -37,6 +37,12 @@ for _name in ENGINES:   # --engine NAME runs that engine alone; "cudnn" is named
         register_engine(_name)
 
 
+def clear_caches() -> None:
+    """Forget what the stage engines keep across models (our check's references and verdicts)."""
+    for e in ENGINES.values():
+        e.clear()
+
+
 def warm(engine: str) -> None:
     """Ready the kernels of every stage engine that --engine ``engine`` lets compete."""
     for e in ENGINES.values():
@@ -143,4 +149,4 @@ class Stage:
         return PlannedStage(plan, times, why_not)
 
 
-__all__ = ["Stage", "StageSpec", "StageTensors", "PlannedStage", "ENGINES", "warm"]
+__all__ = ["Stage", "StageSpec", "StageTensors", "PlannedStage", "ENGINES", "warm", "clear_caches"]

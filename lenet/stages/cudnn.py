@@ -43,6 +43,9 @@ class CudnnStage:
     def warm(self) -> None:
         pass   # cuDNN's one-time set-up is lenet.startup's (Note [cuDNN's first call])
 
+    def clear(self) -> None:
+        pass   # the convolutions' caches are descriptors.clear_caches()'s
+
     def refuses(self, spec, ctx) -> str | None:
         if not self.serves(ctx.policy.engine):
             return f"engine {ctx.policy.engine} runs no cuDNN convolution"

@@ -158,6 +158,10 @@ class OursStage:
         for ks in KERNELS.values():
             kernel("stage", ks.forward)
 
+    def clear(self) -> None:
+        self._checked.clear()
+        self._refs.clear()
+
     def refuses(self, spec, ctx) -> str | None:
         p = ctx.policy
         if not self.serves(p.engine):
