@@ -219,7 +219,8 @@ def test_the_plan_cache_is_used_by_a_second_run_and_ignored_when_a_key_changes(t
     assert second.returncode == 0, second.stderr
     a, b = json.loads(first.stdout), json.loads(second.stdout)
     assert [r.get("algo") for r in a["operations"]] == [r.get("algo") for r in b["operations"]]
-    assert b["plan_cache"]["hits"] >= 5 and b["plan_cache"]["misses"] == 0, b["plan_cache"]
+    # At least one stored choice per stage (the stage's engine; under cuDNN's engine, its convolutions' too).
+    assert b["plan_cache"]["hits"] >= 2 and b["plan_cache"]["misses"] == 0, b["plan_cache"]
     assert b["plan_cache"]["searched"] == 0, b["plan_cache"]
     # Another key (the cuDNN version recorded for every entry): nothing matches, the run searches.
     doc["entries"] = {k.replace('"cudnn":"', '"cudnn":"0.0.0-'): v for k, v in doc["entries"].items()}
