@@ -207,6 +207,11 @@ def policy_from(args):
         ok, why = available()
         if not ok:
             raise ValueError(f"--engine graph: {why}")
+    if args.engine == "ours" and not args.fused:
+        raise ValueError("--engine ours runs our fused stage kernels only: drop --no-fused, or name a cuDNN engine")
+    if args.engine == "ours" and args.chunk is not None:
+        raise ValueError("--engine ours runs each stage in one launch over the whole batch: --chunk applies to "
+                         "cuDNN's engines only")
     return AlgoPolicy.parse(args.algo, workspace_limit=args.workspace_limit, deterministic=args.deterministic,
                             allow_winograd=args.allow_winograd, engine=args.engine, allow_tf32=args.allow_tf32,
                             chunk=args.chunk)

@@ -59,12 +59,14 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
         y = rng.integers(0, 10, n).astype(np.int32)
         return (x - 0.5) / 0.25, y, f"synthetic (seeded uniform pixels, seed {args.seed})"
     images, labels = data.load_split(root, "train", cli.data_cache(args))
-    idx = rng.permutation(images.shape[0])[:n]
-    if n > images.shape[0]:
-        raise data.DataError(f"--batch-size {n} is larger than the {images.shape[0]} training images in {root}")
+    size = images.shape[0]
+    if n <= size:
+        idx, how = rng.permutation(size)[:n], f"{n} images of a seeded permutation"
+    else:   # a batch larger than the split: seeded draws with replacement, said in the output
+        idx, how = rng.integers(0, size, n), f"{n} images drawn with replacement from its {size}"
     mean, std = data.pixel_stats(images)
     x = ((images[idx].astype(np.float32) / 255.0 - mean) / std).reshape(n, 1, 28, 28)
-    return x, labels[idx].astype(np.int32), f"{root} (train split, {n} images of a seeded permutation)"
+    return x, labels[idx].astype(np.int32), f"{root} (train split, {how})"
 
 
 def main(argv=None) -> int:

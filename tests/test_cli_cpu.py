@@ -39,6 +39,10 @@ def test_train_step_help_lists_every_flag():
     (["--steps", "0"], "--steps: invalid value '0'"),
     (["--workspace-limit", "lots"], "invalid size 'lots'"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--engine", "ours", "--no-fused"], "--engine ours runs our fused stage kernels only"),
+    (["--engine", "ours", "--chunk", "16"], "--chunk applies to cuDNN's engines only"),
+    (["--engine", "ours", "--algo", "fft"], "engine ours runs no cuDNN convolution"),
+    (["--engine", "cuda"], "argument --engine: invalid choice: 'cuda'"),
 ])
 def test_bad_flags_exit_2_with_one_line(args, msg):
     out = run("lenet.train_step", *args)

@@ -1,0 +1,113 @@
+"""The stage seam without a GPU: the engine registry and the names it gives the flags, what each
+engine refuses and why, the stage's own checks, and the errors a user sees before any GPU work."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from descriptors import AlgoPolicy
+from descriptors.algorithms import AlgorithmNotSupportedError, engine_names
+from lenet import stages
+from lenet.ops.context import PlanContext
+from lenet.stages import ENGINES, Stage, StageSpec, StageTensors, ours
+
+CONV1 = StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5))
+CONV2 = StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True)
+
+
+def ctx(policy=None, fused=True):
+    return PlanContext(handle=None, policy=policy or AlgoPolicy(), workspace=None, blas=None, ones=None, pool=None,
+                       fused=fused, captured=True)
+
+
+def test_one_registry_names_every_engine():
+    assert list(ENGINES) == ["ours", "cudnn"]   # the order of preference where timing decides nothing
+    assert set(engine_names()) == {"auto", "legacy", "graph", "ours"}
+    assert {n for n in engine_names() if n != "auto"} - {"legacy", "graph"} == set(ENGINES) - {"cudnn"}
+    for name in engine_names():
+        AlgoPolicy(engine=name)   # every name the flags offer is a policy
+    with pytest.raises(ValueError, match="unknown engine 'ourz'; use one of auto, legacy, graph, ours"):
+        AlgoPolicy(engine="ourz")
+
+
+@pytest.mark.parametrize("engine,serving", [("auto", {"ours", "cudnn"}), ("ours", {"ours"}), ("legacy", {"cudnn"}),
+                                            ("graph", {"cudnn"})])
+def test_which_engines_an_engine_flag_lets_compete(engine, serving):
+    assert {e.name for e in ENGINES.values() if e.serves(engine)} == serving
+    assert {e.name for e in ENGINES.values() if e.refuses(CONV2, ctx(AlgoPolicy(engine=engine))) is None} == serving
+
+
+@pytest.mark.parametrize("policy,fused,needle", [
+    (AlgoPolicy(engine="legacy"), True, "engine legacy runs cuDNN only"),
+    (AlgoPolicy(engine="ours"), False, "fusion is off"),
+    (AlgoPolicy(chunk=16), True, "--chunk fixes cuDNN's calls"),
+    (AlgoPolicy.parse("fft"), True, "--algo names cuDNN's fft"),
+])
+def test_what_our_engine_refuses_and_why(policy, fused, needle):
+    assert needle in ENGINES["ours"].refuses(CONV1, ctx(policy, fused))
+
+
+def test_our_kernels_cover_lenets_stages_and_nothing_else():
+    assert ENGINES["ours"].refuses(CONV1, ctx()) is None and ENGINES["ours"].refuses(CONV2, ctx()) is None
+    other = StageSpec("wide", (3, 32, 32), (8, 3, 5, 5))
+    assert "no kernel of ours" in ENGINES["ours"].refuses(other, ctx())
+    assert set(ours.KERNELS) == {(CONV1.x, CONV1.w, False), (CONV2.x, CONV2.w, True)}
+    for name in ("stage", "head"):
+        assert resources.files("lenet").joinpath("kernels", f"{name}.cu").is_file()
+
+
+def test_candidates_are_named_and_the_heuristic_takes_the_first():
+    engine = ENGINES["ours"]
+    fwd, bwd = engine.candidates(CONV2, AlgoPolicy.parse("exhaustive"))
+    names = [c.name for c in fwd + bwd]
+    assert len(set(names)) == len(names) and "fused fwd i1 g8" in names and "fused bwd v2 g4" in names
+    hf, hb = engine.candidates(CONV2, AlgoPolicy())
+    assert hf == fwd[:1] and hb == bwd[:1]
+
+
+def test_no_engine_for_a_stage_is_one_line_naming_each_reason():
+    stage = Stage(CONV1, StageTensors(*(None,) * 7), max_batch=8)
+    with pytest.raises(AlgorithmNotSupportedError) as e:
+        stage.plan(ctx(AlgoPolicy(engine="ours"), fused=False), 8)
+    msg = str(e.value)
+    assert "\n" not in msg and "ours fusion is off" in msg and "cudnn engine ours runs no cuDNN convolution" in msg
+
+
+def test_stage_spec_checks_its_shapes():
+    assert CONV1.conv_chw == (6, 24, 24) and CONV1.y == (6, 12, 12) and CONV2.y == (16, 4, 4)
+    assert CONV2.conv("bwd-data", 7, "drelu").x_shape == (7, 6, 12, 12)
+    with pytest.raises(ValueError, match="same C"):
+        StageSpec("bad", (2, 28, 28), (6, 1, 5, 5))
+    with pytest.raises(ValueError, match="cannot be pooled"):
+        StageSpec("odd", (1, 27, 27), (6, 1, 5, 5))
+
+
+def test_a_fixed_cudnn_name_with_engine_ours_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="engine ours runs no cuDNN convolution; use heuristic or exhaustive"):
+        AlgoPolicy.parse("implicit_gemm", engine="ours")
+
+
+def test_warm_asks_only_the_engines_the_flag_lets_compete(monkeypatch):
+    called = []
+    for e in ENGINES.values():
+        monkeypatch.setattr(e, "warm", lambda e=e: called.append(e.name))
+    stages.warm("legacy")
+    assert called == ["cudnn"]
+    called.clear()
+    stages.warm("auto")
+    assert called == ["ours", "cudnn"]
+
+
+def test_train_step_draws_a_batch_larger_than_the_split_with_replacement(dataset):
+    # The README's `train_step --batch-size 65536` on the 60,000 Fashion-MNIST images: no refusal.
+    from lenet import train_step
+    args = train_step.parser().parse_args(["--data-dir", str(dataset), "--batch-size", "100", "--no-data-cache"])
+    x, y, source = train_step.make_batch(args)
+    assert x.shape == (100, 1, 28, 28) and y.shape == (100,) and "drawn with replacement from its 40" in source
+    again = train_step.make_batch(args)
+    assert (again[0] == x).all() and (again[1] == y).all(), "the draws are not seeded"
+    args = train_step.parser().parse_args(["--data-dir", str(dataset), "--batch-size", "40", "--no-data-cache"])
+    x, y, source = train_step.make_batch(args)
+    assert len(set(map(bytes, x.reshape(40, -1)))) == 40 and "seeded permutation" in source
