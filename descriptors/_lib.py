@@ -76,13 +76,6 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "cudnnGetConvolutionForwardAlgorithm_v7": (_i, [_p, _p, _p, _p, _p, _i, _pi, _PAlgoPerf]),
     "cudnnGetConvolutionBackwardDataAlgorithm_v7": (_i, [_p, _p, _p, _p, _p, _i, _pi, _PAlgoPerf]),
     "cudnnGetConvolutionBackwardFilterAlgorithm_v7": (_i, [_p, _p, _p, _p, _p, _i, _pi, _PAlgoPerf]),
-    # (handle, descA, a, descB, b, conv, descOut, out, requested, *returned, perf, ws, wsBytes)
-    "cudnnFindConvolutionForwardAlgorithmEx":
-        (_i, [_p, _p, _p, _p, _p, _p, _p, _p, _i, _pi, _PAlgoPerf, _p, c_size_t]),
-    "cudnnFindConvolutionBackwardDataAlgorithmEx":
-        (_i, [_p, _p, _p, _p, _p, _p, _p, _p, _i, _pi, _PAlgoPerf, _p, c_size_t]),
-    "cudnnFindConvolutionBackwardFilterAlgorithmEx":
-        (_i, [_p, _p, _p, _p, _p, _p, _p, _p, _i, _pi, _PAlgoPerf, _p, c_size_t]),
     # (handle, descA, descB, conv, descOut, algo, *bytes)
     "cudnnGetConvolutionForwardWorkspaceSize": (_i, [_p, _p, _p, _p, _p, _i, _psz]),
     "cudnnGetConvolutionBackwardDataWorkspaceSize": (_i, [_p, _p, _p, _p, _p, _i, _psz]),

@@ -56,25 +56,22 @@ class _Calls:
     algos: type[enum.IntEnum]
     max_count: str
     get: str
-    find: str
     workspace_size: str
-    run: str
     operands: tuple[str, str, str]
 
 
 CALLS: dict[Direction, _Calls] = {
     Direction.FORWARD: _Calls(
         ConvolutionFwdAlgo, "cudnnGetConvolutionForwardAlgorithmMaxCount",
-        "cudnnGetConvolutionForwardAlgorithm_v7", "cudnnFindConvolutionForwardAlgorithmEx",
-        "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward", ("x", "w", "y")),
+        "cudnnGetConvolutionForwardAlgorithm_v7", "cudnnGetConvolutionForwardWorkspaceSize", ("x", "w", "y")),
     Direction.BACKWARD_DATA: _Calls(
         ConvolutionBwdDataAlgo, "cudnnGetConvolutionBackwardDataAlgorithmMaxCount",
-        "cudnnGetConvolutionBackwardDataAlgorithm_v7", "cudnnFindConvolutionBackwardDataAlgorithmEx",
-        "cudnnGetConvolutionBackwardDataWorkspaceSize", "cudnnConvolutionBackwardData", ("w", "dy", "dx")),
+        "cudnnGetConvolutionBackwardDataAlgorithm_v7", "cudnnGetConvolutionBackwardDataWorkspaceSize",
+        ("w", "dy", "dx")),
     Direction.BACKWARD_FILTER: _Calls(
         ConvolutionBwdFilterAlgo, "cudnnGetConvolutionBackwardFilterAlgorithmMaxCount",
-        "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "cudnnFindConvolutionBackwardFilterAlgorithmEx",
-        "cudnnGetConvolutionBackwardFilterWorkspaceSize", "cudnnConvolutionBackwardFilter", ("x", "dy", "dw")),
+        "cudnnGetConvolutionBackwardFilterAlgorithm_v7", "cudnnGetConvolutionBackwardFilterWorkspaceSize",
+        ("x", "dy", "dw")),
 }
 
 # Algorithm names as cuDNN names them, lower case: {"implicit_gemm": 0, ...} per direction.
@@ -278,16 +275,9 @@ class AlgoResult:
     algo: int
     name: str
     status: str
-    time_ms: float | None
     workspace_bytes: int
     deterministic: bool
     math_type: str
-    policy: str
-
-    def as_dict(self) -> dict:
-        return {"direction": str(self.direction), "algo": self.name, "id": self.algo, "status": self.status,
-                "time_ms": self.time_ms, "workspace_bytes": self.workspace_bytes,
-                "deterministic": self.deterministic, "math_type": self.math_type, "policy": self.policy}
 
 
 class Workspace:
@@ -340,11 +330,10 @@ def workspace_size(handle, direction: Direction, conv, a_desc, b_desc, out_desc,
     return int(sz.value)
 
 
-def _result(direction, perf: AlgoPerf, workspace: int, timed: bool, policy: str) -> AlgoResult:
+def _result(direction, perf: AlgoPerf, workspace: int) -> AlgoResult:
     return AlgoResult(direction=direction, algo=int(perf.algo), name=algorithm_name(direction, perf.algo),
-                      status=_lib.status_name(perf.status), time_ms=float(perf.time) if timed else None,
-                      workspace_bytes=int(workspace), deterministic=perf.determinism == 1,
-                      math_type=math_type_name(perf.mathType), policy=policy)
+                      status=_lib.status_name(perf.status), workspace_bytes=int(workspace),
+                      deterministic=perf.determinism == 1, math_type=math_type_name(perf.mathType))
 
 
 def _math_ok(conv, perf: AlgoPerf) -> bool:
@@ -374,7 +363,7 @@ def supported_algorithms(handle, direction: Direction, conv, a_desc, b_desc, out
             if e.is_not_supported:  # see Note [algorithm fallback]
                 continue
             raise
-        out.append(_result(direction, p, ws, False, "heuristic"))
+        out.append(_result(direction, p, ws))
     return out
 
 

@@ -68,11 +68,6 @@ class ConvolutionDescriptor(CudnnObject):
                   self.mode, self.compute_type, **info)
         _lib.call("cudnnSetConvolutionMathType", self.ptr, self.math_type, math_type=self.math_type.name)
 
-    def params(self) -> tuple:
-        """Everything that identifies this convolution, with no pointers (for cache keys)."""
-        return (self.pad, self.stride, self.dilation, int(self.mode), int(self.compute_type),
-                int(self.math_type))
-
     def output_shape(self, x_desc: TensorDescriptor, w_desc: FilterDescriptor) -> tuple[int, int, int, int]:
         """The output (N, K, P, Q), as cuDNN computes it."""
         n, c, h, w = c_int(), c_int(), c_int(), c_int()

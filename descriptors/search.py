@@ -177,10 +177,6 @@ def clear_cache() -> None:
     _choices.clear()
 
 
-def cache_size() -> int:
-    return len(_tables) + len(_choices)
-
-
 def _operands(spec: ConvSpec) -> dict:
     import cupy
 

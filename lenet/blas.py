@@ -137,7 +137,7 @@ class LtUnavailable(RuntimeError):
     """cuBLASLt has no algorithm for a matmul as configured (e.g. an epilogue it lacks)."""
 
 
-_EPILOGUES = ("default", "bias", "relu_bias", "relu_aux_bias", "drelu", "bgradb")
+_EPILOGUES = ("default", "bias", "relu_aux_bias", "drelu", "bgradb")
 
 
 class Lt:
@@ -163,8 +163,7 @@ class LtMatmul:
 
     Epilogues, in row-major terms (c is (M, N)):
       bias            c += bias[None, :]                           bias (N,)
-      relu_bias       c = relu(c + bias), and, with aux, the ReLU mask bits into aux
-      relu_aux_bias   the same, mask into aux (relu_aux_bias)
+      relu_aux_bias   c = relu(c + bias), the ReLU mask bits into aux
       drelu           c = c * (mask from aux > 0)                  the backward of relu_aux_bias
       bgradb          also bias[:] = op(a).sum(axis=0)             a bias gradient for free
     The pointers (operands, bias, aux) are fixed here: a matmul belongs to one set of buffers.
@@ -198,7 +197,7 @@ class LtMatmul:
         setattr_(A.TRANSA, op.T if trans_b else op.N)
         setattr_(A.TRANSB, op.T if trans_a else op.N)
         setattr_(A.EPILOGUE, {"default": L.Epilogue.DEFAULT, "bias": L.Epilogue.BIAS,
-                              "relu_bias": L.Epilogue.RELU_BIAS, "relu_aux_bias": L.Epilogue.RELU_AUX_BIAS,
+                              "relu_aux_bias": L.Epilogue.RELU_AUX_BIAS,
                               "drelu": L.Epilogue.DRELU, "bgradb": L.Epilogue.BGRADB}[epilogue])
         if bias is not None:
             setattr_(A.BIAS_POINTER, bias.data.ptr)

@@ -178,7 +178,6 @@ class LeNet:
         self.head = FullyConnected(x="p2", dx="dp2", act="p2")
         self.loss_op = SoftmaxCrossEntropy()
         self.sgd = SGD(momentum, weight_decay, nesterov, ema_decay)
-        self.momentum, self.weight_decay = self.sgd.momentum, self.sgd.weight_decay
         self.runner = Runner(self.stream, self.workspace, self._save_state, self._restore_state)
         self._steps: dict[int, Step] = {}
         self._lr_host: float | None = None
