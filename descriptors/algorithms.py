@@ -117,18 +117,28 @@ def algorithm_id(direction: Direction, name: str) -> int:
 # Graph-API plan names as cuDNN reports them: eng0, eng18_k11=0, eng70_k2=12_k18=1.
 _GRAPH_PLAN = re.compile(r"eng\d+(?:_k\d+=-?\d+)*")
 ENGINES = ("auto", "legacy", "graph")   # cuDNN's two engines, and both competing
-_OTHER_ENGINES: list[str] = []          # engines outside descriptors, registered by their owners
+# Engines outside descriptors, registered by their owners: name -> the directions a fixed
+# candidate name of theirs pins (empty when the name is not theirs).
+_OTHER_ENGINES: dict = {}
 
 
-def register_engine(name: str) -> None:
+def register_engine(name: str, pins=None) -> None:
     """Let AlgoPolicy.engine name an engine that runs outside descriptors (lenet.stages registers
-    its own): under it, cuDNN's convolution engines offer nothing (``engines_for`` is empty)."""
-    if name not in ENGINES and name not in _OTHER_ENGINES:
-        _OTHER_ENGINES.append(name)
+    its own): under it, cuDNN's convolution engines offer nothing (``engines_for`` is empty).
+    ``pins(candidate_name)`` gives the directions a fixed name of that engine's pins ("fwd",
+    "bwd-data", "bwd-filter"), or none where the name is not one of its candidates'."""
+    if name not in ENGINES:
+        _OTHER_ENGINES[name] = pins or (lambda _name: ())
 
 
 def engine_names() -> tuple[str, ...]:
     return ENGINES + tuple(_OTHER_ENGINES)
+
+
+def owner_of(name: str) -> str | None:
+    """The registered engine whose fixed candidate name ``name`` is, or None (cuDNN's, or none)."""
+    v = str(name).strip().lower()
+    return next((e for e, pins in _OTHER_ENGINES.items() if pins(v)), None)
 
 
 def is_graph_plan_name(name: str) -> bool:
@@ -138,6 +148,12 @@ def is_graph_plan_name(name: str) -> bool:
 def _check_choice(direction: Direction, value: str) -> str:
     v = str(value).strip().lower()
     if v in POLICIES or is_graph_plan_name(v):
+        return v
+    owner = owner_of(v)
+    if owner is not None:
+        if str(direction) not in _OTHER_ENGINES[owner](v):
+            raise UnknownAlgorithmError(f"{v} is a candidate of engine {owner} for "
+                                        f"{', '.join(_OTHER_ENGINES[owner](v))}, not {direction}")
         return v
     try:
         return algorithm_name(direction, algorithm_id(direction, v))
@@ -177,9 +193,18 @@ class AlgoPolicy:
             raise ValueError(f"unknown engine {self.engine!r}; use one of {', '.join(engine_names())}")
         if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
             raise ValueError(f"chunk must be a number of images >= 1, got {self.chunk!r}")
+        owners = {owner_of(self.choice(d)) or "cuDNN" for d in Direction if self.fixed(d)}
+        if len(owners) > 1:
+            raise ValueError(f"the algorithm spec names candidates of {' and '.join(sorted(owners))}: one engine "
+                             f"runs a stage's convolution, so name candidates of one")
         for d in Direction:
             c = self.choice(d)
             if c in POLICIES:
+                continue
+            owner = owner_of(c)
+            if owner is not None and self.engine not in ("auto", owner):
+                raise ValueError(f"{d}={c} names a candidate of engine {owner}, but the engine is {self.engine}")
+            if owner is not None:
                 continue
             if self.engine == "legacy" and is_graph_plan_name(c):
                 raise ValueError(f"{d}={c} names a graph-API plan, but engine legacy offers only the descriptor "
@@ -189,7 +214,7 @@ class AlgoPolicy:
                                  f"graph-API plans")
             if self.engine not in ENGINES:
                 raise ValueError(f"{d}={c} names a cuDNN algorithm or plan, but engine {self.engine} runs no "
-                                 f"cuDNN convolution; use heuristic or exhaustive with it")
+                                 f"cuDNN convolution; use heuristic, exhaustive or one of its own candidates")
 
     def choice(self, direction: Direction) -> str:
         return getattr(self, _FIELD[Direction(direction)])
@@ -213,7 +238,10 @@ class AlgoPolicy:
             raise ValueError("empty algorithm spec; use heuristic, exhaustive, an algorithm name, "
                              "or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
         kw: dict[str, str] = {}
-        if is_graph_plan_name(spec):
+        owner = owner_of(spec)
+        if owner is not None:   # one of another engine's candidates: the directions it names
+            kw = {_FIELD[Direction(d)]: spec.lower() for d in _OTHER_ENGINES[owner](spec.strip().lower())}
+        elif is_graph_plan_name(spec):
             kw = {f: spec.lower() for f in _FIELD.values()}
         elif "=" in spec:
             for part in spec.split(","):
@@ -241,8 +269,8 @@ class AlgoPolicy:
                 names = sorted(set().union(*ALGORITHM_NAMES.values()))
                 raise UnknownAlgorithmError(
                     f"unknown algorithm {spec!r}; use heuristic, exhaustive, one of "
-                    f"{', '.join(names)}, a graph-API plan name (e.g. eng0), or "
-                    f"fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
+                    f"{', '.join(names)}, a graph-API plan name (e.g. eng0), a candidate name of another engine "
+                    f"as train_step prints it, or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
         return cls(**kw, workspace_limit=workspace_limit, deterministic=deterministic,
                    allow_winograd=allow_winograd, allow_tf32=allow_tf32, engine=engine, chunk=chunk)
 
@@ -379,5 +407,5 @@ def _filter_reason(r: AlgoResult, policy: AlgoPolicy, fixed: bool = False) -> st
 
 __all__ = ["Direction", "AlgoPolicy", "AlgoResult", "Workspace", "supported_algorithms", "workspace_size",
            "algorithm_id", "algorithm_name", "is_graph_plan_name", "ALGORITHM_NAMES", "CALLS", "ENGINES",
-           "register_engine", "engine_names",
+           "register_engine", "engine_names", "owner_of",
            "UnknownAlgorithmError", "AlgorithmNotSupportedError"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from importlib import resources
 
 import numpy as np
 
@@ -15,6 +14,11 @@ SGD_THREADS = 256
 
 @functools.lru_cache(maxsize=None)
 def _module(name: str):
+    # importlib.resources here, not at import: the flag parse imports this module while the start-up
+    # thread imports CuPy, and two threads importing importlib.resources met Python's import-deadlock
+    # guard (Note [overlapped start-up] in lenet/startup.py).
+    from importlib import resources
+
     import cupy
 
     src = resources.files("lenet").joinpath("kernels", f"{name}.cu").read_text()

@@ -62,7 +62,7 @@ def test_candidates_are_named_and_the_heuristic_takes_the_first():
     engine = ENGINES["ours"]
     fwd, bwd = engine.candidates(CONV2, AlgoPolicy.parse("exhaustive"))
     names = [c.name for c in fwd + bwd]
-    assert len(set(names)) == len(names) and "fused fwd i1 g8" in names and "fused bwd v2 g4" in names
+    assert len(set(names)) == len(names) and "fused-fwd-i1-g8" in names and "fused-bwd-v2-g4" in names
     hf, hb = engine.candidates(CONV2, AlgoPolicy())
     assert hf == fwd[:1] and hb == bwd[:1]
 
@@ -85,7 +85,7 @@ def test_stage_spec_checks_its_shapes():
 
 
 def test_a_fixed_cudnn_name_with_engine_ours_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="engine ours runs no cuDNN convolution; use heuristic or exhaustive"):
+    with pytest.raises(ValueError, match="engine ours runs no cuDNN convolution; use heuristic, exhaustive or one"):
         AlgoPolicy.parse("implicit_gemm", engine="ours")
 
 
@@ -111,3 +111,39 @@ def test_train_step_draws_a_batch_larger_than_the_split_with_replacement(dataset
     args = train_step.parser().parse_args(["--data-dir", str(dataset), "--batch-size", "40", "--no-data-cache"])
     x, y, source = train_step.make_batch(args)
     assert len(set(map(bytes, x.reshape(40, -1)))) == 40 and "seeded permutation" in source
+
+
+def test_our_candidates_can_be_pinned_by_the_names_train_step_prints():
+    engine = ENGINES["ours"]
+    p = AlgoPolicy.parse("fused-fwd-i2-g8")
+    assert (p.fwd, p.bwd_data, p.bwd_filter) == ("fused-fwd-i2-g8", "heuristic", "heuristic")
+    p = AlgoPolicy.parse("fused-bwd-v2-g16", engine="ours")
+    assert (p.fwd, p.bwd_data, p.bwd_filter) == ("heuristic", "fused-bwd-v2-g16", "fused-bwd-v2-g16")
+    fwd, bwd = engine.candidates(CONV2, p)
+    assert [c.name for c in fwd] == ["fused-fwd-i1-g8"] and [c.name for c in bwd] == ["fused-bwd-v2-g16"]
+    auto = AlgoPolicy.parse("fused-bwd-v2-g16")
+    assert engine.refuses(CONV2, ctx(auto)) is None
+    assert "--algo names fused-bwd-v2-g16, not a cuDNN algorithm" in ENGINES["cudnn"].refuses(CONV2, ctx(auto))
+    with pytest.raises(AlgorithmNotSupportedError, match="stage conv1 has no candidate fused-bwd-v2-g16"):
+        engine.candidates(CONV1, p)   # stage 1's backward has one version
+    p = AlgoPolicy.parse("fwd=fused-fwd-i4-g16,bwd-filter=fused-bwd-v1-g2")
+    fwd, bwd = engine.candidates(CONV1, p)
+    assert [c.name for c in fwd + bwd] == ["fused-fwd-i4-g16", "fused-bwd-v1-g2"]
+
+
+@pytest.mark.parametrize("spec,kw,needle", [
+    ("bwd-filter=fused-fwd-i1-g8", {}, "is a candidate of engine ours for fwd, not bwd-filter"),
+    ("fused-fwd-i1-g8", {"engine": "legacy"}, "names a candidate of engine ours, but the engine is legacy"),
+    ("fwd=fused-fwd-i1-g8,bwd-filter=algo_1", {}, "names candidates of cuDNN and ours"),
+    ("fused-fwd-x1-g8", {}, "unknown algorithm 'fused-fwd-x1-g8'"),
+])
+def test_a_wrong_pin_is_one_line(spec, kw, needle):
+    with pytest.raises(ValueError) as e:
+        AlgoPolicy.parse(spec, **kw)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_train_step_takes_a_pinned_candidate_before_the_gpu():
+    from lenet import cli, train_step
+    args = train_step.parser().parse_args(["--algo", "fused-bwd-v2-g4", "--engine", "ours"])
+    assert cli.policy_from(args).bwd_filter == "fused-bwd-v2-g4"

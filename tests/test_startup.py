@@ -117,3 +117,32 @@ def test_bytecode_left_to_python(tmp_path, env):
     got, _ = _bytecode_run(tmp_path, **env)
     assert got["folder"] is None
     assert not (tmp_path / "xdg").exists()
+
+
+# What the flag parse may import while the start-up thread imports CuPy and its stack (Note
+# [overlapped start-up]): descriptors and our light modules, never a module that thread imports too.
+_PARSE = """
+import sys
+import lenet.train, lenet.train_step
+lenet.train.parser(); lenet.train_step.parser()
+print(" ".join(sorted(m for m in sys.modules if m.split(".")[0] in ("cupy", "nvmath", "cuda", "importlib")
+                      or m.startswith(("lenet.ops", "lenet.blas", "lenet.model")))))
+"""
+
+
+def test_the_flag_parse_imports_nothing_the_start_up_thread_imports():
+    out = _run(_PARSE, hide_gpu=True)
+    assert out.returncode == 0, out.stderr
+    shared = set(out.stdout.split()) - {"importlib", "importlib._abc", "importlib._bootstrap",
+                                         "importlib._bootstrap_external", "importlib.machinery", "importlib.util"}
+    assert not shared, f"the parse imports {sorted(shared)}, which the start-up thread may be importing"
+
+
+def test_a_program_started_many_times_never_meets_the_import_lock():
+    # The race showed as "_DeadlockError: deadlock detected by _ModuleLock('importlib.resources.abc')"
+    # in one start of a few dozen when the parse imported importlib.resources.
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for _ in range(12):
+        out = subprocess.run([sys.executable, "-m", "lenet.train_step", "--steps", "0"], env=env,
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Deadlock" not in out.stderr, out.stderr

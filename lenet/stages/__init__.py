@@ -32,9 +32,9 @@ from .cudnn import CudnnStage
 from .ours import OursStage
 
 ENGINES: dict[str, StageEngine] = {e.name: e for e in (OursStage(), CudnnStage())}
-for _name in ENGINES:   # --engine NAME runs that engine alone; "cudnn" is named by its APIs, legacy and graph
+for _name, _engine in ENGINES.items():   # --engine NAME runs that engine alone; "cudnn" is named by its APIs
     if _name != "cudnn":
-        register_engine(_name)
+        register_engine(_name, getattr(_engine, "pins", None))
 
 
 def clear_caches() -> None:

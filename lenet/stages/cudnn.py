@@ -5,14 +5,11 @@ included), then cuDNN's max pooling on the unpooled output, which this engine ke
 
 from __future__ import annotations
 
-from ..ops.conv import PlannedConv
-from ..ops.pool import PlannedPool
-
 
 class CudnnPlan:
     engine = "cudnn"
 
-    def __init__(self, conv: PlannedConv, pool: PlannedPool):
+    def __init__(self, conv, pool):   # lenet.ops.conv.PlannedConv, lenet.ops.pool.PlannedPool
         self.conv, self.pool = conv, pool
         self.workspace_bytes = conv.workspace_bytes
 
@@ -47,12 +44,21 @@ class CudnnStage:
         pass   # the convolutions' caches are descriptors.clear_caches()'s
 
     def refuses(self, spec, ctx) -> str | None:
-        if not self.serves(ctx.policy.engine):
-            return f"engine {ctx.policy.engine} runs no cuDNN convolution"
+        from descriptors.algorithms import Direction, owner_of
+
+        p = ctx.policy
+        if not self.serves(p.engine):
+            return f"engine {p.engine} runs no cuDNN convolution"
+        theirs = [p.choice(d) for d in Direction if p.fixed(d) and owner_of(p.choice(d)) is not None]
+        if theirs:
+            return f"--algo names {theirs[0]}, not a cuDNN algorithm"
         return None
 
     def plan(self, ctx, stage, n: int, stored: dict | None = None) -> CudnnPlan:
         import cupy
+
+        from ..ops.conv import PlannedConv   # here: the flag parse imports this module (lenet.kernels' note)
+        from ..ops.pool import PlannedPool
 
         spec = stage.spec
         k, h, w = spec.conv_chw

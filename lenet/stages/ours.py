@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -68,7 +69,7 @@ class Forward:
 
     @property
     def name(self) -> str:
-        return f"fused fwd i{self.images} g{self.per_sm}"
+        return f"fused-fwd-i{self.images}-g{self.per_sm}"
 
     def grid(self, n: int) -> int:
         return max(1, min(-(-n // self.images), self.per_sm * _sms()))
@@ -81,7 +82,28 @@ class Backward:
 
     @property
     def name(self) -> str:
-        return f"fused bwd{'' if self.version == 0 else f' v{self.version + 1}'} g{self.per_sm}"
+        return f"fused-bwd-v{self.version + 1}-g{self.per_sm}"
+
+
+# Our candidates' names, as train_step prints them and --algo takes them (Note [pinned candidates]).
+_NAME = re.compile(r"fused-(fwd)-i(\d+)-g(\d+)|fused-(bwd)-v(\d+)-g(\d+)")
+
+
+def parse_name(name: str):
+    """The Forward or Backward a candidate name stands for, or None (not one of ours)."""
+    m = _NAME.fullmatch(str(name).strip().lower())
+    if m is None:
+        return None
+    if m.group(1):
+        return Forward(int(m.group(2)), int(m.group(3)))
+    return Backward(int(m.group(6)), int(m.group(5)) - 1)
+
+
+def pins(name: str) -> tuple[str, ...]:
+    """The policy directions a candidate name of ours fixes: a forward's, "fwd"; a backward's, both
+    backward directions (one kernel computes the stage's data and weight gradients)."""
+    c = parse_name(name)
+    return () if c is None else ("fwd",) if isinstance(c, Forward) else ("bwd-data", "bwd-filter")
 
     def grid(self, n: int) -> int:
         return max(1, min(n, self.per_sm * _sms()))
@@ -143,7 +165,14 @@ class OursPlan:
 
 
 class OursStage:
+    """Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
+    ``fused-fwd-i1-g8`` pins the stages' forward, ``fused-bwd-v2-g4`` their backward (both
+    backward directions of the policy). A pinned candidate still passes the check against cuDNN's
+    exact result; one a stage does not offer (a version it has not) is an error naming those it has.
+    """
+
     name = "ours"
+    pins = staticmethod(pins)
 
     def __init__(self):
         self._checked: dict = {}   # (device, spec, candidate) -> (error, ties, why) (see Note [checking a stage])
@@ -170,7 +199,7 @@ class OursStage:
             return "fusion is off (--no-fused), and our stages are fused kernels"
         if p.chunk is not None:
             return "runs the whole batch in one launch, and --chunk fixes cuDNN's calls"
-        fixed = [p.choice(d) for d in Direction if p.fixed(d)]
+        fixed = [p.choice(d) for d in Direction if p.fixed(d) and parse_name(p.choice(d)) is None]
         if fixed:
             return f"--algo names cuDNN's {fixed[0]}"
         if (spec.x, spec.w, spec.dx) not in KERNELS:
@@ -178,14 +207,35 @@ class OursStage:
         return None
 
     def candidates(self, spec, policy) -> tuple[list[Forward], list[Backward]]:
+        """(forward candidates, backward candidates) for the stage under ``policy``: the first of each
+        (heuristic), all (exhaustive), or the one --algo names (Note [pinned candidates])."""
         ks = KERNELS[(spec.x, spec.w, spec.dx)]
         fwd = [Forward(i, g) for g in FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]
         bwd = [Backward(g, v) for v in range(len(ks.backward)) for g in BACKWARD_BLOCKS_PER_SM]
-        if policy.choice("fwd") == "heuristic":
-            fwd = fwd[:1]
-        if policy.choice("bwd-filter") == "heuristic":
-            bwd = bwd[:1]
-        return fwd, bwd
+        out = []
+        for cands, directions in ((fwd, ("fwd",)), (bwd, ("bwd-filter", "bwd-data"))):
+            named = {policy.choice(d) for d in directions if policy.fixed(d)}
+            if len(named) > 1:
+                raise AlgorithmNotSupportedError(f"--algo pins two backwards of ours ({', '.join(sorted(named))}); "
+                                                 f"one kernel runs both gradients: name one")
+            if named:
+                pick = parse_name(named.pop())
+                if not self._offered(ks, pick):
+                    raise AlgorithmNotSupportedError(
+                        f"stage {spec.name} has no candidate {pick.name}; it offers "
+                        f"{', '.join(c.name for c in cands[:3])} ... ({len(cands)} in all, as train_step "
+                        f"--algo exhaustive lists the winners)")
+                cands = [pick]
+            elif all(policy.choice(d) == "heuristic" for d in directions):
+                cands = cands[:1]
+            out.append(cands)
+        return out[0], out[1]
+
+    @staticmethod
+    def _offered(ks: Kernels, cand) -> bool:
+        if isinstance(cand, Forward):
+            return cand.images in ks.fwd_images and cand.per_sm >= 1
+        return 0 <= cand.version < len(ks.backward) and cand.per_sm >= 1
 
     # ---------------------------------------------------------------- the check
 
