@@ -60,6 +60,10 @@ def load(path) -> tuple[np.ndarray, np.ndarray, dict]:
         raise CheckpointError(f"{path}: checkpoint format {got!r}, this version reads {FORMAT}")
     if params.shape != (P.TOTAL,) or velocity.shape != (P.TOTAL,):
         raise CheckpointError(f"{path}: parameter buffer of {params.shape}, LeNet's is ({P.TOTAL},)")
+    arrays = {"parameters": params, "momentum buffer": velocity, "moving average": ema}
+    for what, a in arrays.items():
+        if a is not None and a.dtype.kind != "f":
+            raise CheckpointError(f"{path}: the {what} are {a.dtype} values, not floating-point numbers; {WHAT}")
     if not np.all(np.isfinite(params)):
         raise CheckpointError(f"{path}: parameters hold non-finite values")
     if ema is not None:
@@ -67,6 +71,31 @@ def load(path) -> tuple[np.ndarray, np.ndarray, dict]:
             raise CheckpointError(f"{path}: the moving average is not {P.TOTAL} finite values")
         meta["ema"] = ema
     return params, velocity, meta
+
+
+def check_meta(path, meta: dict, resuming: bool = False) -> dict:
+    """``meta`` if it holds what the programs read from it, else a one-line CheckpointError:
+    the run's configuration with its pixel normalization (finite mean, std > 0) and its epoch;
+    to resume, also the iteration, the history and the position inside the epoch."""
+    def bad(what):
+        return CheckpointError(f"{path}: its record {what}; {WHAT}")
+    cfg = meta.get("config")
+    if not isinstance(cfg, dict):
+        raise bad("holds no run configuration")
+    for k in ("mean", "std"):
+        v = cfg.get(k)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not np.isfinite(v) or (k == "std" and v <= 0):
+            raise bad(f"has no usable pixel {k} ({v!r})")
+    needs = ("epoch", "iteration") if resuming else ("epoch",)
+    for k in needs + (("step",) if resuming and "step" in meta else ()):
+        v = meta.get(k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise bad(f"has no {k} count ({v!r})")
+    if resuming and not isinstance(meta.get("history"), list):
+        raise bad("has no history of its epochs")
+    if resuming and not np.isfinite(meta.get("running_loss", 0.0)):
+        raise bad("has a non-finite running loss")
+    return meta
 
 
 def weights(params_flat: np.ndarray, meta: dict) -> tuple[np.ndarray, str]:

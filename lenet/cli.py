@@ -77,6 +77,17 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
 
+MAX_BATCH = 1 << 20   # images in one batch: its buffers alone take ~45 GB of GPU memory at this size
+
+
+def batch_size(text: str) -> int:
+    """A batch size: an integer from 1 to MAX_BATCH (checked before any memory is taken)."""
+    v = _int_at_least(text, 1)
+    if v > MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: at most {MAX_BATCH} images a batch")
+    return v
+
+
 def nonneg_int(text: str) -> int:
     return _int_at_least(text, 0)
 

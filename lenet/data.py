@@ -234,6 +234,9 @@ def pixel_stats(images: np.ndarray) -> tuple[float, float]:
     n = flat.size
     total = int(flat.sum(dtype=np.uint64))
     squares = int(np.einsum("i,i->", flat, flat, dtype=np.uint64))
+    if n == 0 or n * squares == total * total:   # no pixels, or all of them equal
+        raise DataError(f"the {n:,} training pixels are all {total // max(n, 1)}: there is nothing to normalize "
+                        f"or learn from (give images that differ)")
     mean = total / (255.0 * n)
     std = math.sqrt(n * squares - total * total) / (255.0 * n)
     return mean, std

@@ -53,13 +53,14 @@ def main(argv=None) -> int:
         raise ValueError(f"--to must end in .safetensors or .npz, got {to.name!r}")
     files.check_output_file(to, "--to", inputs=[args.checkpoint])
     params, _, meta = ckpt.load(args.checkpoint)
+    ckpt.check_meta(args.checkpoint, meta)
     from . import params as P
 
     flat, which = ckpt.weights(params, meta)
     state = P.unpack(flat)
     cfg = meta["config"]
     save(state, to, {"format": "lenet-cudnn", "epoch": meta["epoch"], "mean": repr(cfg["mean"]),
-                     "std": repr(cfg["std"]), "dataset": cfg["dataset"], "weights": which})
+                     "std": repr(cfg["std"]), "dataset": str(cfg.get("dataset", "")), "weights": which})
     print(f"wrote {to} ({which}): {', '.join(f'{k} {tuple(v.shape)}' for k, v in state.items())}")
     return 0
 

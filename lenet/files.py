@@ -33,9 +33,13 @@ def _umask() -> int:
 
 
 def write_atomic(path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically (see Note [atomic writes])."""
+    """Replace ``path`` with ``data`` atomically (see Note [atomic writes]). A failure to write (a
+    full disk, a folder that takes no files) is one OutputError naming the path, and leaves nothing."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -43,11 +47,25 @@ def write_atomic(path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
         raise
     _fsync_dir(path.parent)
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a file can be made in ``folder``: tried, not asked (os.access says yes to root even where
+    nothing can be written, as under /proc)."""
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".lenet-probe.", suffix=".tmp")
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(tmp)
+    return True
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -103,7 +121,7 @@ def check_output_file(path, flag: str, inputs=()) -> Path:
         raise OutputError(f"{flag} {path}: the folder {parent} does not exist")
     if not parent.is_dir():
         raise OutputError(f"{flag} {path}: {_first_file(parent)} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not _writable(parent):
         raise OutputError(f"{flag} {path}: the folder {parent} is not writable")
     return path
 
@@ -120,7 +138,7 @@ def check_output_dir(path, flag: str) -> Path:
     existing = path
     while not existing.exists():
         existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not _writable(existing):
         raise OutputError(f"{flag} {path}: the folder {existing} is not writable")
     return path
 

@@ -8,6 +8,7 @@ images) or a PNG/JPEG picture (converted to 8-bit gray and resized to 28x28). Pa
 from __future__ import annotations
 
 import argparse
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,9 @@ def parser() -> cli.Parser:
     p.add_argument("--checkpoint", required=True, help="checkpoint.npz from python -m lenet.train")
     p.add_argument("--labels", metavar="IDX", help="IDX labels for a single IDX input: also print the accuracy")
     p.add_argument("--invert", action="store_true", help="invert pictures (dark drawing on a light background)")
-    p.add_argument("--show", type=int, default=20, metavar="K", help="print the first K predictions (default: 20)")
-    p.add_argument("--batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
+    p.add_argument("--show", type=cli.nonneg_int, default=20, metavar="K",
+                   help="print the first K predictions, 0 for none (default: 20)")
+    p.add_argument("--batch-size", type=cli.batch_size, default=1000, metavar="N", help="(default: 1000)")
     p.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None,
                    help="score each image on the mean of its logits and its left-right mirror's (default: as "
                         "the checkpoint's run was evaluated, its --tta)")
@@ -34,16 +36,27 @@ def parser() -> cli.Parser:
     return p
 
 
+MAX_PICTURE_PIXELS = 50_000_000   # a picture larger than this is refused before it is decoded
+
+
 def read_picture(path: Path, invert: bool) -> np.ndarray:
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
         raise ValueError("reading pictures needs Pillow (pip install Pillow)") from None
-    try:
-        with Image.open(path) as im:
-            g = im.convert("L").resize((28, 28), Image.BILINEAR)
-    except (UnidentifiedImageError, OSError) as e:
-        raise data.DataError(f"{path}: not a readable picture ({e})") from None
+    too_big = f"pictures of at most {MAX_PICTURE_PIXELS:,} pixels are read (they are shrunk to 28x28)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)   # Pillow's size warning: refused, once
+        try:
+            with Image.open(path) as im:   # reads the header only: the size is known before decoding
+                w, h = im.size
+                if w * h > MAX_PICTURE_PIXELS:
+                    raise data.DataError(f"{path}: a {w}x{h} picture ({w * h:,} pixels); {too_big}")
+                g = im.convert("L").resize((28, 28), Image.BILINEAR)
+        except (Image.DecompressionBombWarning, Image.DecompressionBombError):
+            raise data.DataError(f"{path}: a picture larger than Pillow reads safely; {too_big}") from None
+        except (UnidentifiedImageError, OSError) as e:
+            raise data.DataError(f"{path}: not a readable picture ({e})") from None
     a = np.asarray(g, dtype=np.uint8)
     return 255 - a if invert else a
 
@@ -54,6 +67,9 @@ def load_inputs(paths: list[str], invert: bool) -> tuple[np.ndarray, list[str]]:
         p = Path(s)
         if p.is_dir():
             raise data.DataError(f"{p} is a folder; give IDX image files or PNG/JPEG pictures")
+        if p.exists() and not p.is_file():
+            raise data.DataError(f"{p} is not a regular file (a device or a pipe); give IDX image files or "
+                                 f"PNG/JPEG pictures")
         if not p.is_file():
             raise data.DataError(f"{p}: no such file")
         head = p.read_bytes()[:4]
@@ -72,6 +88,7 @@ def load_inputs(paths: list[str], invert: bool) -> tuple[np.ndarray, list[str]]:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     params, _, meta = ckpt.load(args.checkpoint)
+    ckpt.check_meta(args.checkpoint, meta)
     images, names = load_inputs(args.inputs, args.invert)
     labels = None
     if args.labels:
@@ -85,7 +102,7 @@ def main(argv=None) -> int:
     from .model import LeNet
 
     cfg = meta["config"]
-    classes = FASHION if "fashion" in cfg.get("dataset", "") else tuple(str(i) for i in range(10))
+    classes = FASHION if "fashion" in str(cfg.get("dataset", "")) else tuple(str(i) for i in range(10))
     model = LeNet(max_batch=min(args.batch_size, len(images)), plan_cache=args.plan_cache)
     weights, _ = ckpt.weights(params, meta)   # the moving average when the run kept one
     model.load_flat(weights, np.zeros_like(weights))

@@ -106,9 +106,9 @@ def parser() -> cli.Parser:
     p.add_argument("--data-dir", metavar="DIR", help="folder with the four IDX files (default: $LENET_DATA, "
                    "./data/<name>, /usr/share/datasets/fashion-mnist)")
     p.add_argument("--epochs", type=cli.positive_int, default=20, help="epochs to train (default: 20)")
-    p.add_argument("--batch-size", type=cli.positive_int, default=64, metavar="N", help="(default: 64)")
+    p.add_argument("--batch-size", type=cli.batch_size, default=64, metavar="N", help="(default: 64)")
     p.add_argument("--lr", type=cli.nonneg_float, default=0.01, help="base learning rate (default: 0.01)")
-    p.add_argument("--momentum", type=cli.nonneg_float, default=0.9, help="(default: 0.9)")
+    p.add_argument("--momentum", type=cli.unit_interval, default=0.9, help="in [0, 1) (default: 0.9)")
     p.add_argument("--weight-decay", type=cli.nonneg_float, default=5e-4, help="(default: 5e-4)")
     p.add_argument("--schedule", choices=SCHEDULES, default="inv",
                    help="learning-rate schedule: constant, step, cosine, inv (Caffe's: lr*(1+gamma*it)^-power; "
@@ -124,7 +124,7 @@ def parser() -> cli.Parser:
                    help="train on the first N training images only (default: all)")
     p.add_argument("--test-size", type=cli.positive_int, default=None, metavar="N",
                    help="evaluate on the first N test images only (default: all)")
-    p.add_argument("--eval-batch-size", type=cli.positive_int, default=1000, metavar="N", help="(default: 1000)")
+    p.add_argument("--eval-batch-size", type=cli.batch_size, default=1000, metavar="N", help="(default: 1000)")
     cli.add_data_cache_flag(p)
     r = p.add_argument_group("recipe")
     r.add_argument("--nesterov", action="store_true", help="Nesterov momentum (PyTorch's SGD(nesterov=True))")
@@ -221,12 +221,20 @@ def prepare(args) -> dict:
         raise ValueError(f"--shift {args.shift}: translate by 0 to 13 pixels (a 28x28 image)")
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
+    if args.warmup_epochs > args.epochs:
+        raise ValueError(f"--warmup-epochs {args.warmup_epochs:g} is longer than the run (--epochs {args.epochs}); "
+                         f"give at most {args.epochs}")
     root = data.find_dataset(args.data_dir)
     if root is None:
         raise data.DataError(data.not_found_message(args.data_dir))
     cache = cli.data_cache(args)
     train_x, train_y = data.load_split(root, "train", cache)
     test_x, test_y = data.load_split(root, "test", cache)
+    for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
+                                                                             len(test_x))):
+        if want is not None and want > have:
+            raise data.DataError(f"{flag} {want} is more than the {have} images of {root}'s "
+                                 f"{'training' if flag == '--train-size' else 'test'} split; give at most {have}")
     train_x, train_y = train_x[: args.train_size], train_y[: args.train_size]
     test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
     mean, std = data.pixel_stats(train_x)
@@ -242,6 +250,7 @@ def prepare(args) -> dict:
         if not resume.exists() and not resume.is_dir():
             raise ckpt.CheckpointError(f"--resume {resume}: no such checkpoint")
         params_flat, velocity_flat, meta = ckpt.load(resume)
+        ckpt.check_meta(resume, meta, resuming=True)
         # More epochs may be asked for, except under cosine, whose curve depends on the total.
         diff = [k for k in RESUME_KEYS if (k != "epochs" or args.schedule == "cosine")
                 and meta["config"].get(k, RECIPE_OFF.get(k)) != config.get(k)]

@@ -24,7 +24,7 @@ def parser() -> cli.Parser:
     p = cli.Parser(prog="python -m lenet.train_step",
                    description="Run one SGD step (or --steps K) of LeNet-5 on one batch, on cuDNN + cuBLAS, "
                                "and report the algorithms, workspace, loss and step time.")
-    p.add_argument("--batch-size", type=cli.positive_int, default=64, metavar="N",
+    p.add_argument("--batch-size", type=cli.batch_size, default=64, metavar="N",
                    help="images in the batch (default: 64)")
     p.add_argument("--lr", type=cli.nonneg_float, default=0.01, help="learning rate (default: 0.01)")
     p.add_argument("--steps", type=cli.positive_int, default=1, metavar="K",

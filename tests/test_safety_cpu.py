@@ -282,3 +282,83 @@ def test_python_m_lenet_lists_the_programs_and_scripts_exist():
 def test_ci_removes_its_environment():
     text = (ROOT / ".ci" / "run").read_text()
     assert "trap 'rm -rf" in text and "EXIT" in text
+
+
+# ------------------------------------------------------------------ files and values a user can have
+
+def _png_header_only(path, w, h):
+    """A PNG that says it is w x h (8-bit gray) and holds a few bytes: what a decompression bomb looks like."""
+    import struct
+    import zlib
+
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+                     + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("case", ["no config", "no mean", "string params"])
+def test_a_checkpoint_whose_record_or_numbers_are_not_ours(tmp_path, checkpoint, dataset, case):
+    bad = tmp_path / "bad.npz"
+    meta = {"epoch": 1, "step": 0, "iteration": 1, "history": [],
+            "config": {"mean": 0.2, "std": 0.3, "dataset": "data"}}
+    params = P.pack(P.init_host(1))
+    if case == "no config":
+        del meta["config"]
+    if case == "no mean":
+        del meta["config"]["mean"]
+    if case == "string params":
+        params = np.array(["x"] * P.TOTAL)
+    arrays = {"params": params, "velocity": np.zeros(P.TOTAL, np.float32),
+              "meta": np.array(__import__("json").dumps({"format": ckpt.FORMAT, **meta}))}
+    np.savez(bad, **arrays)
+    before = snapshot(tmp_path)
+    needle = {"no config": "holds no run configuration", "no mean": "has no usable pixel mean",
+              "string params": "not floating-point numbers"}[case]
+    refused(run("lenet.export", str(bad), "--to", str(tmp_path / "m.npz")), needle)
+    refused(run("lenet.predict", "--checkpoint", str(bad), str(bad)), needle)
+    refused(run("lenet.train", "--data-dir", str(dataset), "--resume", str(bad), "--out", str(tmp_path / "r")),
+            needle)
+    assert snapshot(tmp_path) == before
+
+
+def test_predict_refuses_a_huge_picture_before_decoding_it(tmp_path, checkpoint):
+    big = tmp_path / "big.png"
+    _png_header_only(big, 20000, 20000)
+    refused(run("lenet.predict", "--checkpoint", str(checkpoint), str(big)), "a picture larger than Pillow reads",
+            "pixels are read")
+    _png_header_only(big, 9000, 9000)   # under Pillow's own limit, over ours
+    refused(run("lenet.predict", "--checkpoint", str(checkpoint), str(big)), "a 9000x9000 picture", "pixels are read")
+
+
+def test_predict_names_a_device_as_not_a_regular_file(checkpoint):
+    refused(run("lenet.predict", "--checkpoint", str(checkpoint), "/dev/null"), "/dev/null is not a regular file")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["lenet.export", "CKPT", "--to", "/proc/m.npz"], "the folder /proc is not writable"),
+    (["lenet.train", "--data-dir", "DATA", "--out", "/proc/forbidden"], "the folder /proc is not writable"),
+    (["lenet.train_step", "--synthetic", "--dump", "/proc/x.npz"], "the folder /proc is not writable"),
+    (["lenet.train", "--data-dir", "DATA", "--batch-size", "10000000"], "at most 1048576 images a batch"),
+    (["lenet.train_step", "--batch-size", "10000000"], "at most 1048576 images a batch"),
+    (["lenet.train", "--data-dir", "DATA", "--momentum", "1e10"], "--momentum: invalid value '1e10'"),
+    (["lenet.train", "--data-dir", "DATA", "--warmup-epochs", "1e308"], "is longer than the run"),
+    (["lenet.train", "--data-dir", "DATA", "--train-size", "70"], "--train-size 70 is more than the 40 images"),
+    (["lenet.predict", "--checkpoint", "CKPT", "CKPT", "--show", "-1"], "--show: invalid value '-1'"),
+])
+def test_values_and_places_refused_before_the_gpu(tmp_path, checkpoint, dataset, args, needle):
+    # Root included: /proc takes no file, whatever os.access says.
+    args = [str(checkpoint) if a == "CKPT" else str(dataset) if a == "DATA" else a for a in args]
+    before = snapshot(tmp_path)
+    refused(run(*args), needle)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_split_whose_pixels_are_all_equal(tmp_path):
+    from test_data_cpu import write_split
+    root = tmp_path / "flat"
+    root.mkdir()
+    write_split(root, n=10, images=np.full((10, 28, 28), 7, np.uint8))
+    write_split(root, n=5, split="test")
+    refused(run("lenet.train", "--data-dir", str(root), "--no-data-cache"), "are all 7",
+            "nothing to normalize")
