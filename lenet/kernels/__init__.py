@@ -1,4 +1,4 @@
-"""Launchers for the custom CUDA kernels in kernels/*.cu (compiled once by CuPy)."""
+"""Launchers for our CUDA kernels, whose sources are this package's *.cu files (compiled once by CuPy)."""
 
 from __future__ import annotations
 
