@@ -1,8 +1,11 @@
-"""python -m lenet: the programs of this package, one line each."""
+"""The `lenet` command (and python -m lenet): `lenet PROGRAM [flags]` runs one of the programs below,
+as `git` and `pip` run theirs; `lenet` alone lists them. python -m lenet.PROGRAM keeps working."""
 
 from __future__ import annotations
 
 import sys
+
+from . import __version__
 
 PROGRAMS = (
     ("train", "lenet-train", "train LeNet-5 on an IDX dataset (Fashion-MNIST, MNIST, ...) and evaluate every epoch"),
@@ -12,18 +15,38 @@ PROGRAMS = (
 )
 
 
+def _list(out) -> None:
+    print(f"LeNet-5 on cuDNN + cuBLAS (lenet-cudnn {__version__}). Programs (each takes --help):", file=out)
+    for module, script, what in PROGRAMS:
+        sub = module.replace("_", "-")
+        print(f"  lenet {sub:<11} (or {script:<16} or python -m lenet.{module})  {what}", file=out)
+
+
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] not in ("-h", "--help"):
-        print(f"python -m lenet: unknown argument {args[0]!r}; run one of the programs below", file=sys.stderr)
-        code = 2
+    if not args or args[0] in ("-h", "--help"):
+        _list(sys.stdout)
+        return 0
+    if args[0] == "--version":
+        print(f"lenet (lenet-cudnn {__version__})")
+        return 0
+    module = args[0].replace("-", "_")
+    if module not in {m for m, _, _ in PROGRAMS}:
+        print(f"lenet: error: unknown program {args[0]!r}; run one of the programs below", file=sys.stderr)
+        _list(sys.stderr)
+        return 2
+    from . import cli, startup
+
+    name = f"lenet {args[0]}"
+    cli.invoked_as(name)
+    sys.argv = [name, *args[1:]]
+    if module == "train":       # these two start their GPU threads before their imports, as python -m does
+        startup.train()
+    elif module == "train_step":
+        startup.train_step()
     else:
-        code = 0
-    out = sys.stdout if code == 0 else sys.stderr
-    print("LeNet-5 on cuDNN + cuBLAS. Programs (each takes --help):", file=out)
-    for module, script, what in PROGRAMS:
-        print(f"  python -m lenet.{module:<11} (or {script:<16})  {what}", file=out)
-    return code
+        __import__(f"lenet.{module}", fromlist=["run"]).run()
+    return 0
 
 
 if __name__ == "__main__":

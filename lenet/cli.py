@@ -7,7 +7,23 @@ import os
 import re
 import sys
 
-from . import startup
+from . import __version__, startup
+
+_invoked_as: str | None = None   # set by the `lenet` command: "lenet train"
+
+
+def invoked_as(name: str) -> None:
+    """Name the program as the `lenet` command ran it (its usage lines and errors say so)."""
+    global _invoked_as
+    _invoked_as = name
+
+
+def prog(module: str) -> str:
+    """The program's name as it was run: `lenet train`, `lenet-train`, or `python -m lenet.train`."""
+    if _invoked_as:
+        return _invoked_as
+    base = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return base if base.startswith("lenet-") else f"python -m lenet.{module}"
 
 
 class _Formatter(argparse.HelpFormatter):
@@ -27,6 +43,7 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
+        self.add_argument("--version", action="version", version=f"%(prog)s (lenet-cudnn {__version__})")
 
     def parse_known_args(self, args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
@@ -228,8 +245,10 @@ def policy_from(args):
                             chunk=args.chunk)
 
 
-def run(main) -> None:
-    """Run a program's main; known failures become one plain sentence and exit status 2."""
+def run(main, name: str = "") -> None:
+    """Run a program's main; known failures become one plain sentence, "NAME: error: ...", and
+    exit status 2 (NAME as the program was run, as argparse's own errors say it)."""
+    head = f"{name}: error:" if name else "error:"
     try:
         code = main()
     except KeyboardInterrupt:
@@ -244,10 +263,10 @@ def run(main) -> None:
 
         if isinstance(e, (NoGpuError, CudnnLoadError, AlgorithmNotSupportedError, DataError, ValueError,
                           GraphUnavailable)):
-            print(f"error: {e}", file=sys.stderr)
+            print(f"{head} {e}", file=sys.stderr)
             code = 2
         elif isinstance(e, ImportError):
-            print(f"error: a GPU package is missing ({e}); install the GPU stack with "
+            print(f"{head} a GPU package is missing ({e}); install the GPU stack with "
                   f"pip install '.[cu13]'", file=sys.stderr)
             code = 2
         else:

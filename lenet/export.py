@@ -40,7 +40,7 @@ def save(state: dict, to, info: dict | None = None) -> Path:
 
 
 def parser() -> cli.Parser:
-    p = cli.Parser(prog="python -m lenet.export", description=" ".join(__doc__.split("\n\n")[1].split()))
+    p = cli.Parser(prog=cli.prog("export"), description=" ".join(__doc__.split("\n\n")[1].split()))
     p.add_argument("checkpoint", help="a checkpoint.npz written by python -m lenet.train")
     p.add_argument("--to", required=True, metavar="PATH", help="output file: .safetensors or .npz")
     return p
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
 
 
 def run() -> None:
-    cli.run(main)
+    cli.run(main, cli.prog("export"))
 
 
 if __name__ == "__main__":

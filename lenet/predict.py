@@ -21,7 +21,7 @@ FASHION = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shi
 
 
 def parser() -> cli.Parser:
-    p = cli.Parser(prog="python -m lenet.predict", description=" ".join(__doc__.split("\n\n")[1].split()))
+    p = cli.Parser(prog=cli.prog("predict"), description=" ".join(__doc__.split("\n\n")[1].split()))
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="IDX image files or PNG/JPEG pictures")
     p.add_argument("--checkpoint", required=True, help="checkpoint.npz from python -m lenet.train")
     p.add_argument("--labels", metavar="IDX", help="IDX labels for a single IDX input: also print the accuracy")
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
 
 
 def run() -> None:
-    cli.run(main)
+    cli.run(main, cli.prog("predict"))
 
 
 if __name__ == "__main__":

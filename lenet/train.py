@@ -100,7 +100,7 @@ class Signals:
 
 
 def parser() -> cli.Parser:
-    p = cli.Parser(prog="python -m lenet.train",
+    p = cli.Parser(prog=cli.prog("train"),
                    description="Train LeNet-5 on an IDX dataset (MNIST, Fashion-MNIST, KMNIST, EMNIST) with SGD, "
                                "evaluating on the test split after every epoch.")
     p.add_argument("--data-dir", metavar="DIR", help="folder with the four IDX files (default: $LENET_DATA, "
@@ -149,10 +149,12 @@ def parser() -> cli.Parser:
                         "checkpoint)")
     r.add_argument("--target-accuracy", type=cli.accuracy, default=None, metavar="A",
                    help="stop after the first epoch whose test accuracy reaches A (0.91 or 91%%) and report the "
-                        "wall clock from program start to there")
+                        "wall clock from program start to there (default: off: every epoch runs)")
     cli.add_algorithm_flags(p)
     cli.add_speed_flags(p)
-    p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, curves.png and checkpoint.npz here")
+    p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, curves.png and checkpoint.npz here (default: "
+                                              "none: the run prints its progress and writes no file, so it "
+                                              "cannot be resumed)")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="CHECKPOINT",
                    help="continue a run from its checkpoint, mid-epoch if it stopped there (default: "
                         "DIR/checkpoint.npz of --out)")
@@ -486,9 +488,9 @@ def _resume_args(argv) -> list[str]:
 
 def run() -> None:
     try:
-        cli.run(main)
+        cli.run(main, cli.prog("train"))
     except TrainingDiverged as e:  # not a usage error: its own status
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{cli.prog('train')}: error: {e}", file=sys.stderr)
         sys.exit(3)
 
 

@@ -21,7 +21,7 @@ from . import cli, data, files, startup
 
 
 def parser() -> cli.Parser:
-    p = cli.Parser(prog="python -m lenet.train_step",
+    p = cli.Parser(prog=cli.prog("train_step"),
                    description="Run one SGD step (or --steps K) of LeNet-5 on one batch, on cuDNN + cuBLAS, "
                                "and report the algorithms, workspace, loss and step time.")
     p.add_argument("--batch-size", type=cli.batch_size, default=64, metavar="N",
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
 
 
 def run() -> None:
-    cli.run(main)
+    cli.run(main, cli.prog("train_step"))
 
 
 if __name__ == "__main__":

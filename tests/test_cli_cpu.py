@@ -54,7 +54,8 @@ def test_bad_flags_exit_2_with_one_line(args, msg):
 def test_no_gpu_is_one_plain_sentence():
     out = run("lenet.train_step", "--synthetic", hide_gpu=True)
     assert out.returncode == 2
-    assert out.stderr.startswith("error: no usable NVIDIA GPU: ") and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("python -m lenet.train_step: error: no usable NVIDIA GPU: ") \
+        and out.stderr.count("\n") == 1, out.stderr
     assert "Traceback" not in out.stderr
 
 
@@ -62,3 +63,19 @@ def test_byte_sizes():
     from lenet.cli import byte_size
     assert byte_size("0") == 0 and byte_size("64M") == 64 << 20 and byte_size("1.5G") == 3 << 29
     assert byte_size("512k") == 512 << 10 and byte_size("8MiB") == 8 << 20
+
+
+def test_the_lenet_command_runs_each_program_and_names_it_as_run():
+    # `lenet train ...` as git and pip run their subcommands; usage lines and errors say the command
+    # as it was typed; every program and the command itself answer --version.
+    from lenet import __version__
+    out = run("lenet", "train-step", "--batch-size", "0")
+    assert out.returncode == 2 and out.stderr.startswith("lenet train-step: error: argument --batch-size"), out.stderr
+    out = run("lenet", "export", "ck.npz", "--to", "m.txt")
+    assert out.returncode == 2 and out.stderr.startswith("lenet export: error: --to must end in"), out.stderr
+    for args in (["lenet", "--version"], ["lenet", "train", "--version"], ["lenet.predict", "--version"],
+                 ["lenet.train_step", "--version"]):
+        out = run(*args)
+        assert out.returncode == 0 and f"lenet-cudnn {__version__}" in out.stdout, (args, out)
+    out = run("lenet", "frob")
+    assert out.returncode == 2 and out.stderr.startswith("lenet: error: unknown program 'frob'"), out.stderr
