@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import json
 import math
 import os
 import zlib
@@ -108,50 +109,109 @@ def cache_dir() -> Path:
     return files.cache_path("data")
 
 
-def read_idx_cached(path, *, ndim: int, cache: Path | None) -> np.ndarray:
+CACHE_LIMIT_BYTES = 512 << 20   # the dataset cache keeps its most recently used entries up to this size
+
+
+def _index(cache: Path) -> dict:
+    try:
+        v = json.loads((cache / "index.json").read_text())
+        return v if isinstance(v, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def source_digest(path: Path, cache: Path | None = None) -> str:
+    """A digest of a file's bytes (BLAKE2b, 16 bytes as hex), remembered in the cache's index.json by
+    the file's path, size and modification time so a second run does not read it again."""
+    path = Path(path)
+    st = path.stat()
+    key, state = str(path.resolve()), [st.st_size, st.st_mtime_ns]
+    if cache is not None:
+        hit = _index(cache).get(key)
+        if isinstance(hit, dict) and hit.get("state") == state and isinstance(hit.get("digest"), str):
+            return hit["digest"]
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    digest = h.hexdigest()
+    if cache is not None:
+        try:
+            cache.mkdir(parents=True, exist_ok=True)
+            index = _index(cache)
+            index[key] = {"state": state, "digest": digest}
+            files.write_atomic(cache / "index.json", json.dumps(index).encode())
+        except (OSError, ValueError):
+            pass   # a cache that cannot be written costs the speed only
+    return digest
+
+
+def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None = None) -> np.ndarray:
     """read_idx, through an inflated copy in ``cache`` for a .gz file.
 
     Note [dataset cache]: inflating Fashion-MNIST's training images (26 MB of gzip, 47 MB of
     pixels) takes 0.25-0.4 s, the largest piece of a training run's start-up once the plan
-    cache is warm; a .npy copy is mapped in milliseconds. An entry is named by a hash of the
-    source's resolved path and by a hash of its size and modification time, so a changed
-    source is read again and its older entry removed. A missing, truncated or unreadable entry
-    is read from the source again and rewritten (atomically); a cache folder that cannot be
-    written costs nothing but the speed. Raw IDX files are read directly (as fast as a copy)."""
+    cache is warm; a .npy copy is mapped in milliseconds. An entry is named by a digest of the
+    source's bytes (source_digest, remembered by path, size and modification time), so copies of
+    one dataset in several folders share their entries and a changed source gets a new one. A
+    copy missing from the cache is not written here but put on ``pending`` (when given), and
+    written by ``commit`` once the whole dataset validated: a run that fails on another file
+    leaves no entry. The cache keeps its most recently used entries up to CACHE_LIMIT_BYTES. A
+    missing, truncated or unreadable entry is read from the source again; a cache folder that
+    cannot be written costs nothing but the speed. Raw IDX files are read directly."""
     path = Path(path)
     if cache is None or path.suffix != ".gz" or not path.is_file():
         return read_idx(path, ndim=ndim)
-    st = path.stat()
-    where = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
-    state = hashlib.sha1(f"{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    stem = f"{where}-{path.name[:-3]}"
-    entry = cache / f"{stem}-{state}.npy"
+    entry = cache / f"{source_digest(path, cache)}-{path.name[:-3]}.npy"
     try:
         a = np.load(entry, mmap_mode="r", allow_pickle=False)
         if a.dtype == np.uint8 and a.ndim == ndim and min(a.shape) > 0:
+            try:
+                os.utime(entry)   # recently used: kept longest
+            except OSError:
+                pass
             return a
     except (OSError, ValueError):
-        pass   # not there yet, or damaged: read the source and write it again
+        pass   # not there yet, or damaged: read the source, and write it again once validated
     a = read_idx(path, ndim=ndim)
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        np.save(buf, a, allow_pickle=False)
-        files.write_atomic(entry, buf.getvalue())
-        for old in cache.glob(f"{stem}-*.npy"):
-            if old != entry:
-                old.unlink(missing_ok=True)
-    except OSError:
-        pass
+    if pending is not None:
+        pending.append((entry, a))
+    else:
+        commit([(entry, a)], cache)
     return a
 
 
-def load_split(root, split: str, cache: Path | None = None) -> tuple[np.ndarray, np.ndarray]:
+def commit(pending: list, cache: Path | None, limit: int = CACHE_LIMIT_BYTES) -> None:
+    """Write the validated copies ``pending`` into ``cache`` (Note [dataset cache]), then remove the
+    least recently used entries beyond ``limit`` bytes."""
+    if cache is None:
+        return
+    try:
+        for entry, a in pending:
+            cache.mkdir(parents=True, exist_ok=True)
+            buf = io.BytesIO()
+            np.save(buf, np.asarray(a), allow_pickle=False)
+            files.write_atomic(entry, buf.getvalue())
+        entries = sorted(cache.glob("*.npy"), key=lambda p: p.stat().st_mtime, reverse=True)
+        total = 0
+        for e in entries:
+            total += e.stat().st_size
+            if total > limit:
+                e.unlink(missing_ok=True)
+    except (OSError, ValueError):
+        pass
+
+
+def load_split(root, split: str, cache: Path | None = None, pending: list | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
     """(images uint8 (N, 28, 28), labels uint8 (N,)) of 'train' or 'test' in root, validated;
-    gzipped files through inflated copies in ``cache`` when given (Note [dataset cache])."""
+    gzipped files through inflated copies in ``cache`` when given (Note [dataset cache]): written
+    once this split validated, or, with ``pending``, left there for the caller's ``commit``."""
     root = Path(root)
+    mine = [] if pending is None else pending
     img_p, lab_p = (_file(root, s) for s in SPLITS[split])
-    images, labels = (read_idx_cached(img_p, ndim=3, cache=cache), read_idx_cached(lab_p, ndim=1, cache=cache))
+    images, labels = (read_idx_cached(img_p, ndim=3, cache=cache, pending=mine),
+                      read_idx_cached(lab_p, ndim=1, cache=cache, pending=mine))
     if images.dtype != np.uint8 or labels.dtype != np.uint8:
         raise DataError(f"{img_p if images.dtype != np.uint8 else lab_p}: expected unsigned bytes (type 0x08)")
     if images.shape[1:] != (28, 28):
@@ -160,7 +220,18 @@ def load_split(root, split: str, cache: Path | None = None) -> tuple[np.ndarray,
         raise DataError(f"{img_p} has {images.shape[0]} images but {lab_p} has {labels.shape[0]} labels")
     if labels.max() >= 10:
         raise DataError(f"{lab_p}: labels must be in 0..9, found {int(labels.max())}")
+    if pending is None:
+        commit(mine, cache)
     return images, labels
+
+
+def fingerprint(root, cache: Path | None = None) -> str:
+    """What identifies a dataset for --resume: a digest of its four files' bytes (not its folder's name)."""
+    h = hashlib.blake2b(digest_size=16)
+    for split in ("train", "test"):
+        for stem in SPLITS[split]:
+            h.update(source_digest(_file(Path(root), stem), cache).encode())
+    return h.hexdigest()
 
 
 def candidates(data_dir=None) -> list[Path]:

@@ -45,7 +45,9 @@ from .background import Background
 from .plot import Plotter, can_plot
 from .schedule import SCHEDULES, Schedule
 
-# What must match for --resume to continue a run rather than start a different one.
+# What must match for --resume to continue a run rather than start a different one. The dataset is
+# identified by its files' content (data.fingerprint), or by its folder's name for a checkpoint
+# written before fingerprints were kept.
 RESUME_KEYS = ("dataset", "batch_size", "seed", "lr", "momentum", "weight_decay", "schedule", "gamma", "power",
                "step_size", "step_gamma", "train_size", "algo", "workspace_limit", "deterministic",
                "allow_winograd", "allow_tf32", "engine", "chunk", "epochs", "nesterov", "label_smoothing",
@@ -167,8 +169,9 @@ def parser() -> cli.Parser:
     return p
 
 
-def config_of(args, root: Path, train_size: int) -> dict:
-    return {"dataset": data.dataset_name(root), "data_dir": str(root), "batch_size": args.batch_size,
+def config_of(args, root: Path, train_size: int, fingerprint: str | None = None) -> dict:
+    return {"dataset": data.dataset_name(root), "data_fingerprint": fingerprint, "data_dir": str(root),
+            "batch_size": args.batch_size,
             "seed": args.seed, "lr": args.lr, "momentum": args.momentum, "weight_decay": args.weight_decay,
             "schedule": args.schedule, "gamma": args.gamma, "power": args.power, "step_size": args.step_size,
             "step_gamma": args.step_gamma, "train_size": train_size, "algo": args.algo,
@@ -229,9 +232,9 @@ def prepare(args) -> dict:
     root = data.find_dataset(args.data_dir)
     if root is None:
         raise data.DataError(data.not_found_message(args.data_dir))
-    cache = cli.data_cache(args)
-    train_x, train_y = data.load_split(root, "train", cache)
-    test_x, test_y = data.load_split(root, "test", cache)
+    cache, pending = cli.data_cache(args), []   # cache entries are written once the whole dataset validated
+    train_x, train_y = data.load_split(root, "train", cache, pending)
+    test_x, test_y = data.load_split(root, "test", cache, pending)
     for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
                                                                              len(test_x))):
         if want is not None and want > have:
@@ -240,7 +243,8 @@ def prepare(args) -> dict:
     train_x, train_y = train_x[: args.train_size], train_y[: args.train_size]
     test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
     mean, std = data.pixel_stats(train_x)
-    config = {**config_of(args, root, len(train_x)), "mean": mean, "std": std}
+    data.commit(pending, cache)
+    config = {**config_of(args, root, len(train_x), data.fingerprint(root, cache)), "mean": mean, "std": std}
     if out is not None:
         files.check_output_dir(out, "--out")
         earlier = [n for n in RUN_FILES if (out / n).exists()]
@@ -253,8 +257,13 @@ def prepare(args) -> dict:
             raise ckpt.CheckpointError(f"--resume {resume}: no such checkpoint")
         params_flat, velocity_flat, meta = ckpt.load(resume)
         ckpt.check_meta(resume, meta, resuming=True)
+        made_fp = meta["config"].get("data_fingerprint")
+        if made_fp and made_fp != config["data_fingerprint"]:
+            raise ValueError(f"{resume} was trained on other data than {root} (the dataset's files differ); "
+                             f"resume with the dataset it was trained on")
         # More epochs may be asked for, except under cosine, whose curve depends on the total.
         diff = [k for k in RESUME_KEYS if (k != "epochs" or args.schedule == "cosine")
+                and not (k == "dataset" and made_fp)   # the content decided, whatever the folder's name
                 and meta["config"].get(k, RECIPE_OFF.get(k)) != config.get(k)]
         if diff:
             k = diff[0]

@@ -106,16 +106,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _data_cache(tmp_path_factory):
-    """The programs the tests run keep their inflated dataset copies in a folder of the test
-    session, not in the user's ~/.cache (Note [dataset cache] in lenet/data.py)."""
-    old = os.environ.get("LENET_DATA_CACHE")
-    os.environ["LENET_DATA_CACHE"] = str(tmp_path_factory.mktemp("data-cache"))
+def _caches(tmp_path_factory):
+    """The programs the tests run keep every cache (inflated datasets, stored plans, bytecode, CuPy's
+    compiled kernels) in folders of the test session, never in the user's home: XDG_CACHE_HOME,
+    which every cache of ours follows (lenet.files.cache_path), the dataset cache's own variable,
+    and CuPy's CUPY_CACHE_DIR."""
+    names = {"LENET_DATA_CACHE": "data-cache", "XDG_CACHE_HOME": "xdg-cache", "CUPY_CACHE_DIR": "cupy-cache"}
+    old = {k: os.environ.get(k) for k in names}
+    for k, folder in names.items():
+        os.environ[k] = str(tmp_path_factory.mktemp(folder))
     yield
-    if old is None:
-        os.environ.pop("LENET_DATA_CACHE", None)
-    else:
-        os.environ["LENET_DATA_CACHE"] = old
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="session")

@@ -98,16 +98,19 @@ def test_pixel_stats():
     assert abs(m - f.mean()) < 1e-12 and abs(s - f.std()) < 1e-12
 
 
+def _npy(cache):
+    return sorted(p.name for p in cache.glob("*.npy"))
+
+
 def test_dataset_cache(tmp_path, monkeypatch):
-    """A .gz split is inflated once into the cache, then read from it; a changed source is read
-    again and its old entry removed; a damaged entry is rewritten; raw files are not copied."""
+    """A .gz split is inflated once into the cache, then read from it; a changed source gets an entry
+    of its own; a damaged entry is rewritten; raw files are not copied."""
     root, cache = tmp_path / "d", tmp_path / "cache"
     root.mkdir()
     imgs, labs = write_split(root, n=30, gz=True)
     a, b = data.load_split(root, "train", cache)
     assert np.array_equal(a, imgs) and np.array_equal(b, labs)
-    entries = sorted(p.name for p in cache.iterdir())
-    assert len(entries) == 2 and all(e.endswith(".npy") for e in entries), entries
+    assert len(_npy(cache)) == 2
 
     real = data.read_idx
     monkeypatch.setattr(data, "read_idx", lambda *a, **k: pytest.fail("read the source despite the cache"))
@@ -120,19 +123,68 @@ def test_dataset_cache(tmp_path, monkeypatch):
     os.utime(img_gz, ns=(img_gz.stat().st_atime_ns, img_gz.stat().st_mtime_ns + 10**9))
     a3, _ = data.load_split(root, "train", cache)
     assert np.array_equal(a3, new)
-    assert len(list(cache.iterdir())) == 2   # the old entry of the images is gone
+    assert len(_npy(cache)) == 3   # the new content's entry beside the old (bounded: see the pruning test)
 
-    for e in cache.iterdir():   # damaged entries: read from the source, rewritten
+    for e in cache.glob("*.npy"):   # damaged entries: read from the source, rewritten
         e.write_bytes(e.read_bytes()[:100])
     a4, b4 = data.load_split(root, "train", cache)
     assert np.array_equal(a4, new) and np.array_equal(b4, labs)
-    assert all(np.load(e).size > 0 for e in cache.iterdir())
 
     raw = tmp_path / "raw"
     raw.mkdir()
     write_split(raw, n=10)
+    before = _npy(cache)
     data.load_split(raw, "train", cache)
-    assert len(list(cache.iterdir())) == 2
+    assert _npy(cache) == before
+
+
+def test_dataset_cache_is_keyed_by_content_and_written_after_validation(tmp_path):
+    cache = tmp_path / "cache"
+    for name in ("fashion-mnist", "copy", "mnist"):   # three folders, one dataset: one set of entries
+        root = tmp_path / name
+        root.mkdir()
+        write_split(root, n=30, gz=True)
+        data.load_split(root, "train", cache)
+    assert len(_npy(cache)) == 2
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    rng = np.random.default_rng(5)
+    write_split(bad, n=30, gz=True, images=rng.integers(0, 256, (30, 28, 28), dtype=np.uint8))
+    write_split(bad, n=30, gz=True, split="test", labels=np.full(30, 12, np.uint8))   # labels out of range
+    pending = []
+    data.load_split(bad, "train", cache, pending)
+    with pytest.raises(data.DataError, match="labels must be in 0..9"):
+        data.load_split(bad, "test", cache, pending)
+    assert len(_npy(cache)) == 2, "a dataset that failed validation left entries in the cache"
+
+
+def test_dataset_cache_keeps_the_most_recently_used_within_its_bound(tmp_path):
+    cache = tmp_path / "cache"
+    entries = []
+    for i in range(4):
+        root = tmp_path / f"d{i}"
+        root.mkdir()
+        rng = np.random.default_rng(i)
+        write_split(root, n=30, gz=True, images=rng.integers(0, 256, (30, 28, 28), dtype=np.uint8))
+        pending = []
+        data.load_split(root, "train", cache, pending)
+        data.commit(pending, cache, limit=3 * 30 * 28 * 28)   # about three image entries
+        entries.append({e for e, _ in pending if "images" in e.name})   # the labels are one shared entry
+    left = set(cache.glob("*.npy"))
+    assert entries[-1] <= left and not (entries[0] & left), "the oldest dataset was kept, or the newest dropped"
+    assert sum(p.stat().st_size for p in left) <= 3 * 30 * 28 * 28
+
+
+def test_a_dataset_fingerprint_follows_content_not_folder_names(tmp_path):
+    a, b, c = (tmp_path / n for n in ("fashion-mnist", "mnist", "other"))
+    for root, seed in ((a, 0), (b, 0), (c, 1)):
+        root.mkdir()
+        rng = np.random.default_rng(seed)
+        write_split(root, n=20, gz=True, images=rng.integers(0, 256, (20, 28, 28), dtype=np.uint8))
+        write_split(root, n=10, split="test")
+    assert data.fingerprint(a) == data.fingerprint(b) != data.fingerprint(c)
+    cache = tmp_path / "cache"
+    assert data.fingerprint(a, cache) == data.fingerprint(a, cache) == data.fingerprint(a)
 
 
 def test_dataset_cache_unwritable(tmp_path):

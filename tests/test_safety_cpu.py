@@ -362,3 +362,54 @@ def test_a_split_whose_pixels_are_all_equal(tmp_path):
     write_split(root, n=5, split="test")
     refused(run("lenet.train", "--data-dir", str(root), "--no-data-cache"), "are all 7",
             "nothing to normalize")
+
+
+def test_resume_knows_a_dataset_by_its_content_not_its_folder(tmp_path, dataset):
+    # The checkpoint records the files' fingerprint: the same files under another folder name resume
+    # (they reach the GPU step), other files of the same size under the same name are refused.
+    import shutil
+
+    from lenet import train
+    args = train.parser().parse_args(["--data-dir", str(dataset)])
+    made = {**train.config_of(args, dataset, 40, data.fingerprint(dataset)), "mean": 0.2, "std": 0.3}
+    path = tmp_path / "checkpoint.npz"
+    ckpt.save(path, P.pack(P.init_host(0)), np.zeros(P.TOTAL, np.float32),
+              {"epoch": 1, "step": 0, "iteration": 1, "config": made, "history": []})
+    renamed = tmp_path / "mnist"
+    shutil.copytree(dataset, renamed)
+    out = run("lenet.train", "--data-dir", str(renamed), "--resume", str(path))
+    assert out.returncode == 2 and "no usable NVIDIA GPU" in out.stderr, out.stderr   # past every check
+    other = tmp_path / "elsewhere" / dataset.name
+    other.parent.mkdir()
+    shutil.copytree(dataset, other)
+    from test_data_cpu import write_split
+    write_split(other, n=40, images=np.random.default_rng(9).integers(0, 256, (40, 28, 28), dtype=np.uint8))
+    refused(run("lenet.train", "--data-dir", str(other), "--resume", str(path)), "was trained on other data")
+
+
+def test_programs_write_only_into_the_caches_they_name(tmp_path):
+    # With HOME and XDG_CACHE_HOME pointed at fresh folders and bytecode off (as on the GPU machine),
+    # a training run that stops at the missing GPU and a train_step write only under the cache folder:
+    # nothing in HOME, nothing beside the sources.
+    from test_data_cpu import write_split
+    root = tmp_path / "d"
+    root.mkdir()
+    write_split(root, n=40, gz=True)
+    write_split(root, n=20, split="test", gz=True)
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    home.mkdir()
+    pycache = lambda: {str(p) for top in ("lenet", "descriptors") for p in (ROOT / top).rglob("__pycache__")}  # noqa: E731
+    before = pycache()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LENET_", "PYTHONPYCACHEPREFIX"))}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(cache), CUPY_CACHE_DIR=str(cache / "cupy"),
+               PYTHONDONTWRITEBYTECODE="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for args in (["lenet.train", "--data-dir", str(root)], ["lenet.train_step", "--synthetic"]):
+        out = subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True, text=True, timeout=120,
+                             cwd=tmp_path)
+        assert out.returncode == 2 and "no usable NVIDIA GPU" in out.stderr, out.stderr
+    assert not any(home.rglob("*")), sorted(home.rglob("*"))
+    written = {p.relative_to(cache).parts[:2] for p in cache.rglob("*") if p.is_file()}
+    assert {("lenet", "data"), ("lenet", "bytecode")} <= written and all(w[0] in ("lenet", "cupy") for w in written), \
+        written
+    assert pycache() == before, f"bytecode written beside the sources: {sorted(pycache() - before)}"
