@@ -22,6 +22,26 @@ def _list(out) -> None:
         print(f"  lenet {sub:<11} (or {script:<16} or python -m lenet.{module})  {what}", file=out)
 
 
+def train() -> None:
+    """The lenet-train command: python -m lenet.train's start-up (startup.begin) before its imports."""
+    from . import startup
+
+    startup.begin()
+    from .train import run
+
+    run()
+
+
+def train_step() -> None:
+    """The lenet-train-step command, started as python -m lenet.train_step is."""
+    from . import startup
+
+    startup.begin()
+    from .train_step import run
+
+    run()
+
+
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -35,15 +55,15 @@ def main(argv=None) -> int:
         print(f"lenet: error: unknown program {args[0]!r}; run one of the programs below", file=sys.stderr)
         _list(sys.stderr)
         return 2
-    from . import cli, startup
+    from . import cli
 
     name = f"lenet {args[0]}"
     cli.invoked_as(name)
     sys.argv = [name, *args[1:]]
     if module == "train":       # these two start their GPU threads before their imports, as python -m does
-        startup.train()
+        train()
     elif module == "train_step":
-        startup.train_step()
+        train_step()
     else:
         __import__(f"lenet.{module}", fromlist=["run"]).run()
     return 0

@@ -1,8 +1,9 @@
 """How a program starts: its compiled modules kept where Python would keep none (Note
 [bytecode cache]), then its start-up threads: the CUDA driver and cuDNN's one-time set-up on
 one, the GPU stack's imports on another, while the main thread imports, parses its flags and
-reads its data (Note [overlapped start-up]). Imports nothing heavy itself: python -m lenet.train
-(and the lenet-train command, through ``train``) imports it first of all.
+reads its data (Note [overlapped start-up]). Imports nothing heavy itself, and none of the programs
+(they import it): python -m lenet.train, and the lenet and lenet-train commands (lenet/__main__.py),
+import it first of all.
 
 Note [overlapped start-up]: a training run's start-up is CPU work that holds the GIL (the
 imports of NumPy, CuPy, libcudnn's wrappers, cuBLAS's bindings, the graph API's frontend; the
@@ -102,22 +103,6 @@ def begin() -> None:
     keep_bytecode()
     if not {"-h", "--help"} & set(sys.argv[1:]):   # help needs no GPU: it prints at once
         start_gpu()
-
-
-def train() -> None:
-    """The lenet-train command: python -m lenet.train's start-up (``begin``) before its imports."""
-    begin()
-    from .train import run
-
-    run()
-
-
-def train_step() -> None:
-    """The lenet-train-step command, started as python -m lenet.train_step is."""
-    begin()
-    from .train_step import run
-
-    run()
 
 
 # ---------------------------------------------------------------- the driver's thread

@@ -21,12 +21,16 @@ def test_every_package_is_installed():
 def test_the_wheel_builds_without_warnings_and_holds_the_kernels(tmp_path):
     # A data folder that is not a declared package made setuptools print ~40 lines of warnings at
     # every install; the kernels' folder is now the package lenet.kernels.
+    import shutil
     import subprocess
     import sys
     import zipfile
 
+    src = tmp_path / "src"   # a copy: setuptools builds in the source tree (build/, *.egg-info)
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", "data", "build", "dist", "*.egg-info",
+                                                             "__pycache__", ".whl", "out", "runs", ".venv"))
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-                          "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300,
+                          "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "absent from the `packages` configuration" not in out.stderr + out.stdout, out.stderr
@@ -48,5 +52,5 @@ def test_every_command_names_a_function_and_the_trainers_start_early():
         module, _, name = target.partition(":")
         assert callable(getattr(importlib.import_module(module), name)), command
     # the two programs with a start-up to keep short begin as python -m does (lenet/startup.py)
-    assert scripts["lenet-train"] == "lenet.startup:train"
-    assert scripts["lenet-train-step"] == "lenet.startup:train_step"
+    assert scripts["lenet-train"] == "lenet.__main__:train"
+    assert scripts["lenet-train-step"] == "lenet.__main__:train_step"
