@@ -61,6 +61,23 @@ def check_batch(x, y, max_batch: int) -> int:
     return n
 
 
+# Bytes per image of max_batch that a model allocates: its buffers (input, labels, pooled outputs and
+# their gradients, the head's activations and gradients, fc1's ReLU bits) and the stage engines' own
+# (cuDNN's unpooled outputs and their gradients, our argmax bytes), with both engines planned.
+BYTES_PER_IMAGE = (4 * (784 + 1 + 864 + 256 + 120 + 3 * 10 + 120 + 256 + 864) + 16
+                   + 4 * 2 * (6 * 24 * 24 + 16 * 8 * 8) + 864 + 256)
+
+
+def check_memory(max_batch: int, free_bytes: int, total_bytes: int) -> None:
+    """A one-line ValueError, before anything is allocated, when a model for ``max_batch`` images
+    cannot fit the GPU's free memory (with 10% and 256 MB kept for workspaces and libraries)."""
+    need = max_batch * BYTES_PER_IMAGE
+    if need > 0.9 * free_bytes - (256 << 20):
+        gb = 1 << 30
+        raise ValueError(f"a model for {max_batch:,} images needs about {need / gb:.1f} GB of GPU memory; the GPU "
+                         f"has {free_bytes / gb:.1f} GB free of {total_bytes / gb:.1f} GB: use a smaller batch")
+
+
 @dataclass
 class Step:
     """The planned operations for one batch size, in the network's order."""
@@ -116,6 +133,7 @@ class LeNet:
         import cupy
 
         self.max_batch = N = int(max_batch)
+        check_memory(N, *cupy.cuda.runtime.memGetInfo())   # before any allocation: one line, not CuPy's error
         self.policy = policy or AlgoPolicy()
         self.cuda_graph, self.fused = bool(cuda_graph), bool(fused)
         self.handle = Handle(stream)

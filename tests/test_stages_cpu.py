@@ -147,3 +147,14 @@ def test_train_step_takes_a_pinned_candidate_before_the_gpu():
     from lenet import cli, train_step
     args = train_step.parser().parse_args(["--algo", "fused-bwd-v2-g4", "--engine", "ours"])
     assert cli.policy_from(args).bwd_filter == "fused-bwd-v2-g4"
+
+
+def test_a_model_too_large_for_the_gpu_is_one_line_before_any_allocation():
+    from lenet.model import BYTES_PER_IMAGE, check_memory
+    gb = 1 << 30
+    check_memory(8192, 79 * gb, 80 * gb)    # 8192 images: well within an H100
+    with pytest.raises(ValueError) as e:
+        check_memory(10_000_000, 79 * gb, 80 * gb)
+    msg = str(e.value)
+    assert "\n" not in msg and "10,000,000 images needs about" in msg and "79.0 GB free of 80.0 GB" in msg
+    assert 40_000 < BYTES_PER_IMAGE < 60_000   # ~13 KB of buffers and ~37 KB of the engines' own per image

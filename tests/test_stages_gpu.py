@@ -185,3 +185,14 @@ def test_five_graph_replays_follow_pytorch(torch_ref, engine):
     after = model.state_dict()
     for k in ref_after:
         assert_close(after[k], ref_after[k], f"{engine} graph {k} after 5 steps")
+
+
+def test_a_model_larger_than_the_gpu_is_refused_in_one_line():
+    import cupy
+
+    from lenet.model import LeNet
+    free, total = cupy.cuda.runtime.memGetInfo()
+    used = cupy.get_default_memory_pool().used_bytes()
+    with pytest.raises(ValueError, match=r"needs about .* GB of GPU memory; the GPU has .* GB free"):
+        LeNet(max_batch=10_000_000)
+    assert cupy.get_default_memory_pool().used_bytes() == used, "the refused model allocated"
