@@ -7,6 +7,7 @@ so a run on the GPU machine cannot pass by skipping.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -70,10 +71,42 @@ def _gpu():
     return gpu_status()
 
 
+REQUIRE_STACK = os.environ.get("LENET_REQUIRE_STACK") == "1" or REQUIRE_GPU
+
+
+@functools.lru_cache(maxsize=1)
+def _stack() -> str | None:
+    """Why the GPU stack's packages (libcudnn through cuda-pathfinder, CuPy, nvmath's bindings) cannot
+    be loaded here, or None. They load on a machine without a GPU: CPU tests use them."""
+    import importlib.util
+
+    try:
+        from descriptors import _lib
+
+        _lib.lib()
+        for name in ("cupy", "nvmath"):   # found, not imported: nvmath's package init is heavy
+            if importlib.util.find_spec(name) is None:
+                return f"{name} is not installed"
+    except Exception as e:  # noqa: BLE001
+        return str(e).splitlines()[0]
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("gpu"):
             item.fixturenames.insert(0, "_gpu_gate")
+        elif item.get_closest_marker("stack"):
+            item.fixturenames.insert(0, "_stack_gate")
+
+
+@pytest.fixture
+def _stack_gate():
+    why = _stack()
+    if why is not None:
+        if REQUIRE_STACK:
+            pytest.fail(f"LENET_REQUIRE_STACK=1 but the GPU stack does not load: {why}")
+        pytest.skip(f"needs the GPU stack installed (pip install '.[cu13]'): {why}")
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ import descriptors as D
 from descriptors import _lib
 from descriptors.algorithms import ALGORITHM_NAMES, CALLS, AlgoPolicy, Direction, algorithm_id
 
+pytestmark = pytest.mark.stack   # libcudnn loads without a GPU, but must be installed
+
 
 def test_loads_cudnn_9_or_newer():
     assert D.version() >= 90000

@@ -16,6 +16,8 @@ from descriptors.algorithms import AlgoPolicy, UnknownAlgorithmError
 from descriptors.engines import ConvSpec
 from descriptors.graph import ConvGraph, available, frontend
 
+pytestmark = pytest.mark.stack   # libcudnn loads without a GPU, but must be installed
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

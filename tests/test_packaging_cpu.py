@@ -54,3 +54,34 @@ def test_every_command_names_a_function_and_the_trainers_start_early():
     # the two programs with a start-up to keep short begin as python -m does (lenet/startup.py)
     assert scripts["lenet-train"] == "lenet.__main__:train"
     assert scripts["lenet-train-step"] == "lenet.__main__:train_step"
+
+
+_NO_STACK = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("cupy", "cupy_backends", "cuda", "nvmath", "cudnn", "nvidia"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, _Block())
+"""
+
+
+def test_without_the_gpu_stack_its_tests_skip_with_the_reason(tmp_path):
+    # pip install '.[test]' alone (no GPU extra): tests that load libcudnn skip, saying why; CI, which
+    # installs the stack, sets LENET_REQUIRE_STACK=1 so that the same tests fail instead of skipping.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(_NO_STACK)   # the stack's packages, made unimportable
+    env = {k: v for k, v in os.environ.items() if k not in ("LENET_REQUIRE_STACK", "LENET_REQUIRE_GPU")}
+    env["PYTHONPATH"] = str(tmp_path)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_graph_cpu.py",
+           f"--basetemp={tmp_path / 'pt'}"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0 and " skipped" in out.stdout and "failed" not in out.stdout, out.stdout[-2000:]
+    assert "needs the GPU stack installed" in out.stdout, out.stdout[-2000:]
+    out = subprocess.run(cmd, env={**env, "LENET_REQUIRE_STACK": "1"}, capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert out.returncode != 0 and "LENET_REQUIRE_STACK=1 but the GPU stack does not load" in out.stdout

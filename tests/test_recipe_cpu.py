@@ -212,6 +212,7 @@ def test_background_writer_raises_a_job_error_on_the_callers_thread():
     assert w.close(timeout=10)
 
 
+@pytest.mark.stack
 def test_the_cublas_bindings_load_without_nvmaths_package_init_and_again_after_it():
     import subprocess
     import sys

@@ -33,6 +33,7 @@ def _run(code: str, *args: str, hide_gpu: bool = False) -> subprocess.CompletedP
                           timeout=120, cwd=ROOT)
 
 
+@pytest.mark.stack
 def test_warm_cudnn_without_a_gpu_says_false():
     out = _run("from descriptors import _lib\nfrom lenet.startup import warm_cudnn\n"
                "print(warm_cudnn(_lib.library_path()))", hide_gpu=True)
@@ -40,6 +41,7 @@ def test_warm_cudnn_without_a_gpu_says_false():
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.stack
 def test_threads_without_a_gpu_end_quietly():
     out = _run(_SEQUENCE, "auto", hide_gpu=True)
     assert out.returncode == 0 and out.stderr == "", out.stderr
