@@ -158,3 +158,10 @@ def test_a_model_too_large_for_the_gpu_is_one_line_before_any_allocation():
     msg = str(e.value)
     assert "\n" not in msg and "10,000,000 images needs about" in msg and "79.0 GB free of 80.0 GB" in msg
     assert 40_000 < BYTES_PER_IMAGE < 60_000   # ~13 KB of buffers and ~37 KB of the engines' own per image
+
+
+def test_launch_grids(monkeypatch):
+    monkeypatch.setattr(ours, "_sms", lambda: 132)
+    assert ours.Forward(2, 8).grid(1) == 1 and ours.Forward(2, 8).grid(7) == 4 and ours.Forward(1, 8).grid(10**6) == 1056
+    assert ours.Backward(4).grid(1) == 1 and ours.Backward(4, 1).grid(64) == 64 and ours.Backward(16).grid(10**6) == 2112
+    assert ours.parse_name("fused-bwd-v2-g4") == ours.Backward(4, 1) and ours.parse_name("fft") is None

@@ -84,6 +84,9 @@ class Backward:
     def name(self) -> str:
         return f"fused-bwd-v{self.version + 1}-g{self.per_sm}"
 
+    def grid(self, n: int) -> int:
+        return max(1, min(n, self.per_sm * _sms()))
+
 
 # Our candidates' names, as train_step prints them and --algo takes them (Note [pinned candidates]).
 _NAME = re.compile(r"fused-(fwd)-i(\d+)-g(\d+)|fused-(bwd)-v(\d+)-g(\d+)")
@@ -104,9 +107,6 @@ def pins(name: str) -> tuple[str, ...]:
     backward directions (one kernel computes the stage's data and weight gradients)."""
     c = parse_name(name)
     return () if c is None else ("fwd",) if isinstance(c, Forward) else ("bwd-data", "bwd-filter")
-
-    def grid(self, n: int) -> int:
-        return max(1, min(n, self.per_sm * _sms()))
 
 
 def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg):
