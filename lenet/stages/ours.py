@@ -166,9 +166,10 @@ class OursPlan:
 
 class OursStage:
     """Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
-    ``fused-fwd-i1-g8`` pins the stages' forward, ``fused-bwd-v2-g4`` their backward (both
+    ``fused-fwd-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both
     backward directions of the policy). A pinned candidate still passes the check against cuDNN's
-    exact result; one a stage does not offer (a version it has not) is an error naming those it has.
+    exact result; one a stage does not offer (``fused-bwd-v2-...``: only conv2's backward has a
+    second version) is an error naming those it has.
     """
 
     name = "ours"
