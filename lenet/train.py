@@ -35,6 +35,7 @@ import math
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -45,17 +46,39 @@ from .background import Background
 from .plot import Plotter, can_plot
 from .schedule import SCHEDULES, Schedule
 
-# What must match for --resume to continue a run rather than start a different one. The dataset is
-# identified by its files' content (data.fingerprint), or by its folder's name for a checkpoint
-# written before fingerprints were kept.
-RESUME_KEYS = ("dataset", "batch_size", "seed", "lr", "momentum", "weight_decay", "schedule", "gamma", "power",
-               "step_size", "step_gamma", "train_size", "algo", "workspace_limit", "deterministic",
-               "allow_winograd", "allow_tf32", "engine", "chunk", "epochs", "nesterov", "label_smoothing",
-               "warmup_epochs", "ema", "shift", "flip", "tta")
+_NEW = object()   # a setting every checkpoint records
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A flag that is part of a run: stored in its checkpoint's configuration. ``resume``: must match
+    for --resume to continue the run rather than start another; ``before``: its value in checkpoints
+    written before the flag existed (what those runs trained with)."""
+
+    resume: bool = True
+    before: object = _NEW
+
+
+# The one table of a run's settings (each a flag's dest): the stored configuration (config_of), the
+# resume check (RESUME_KEYS) and the older checkpoints' defaults (RECIPE_OFF) derive from it, and a
+# test holds the parser to it. The dataset is identified by its files' content (data.fingerprint), or
+# by its folder's name for a checkpoint written before fingerprints were kept.
+RUN_SETTINGS = {
+    "batch_size": Setting(), "seed": Setting(), "lr": Setting(), "momentum": Setting(), "weight_decay": Setting(),
+    "schedule": Setting(), "gamma": Setting(), "power": Setting(), "step_size": Setting(), "step_gamma": Setting(),
+    "algo": Setting(), "workspace_limit": Setting(), "deterministic": Setting(), "allow_winograd": Setting(),
+    "allow_tf32": Setting(), "engine": Setting(), "chunk": Setting(), "epochs": Setting(),
+    "cuda_graph": Setting(resume=False), "fused": Setting(resume=False),
+    "nesterov": Setting(before=False), "label_smoothing": Setting(before=0.0), "warmup_epochs": Setting(before=0.0),
+    "ema": Setting(before=None), "shift": Setting(before=0), "flip": Setting(before=False), "tta": Setting(before=False),
+}
+# Flags that are not part of a run (where it reads and writes, how it reports): never stored.
+NOT_RUN_SETTINGS = ("data_dir", "train_size", "test_size", "eval_batch_size", "data_cache", "target_accuracy",
+                    "plan_cache", "out", "resume", "overwrite", "checkpoint_every", "quiet", "help", "version")
+RESUME_KEYS = ("dataset", "train_size", *(k for k, v in RUN_SETTINGS.items() if v.resume))
+RECIPE_OFF = {k: v.before for k, v in RUN_SETTINGS.items() if v.before is not _NEW}
 RUN_FILES = ("checkpoint.npz", "metrics.jsonl", "curves.png")
 CHECKPOINT_EVERY = 10000   # steps: a few checkpoints an epoch at batch 1, none mid-epoch at 64 (938 steps)
-RECIPE_OFF = {"nesterov": False, "label_smoothing": 0.0, "warmup_epochs": 0.0, "ema": None, "shift": 0,
-              "flip": False, "tta": False}   # what a checkpoint written before these flags existed trained with
 PLOT_SECONDS = 30.0        # curves.png at most this often while training, and always at the end
 
 
@@ -170,16 +193,9 @@ def parser() -> cli.Parser:
 
 
 def config_of(args, root: Path, train_size: int, fingerprint: str | None = None) -> dict:
+    """The run's stored configuration: every setting of RUN_SETTINGS, and what the data gives."""
     return {"dataset": data.dataset_name(root), "data_fingerprint": fingerprint, "data_dir": str(root),
-            "batch_size": args.batch_size,
-            "seed": args.seed, "lr": args.lr, "momentum": args.momentum, "weight_decay": args.weight_decay,
-            "schedule": args.schedule, "gamma": args.gamma, "power": args.power, "step_size": args.step_size,
-            "step_gamma": args.step_gamma, "train_size": train_size, "algo": args.algo,
-            "workspace_limit": args.workspace_limit, "deterministic": args.deterministic,
-            "allow_winograd": args.allow_winograd, "allow_tf32": args.allow_tf32, "engine": args.engine,
-            "chunk": args.chunk, "epochs": args.epochs, "cuda_graph": args.cuda_graph, "fused": args.fused,
-            "nesterov": args.nesterov, "label_smoothing": args.label_smoothing, "warmup_epochs": args.warmup_epochs,
-            "ema": args.ema, "shift": args.shift, "flip": args.flip, "tta": args.tta}
+            "train_size": train_size, **{k: getattr(args, k) for k in RUN_SETTINGS}}
 
 
 class Progress:

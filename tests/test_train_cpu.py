@@ -153,3 +153,21 @@ def test_plotter_draws_in_a_child(tmp_path):
     bad.draw(history)
     err = bad.close()
     assert err is not None and "missing" in err, err
+
+
+def test_one_table_of_run_settings_covers_every_flag():
+    # A flag is a run setting (stored, checked on --resume) or named as not one: a new flag that is
+    # neither fails here, and the stored configuration, the resume keys and the older checkpoints'
+    # defaults all come from the one table.
+    from lenet import train
+    dests = {a.dest for a in train.parser()._actions}
+    settings, others = set(train.RUN_SETTINGS), set(train.NOT_RUN_SETTINGS)
+    assert not settings & others and dests == settings | others, \
+        (sorted(dests - settings - others), sorted((settings | others) - dests))
+    args = train.parser().parse_args(["--epochs", "3", "--flip"])
+    config = train.config_of(args, Path("/x/fashion-mnist"), 100, "f" * 32)
+    assert set(config) == settings | {"dataset", "data_fingerprint", "data_dir", "train_size"}
+    assert config["epochs"] == 3 and config["flip"] is True and config["train_size"] == 100
+    assert set(train.RESUME_KEYS) - {"dataset", "train_size"} == {k for k, v in train.RUN_SETTINGS.items() if v.resume}
+    assert train.RECIPE_OFF == {"nesterov": False, "label_smoothing": 0.0, "warmup_epochs": 0.0, "ema": None,
+                                "shift": 0, "flip": False, "tta": False}
