@@ -26,6 +26,14 @@ def _module(name: str):
 
 
 @functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    """The current GPU's multiprocessors: launch shapes of ours are counted in blocks per SM."""
+    import cupy
+
+    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+
+
+@functools.lru_cache(maxsize=None)
 def kernel(module: str, name: str):
     return _module(module).get_function(name)
 

@@ -26,11 +26,11 @@ import math
 import numpy as np
 
 from descriptors import TensorDescriptor, add_tensor
-from descriptors.timing import time_launcher
+from descriptors.timing import time_forward_backward
 
 from .. import params as P
 from ..blas import Lt, LtMatmul, LtUnavailable
-from ..kernels import kernel
+from ..kernels import kernel, sm_count
 
 HEAD_GROUPS = (4, 1, 2, 8)       # images per block iteration (the first is the heuristic's; at most 8)
 HEAD_BWD_BLOCKS_PER_SM = 2       # at most this many backward blocks per SM: each writes a 128 KB row
@@ -55,7 +55,7 @@ class FullyConnected:
         if self._part is None:
             import cupy
 
-            rows = HEAD_BWD_BLOCKS_PER_SM * OursHead.sms()
+            rows = HEAD_BWD_BLOCKS_PER_SM * sm_count()
             self._part = cupy.empty((rows, OursHead.WIDTH), cupy.float32)   # (blocks, fc1.weight .. fc2.bias)
         best = None
         for g in groups:
@@ -196,17 +196,9 @@ class OursHead:
         self.ms = None
 
     @staticmethod
-    def sms() -> int:
-        import cupy
-
-        return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-
-    @staticmethod
     def time_plan(plan, model) -> float:
         """ms of forward + backward as the step runs them (the backward after a forward)."""
-        plan.forward()
-        return (time_launcher(plan.forward, model.stream, graph=model.cuda_graph)
-                + time_launcher(plan.backward, model.stream, graph=model.cuda_graph))
+        return sum(time_forward_backward(plan.forward, plan.backward, model.stream, graph=model.cuda_graph))
 
     def time(self, model) -> float:
         self.ms = self.time_plan(self, model)

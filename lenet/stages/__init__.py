@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from descriptors.algorithms import AlgorithmNotSupportedError, Direction, register_engine
 from descriptors.search import get_store
-from descriptors.timing import time_launcher
+from descriptors.timing import time_forward_backward
 
 from .base import EnginePlan, StageEngine, StageSpec, StageTensors
 from .cudnn import CudnnStage
@@ -118,10 +118,8 @@ class Stage:
                 failed[e.name] = str(err)
                 continue
             ctx.workspace.reserve(plan.workspace_bytes)   # may re-allocate: see Note [re-capture]
-            plan.forward()   # the backward reads what the forward leaves
-            ms = {"fwd": time_launcher(plan.forward, ctx.handle.stream, graph=ctx.captured),
-                  "bwd": time_launcher(plan.backward, ctx.handle.stream, graph=ctx.captured)}
-            times[e.name] = ms["fwd"] + ms["bwd"]
+            times[e.name] = sum(time_forward_backward(plan.forward, plan.backward, ctx.handle.stream,
+                                                      graph=ctx.captured))
             plans.append(plan)
             if reproducible:
                 break

@@ -11,7 +11,6 @@ the gradients in a fixed order (Note [stage backward through the argmax] in the 
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from descriptors.algorithms import AlgorithmNotSupportedError, Direction
 from descriptors.timing import time_launcher
 
 from ..kernels import kernel
+from ..kernels import sm_count as _sms
 from . import check
 
 BACKWARD_BLOCKS_PER_SM = (4, 2, 8, 16)   # the first is the heuristic's (scripts/probes/stage_kernels.py)
@@ -53,13 +53,6 @@ KERNELS = {
                                                                         ("stage2_backward_split_kernel", 320)), 256,
                                                 (1, 2), lambda i: 4 * (2400 + 864 * i), 2400, 16),
 }
-
-
-@functools.lru_cache(maxsize=None)
-def _sms() -> int:
-    import cupy
-
-    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
 
 
 @dataclass(frozen=True)
