@@ -46,10 +46,12 @@ class FullyConnected:
 
     def plan(self, model, n: int):
         """The cuBLAS path or ours, whichever runs faster (Note [head engines])."""
+        from ..stages import ENGINES   # which --engine lets ours compete: the registry's answer
+
         pol = model.policy
-        if pol.engine not in ("auto", "ours") or not model.fused:
+        if not ENGINES["ours"].serves(pol.engine) or not model.fused:
             return PlannedFullyConnected(self, model, n)
-        libs = None if pol.engine == "ours" else PlannedFullyConnected(self, model, n)
+        libs = None if pol.engine == ENGINES["ours"].name else PlannedFullyConnected(self, model, n)
         groups = HEAD_GROUPS[:1] if pol.choice("fwd") == "heuristic" else HEAD_GROUPS
         reproducible = pol.deterministic and pol.choice("fwd") == "heuristic"
         if self._part is None:
