@@ -140,6 +140,19 @@ class LtUnavailable(RuntimeError):
 _EPILOGUES = ("default", "bias", "relu_aux_bias", "drelu", "bgradb")
 
 
+class LazyLt:
+    """A model's one cuBLASLt handle, made on first use: a step whose head runs on cuBLAS or on our
+    kernels never loads cuBLASLt's binding."""
+
+    def __init__(self, stream):
+        self.stream, self.made = stream, None
+
+    def get(self) -> "Lt":
+        if self.made is None:
+            self.made = Lt(self.stream)
+        return self.made
+
+
 class Lt:
     """A cuBLASLt handle with its own workspace, on our stream."""
 

@@ -25,10 +25,10 @@ import numpy as np
 from descriptors import ActivationDescriptor, AlgoPolicy, Handle, PoolingDescriptor, Workspace
 
 from . import params as P
-from .blas import Blas, LtMatmul
-from .kernels import MIRROR, SoftmaxCE, gather_batch
-from .ops import SGD, FullyConnected, SoftmaxCrossEntropy
-from .ops.context import PlanContext
+from .blas import Blas, LazyLt, LtMatmul
+from .kernels import MIRROR, gather_batch
+from .ops import SGD, FullyConnected, HeadTensors, LossTensors, SoftmaxCrossEntropy
+from .ops.context import PlanContext, SideStream
 from .runner import Runner
 from .stages import Stage, StageSpec, StageTensors
 
@@ -80,26 +80,44 @@ def check_memory(max_batch: int, free_bytes: int, total_bytes: int) -> None:
 
 @dataclass
 class Step:
-    """The planned operations for one batch size, in the network's order."""
+    """The planned operations for one batch size, in the network's order: the stages, the head, and
+    the loss (which the head's forward may run itself in a training step: Note [head engines] in
+    lenet/ops/fc.py)."""
 
     n: int
-    layers: list
+    stages: list
+    head: object
     loss: object
+    side: SideStream
+
+    @property
+    def layers(self) -> list:
+        return [*self.stages, self.head]
 
     def forward(self) -> None:
+        """The logits (evaluation: the loss is the caller's, lenet.ops.loss.PlannedLoss.evaluate)."""
         for layer in self.layers:
             layer.forward()
 
+    def forward_loss(self) -> None:
+        """A training step's forward: the logits, the mean loss and dlogits."""
+        for stage in self.stages:
+            stage.forward()
+        self.head.forward_loss()
+
     def backward(self) -> None:
+        """Every gradient, the side stream's reductions included (Note [side stream])."""
         for layer in reversed(self.layers):
             layer.backward()
+        self.side.join()
 
     @property
     def workspace_bytes(self) -> int:
         return max(layer.workspace_bytes for layer in self.layers)
 
     def describe(self) -> list[dict]:
-        return [row for op in (*self.layers, self.loss) for row in op.describe()]
+        rows = [row for op in self.layers for row in op.describe()]
+        return rows if self.head.fuses_loss else rows + self.loss.describe()
 
 
 class LeNet:
@@ -147,8 +165,8 @@ class LeNet:
         self.workspace = Workspace()
         with self.stream:
             self.blas = Blas(self.stream)
-            self.lt = None   # cuBLASLt, made on first use by the fully connected layers
-            self.sce = SoftmaxCE()
+            self.lazy_lt = LazyLt(self.stream)   # cuBLASLt, made on first use by the head
+            self.side = SideStream(self.stream)   # see Note [side stream]
             # Parameters, gradients, momentum: one flat buffer each, same layout.
             self.params = cupy.asarray(P.pack(P.init_host(seed)))     # (TOTAL,)
             self.grads = cupy.zeros(P.TOTAL, dtype=cupy.float32)      # (TOTAL,)
@@ -158,7 +176,6 @@ class LeNet:
             self.ema = self.params.copy() if ema_decay is not None else None   # (TOTAL,) or None
             self.params_aside = cupy.empty(P.TOTAL, dtype=cupy.float32) if ema_decay is not None else None
             self.p, self.g = P.views(self.params), P.views(self.grads)
-            self.pb = {k: self.p[k].reshape(1, -1, 1, 1) for k in ("fc1.bias", "fc2.bias")}  # (1, C, 1, 1)
             self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
             self.loss_dev = cupy.zeros(1, dtype=cupy.float32)         # (1,) mean loss of the last forward
             self.correct_dev = cupy.zeros(1, dtype=cupy.int32)        # (1,) right answers in it
@@ -193,9 +210,17 @@ class LeNet:
                   StageTensors(x=b["p1"], y=b["p2"], dy=b["dp2"], dx=b["dp1"], w=p["conv2.weight"],
                                b=p["conv2.bias"], dw=g["conv2.weight"], db=g["conv2.bias"]), N),
         )
-        self.head = FullyConnected(x="p2", dx="dp2", act="p2")
-        self.loss_op = SoftmaxCrossEntropy()
-        self.sgd = SGD(momentum, weight_decay, nesterov, ema_decay)
+        head_grads = self.grads[P.OFFSETS["fc1.weight"]: P.OFFSETS["fc2.bias"] + CLASSES]
+        loss = LossTensors(logits=b["logits"], dlogits=b["dlogits"], labels=b["labels"], loss=self.loss_dev,
+                           correct=self.correct_dev, running=self.running_loss,
+                           label_smoothing=self.label_smoothing)
+        self.head = FullyConnected(HeadTensors(
+            x=b["p2"].reshape(N, 256), dx=b["dp2"].reshape(N, 256), h1=b["h1"], dh1=b["dh1"], logits=b["logits"],
+            dlogits=b["dlogits"], relu_mask=b["relu_mask"], w={k: p[k] for k in P.NAMES if k.startswith("fc")},
+            g={k: g[k] for k in P.NAMES if k.startswith("fc")}, grads=head_grads), loss)
+        self.loss_op = SoftmaxCrossEntropy(loss, self.stream)
+        self.sgd = SGD(self.stream, self.params, self.grads, self.velocity, self.lr_dev, self.ema, momentum=momentum,
+                       weight_decay=weight_decay, nesterov=nesterov, ema_decay=ema_decay)
         self.runner = Runner(self.stream, self.workspace, self._save_state, self._restore_state)
         self._steps: dict[int, Step] = {}
         self._lr_host: float | None = None
@@ -210,9 +235,10 @@ class LeNet:
             return step
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
-        ctx = PlanContext(self.handle, self.policy, self.workspace, self.blas, self.ones, self.pool, self.fused,
-                          self.cuda_graph)
-        step = Step(n, [*(s.plan(ctx, n) for s in self.stages), self.head.plan(self, n)], self.loss_op.plan(self, n))
+        ctx = PlanContext(self.handle, self.policy, self.workspace, self.blas, self.ones, self.lazy_lt, self.pool,
+                          self.relu, self.side, self.fused, self.cuda_graph)
+        loss = self.loss_op.plan(n)
+        step = Step(n, [s.plan(ctx, n) for s in self.stages], self.head.plan(ctx, n, loss), loss, self.side)
         self.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
         self._steps[n] = step
         if self.plan_cache is not None:
@@ -322,30 +348,27 @@ class LeNet:
     def forward(self, n: int | None = None):
         """Forward pass and loss on the loaded batch; returns the device loss (1,).
 
-        The softmax-CE kernel also writes dlogits, ready for backward().
+        dlogits is written too, ready for backward().
         """
-        step = self.plan(self.n if n is None else n)
-        step.forward()
-        step.loss.train()
+        self.plan(self.n if n is None else n).forward_loss()
         return self.loss_dev
 
     def backward(self, n: int | None = None) -> None:
         """Gradients of the mean loss into ``grads`` (needs the forward of the same batch)."""
         self.plan(self.n if n is None else n).backward()
 
-    def sgd_step(self, lr: float | None = None) -> None:
+    def update(self, lr: float | None = None) -> None:
         """One SGD update of every parameter from ``grads`` (momentum, weight decay as built)."""
         if lr is not None:
             self.set_lr(lr)
         elif self._lr_host is None:
             raise ValueError("no learning rate set: pass lr")
-        self.sgd(self)
+        self.sgd()
 
     def _train(self, step: Step) -> None:
-        step.forward()
-        step.loss.train()
+        step.forward_loss()
         step.backward()
-        self.sgd(self)
+        self.sgd()
 
     def step(self, n: int | None = None, lr: float | None = None):
         """forward + backward + SGD on the batch already in the input buffers; returns the
@@ -434,6 +457,11 @@ class LeNet:
         return loss_sum / dataset.size, correct / dataset.size
 
     # ------------------------------------------------------------------ host views
+
+    @property
+    def lt(self):
+        """The model's cuBLASLt handle (lenet.blas.Lt), or None while no plan has used it."""
+        return self.lazy_lt.made
 
     def loss(self) -> float:
         """The loss of the last forward, read from the device (synchronizes)."""

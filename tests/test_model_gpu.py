@@ -58,7 +58,7 @@ def check_one_step(torch, model, n, lr=0.1, seed=0, what="", winograd=False, rto
     logits, loss = model.logits(), model.loss()
     model.backward(n)
     grads = model.grad_dict()
-    model.sgd_step(lr)
+    model.update(lr)
     after = model.state_dict()
     if winograd:
         # See Note [tolerance]: Winograd's own error moves decisions at any margin we can

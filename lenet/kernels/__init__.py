@@ -12,17 +12,27 @@ SCE_MAX_BLOCKS = 64    # partial sums buffer size
 SGD_THREADS = 256
 
 
-@functools.lru_cache(maxsize=None)
-def _module(name: str):
+# What each module is compiled from, in order, where that is more than its own file: the head's
+# forward runs the loss's per-row math (softmax_ce.cu's device functions).
+SOURCES = {"head": ("softmax_ce", "head")}
+
+
+def source(name: str) -> str:
+    """The CUDA source module ``name`` is compiled from."""
     # importlib.resources here, not at import: the flag parse imports this module while the start-up
     # thread imports CuPy, and two threads importing importlib.resources met Python's import-deadlock
     # guard (Note [overlapped start-up] in lenet/startup.py).
     from importlib import resources
 
+    folder = resources.files("lenet").joinpath("kernels")
+    return "\n".join(folder.joinpath(f"{part}.cu").read_text() for part in SOURCES.get(name, (name,)))
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str):
     import cupy
 
-    src = resources.files("lenet").joinpath("kernels", f"{name}.cu").read_text()
-    return cupy.RawModule(code=src, options=("-std=c++17",))
+    return cupy.RawModule(code=source(name), options=("-std=c++17",))
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,14 +49,16 @@ def kernel(module: str, name: str):
 
 
 class SoftmaxCE:
-    """Scratch for the softmax-CE kernel: partial sums and the ticket (zeroed once)."""
+    """Scratch for the softmax-CE kernel, or for a kernel that runs its reduction (the head's forward):
+    one partial sum per block of up to ``blocks`` blocks, and the ticket (zeroed once)."""
 
-    def __init__(self):
+    def __init__(self, blocks: int = SCE_MAX_BLOCKS):
         import cupy
 
-        self.partial_loss = cupy.zeros(SCE_MAX_BLOCKS, dtype=cupy.float32)    # (64,)
-        self.partial_correct = cupy.zeros(SCE_MAX_BLOCKS, dtype=cupy.int32)   # (64,)
-        self.ticket = cupy.zeros(1, dtype=cupy.uint32)                         # (1,)
+        self.blocks = int(blocks)
+        self.partial_loss = cupy.zeros(self.blocks, dtype=cupy.float32)    # (blocks,)
+        self.partial_correct = cupy.zeros(self.blocks, dtype=cupy.int32)   # (blocks,)
+        self.ticket = cupy.zeros(1, dtype=cupy.uint32)                     # (1,)
         self._fn = kernel("softmax_ce", "softmax_ce_kernel")
 
     def forward_backward(self, logits, labels, dlogits, out, correct, n: int, *,
@@ -58,7 +70,7 @@ class SoftmaxCE:
         smoothed by ``label_smoothing`` as PyTorch's cross_entropy does. With ``mean_with``
         (same shape as logits), the logits scored are (logits + mean_with) / 2."""
         classes = logits.shape[1]
-        blocks = max(1, min(SCE_MAX_BLOCKS, (n + SCE_THREADS - 1) // SCE_THREADS))
+        blocks = max(1, min(self.blocks, (n + SCE_THREADS - 1) // SCE_THREADS))
         self._fn((blocks,), (SCE_THREADS,), (
             logits, np.uint64(mean_with.data.ptr if mean_with is not None else 0), labels,
             np.uint64(dlogits.data.ptr if dlogits is not None else 0), out, correct,

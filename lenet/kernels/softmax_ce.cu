@@ -15,9 +15,39 @@
 // order into partial[blockIdx.x]; the last block to finish (counted with an
 // atomic ticket, reset to 0 for the next launch) adds the partials in block order.
 // A label outside [0, classes) makes that row's loss and gradient NaN.
+//
+// sce_row, block_sum and sce_finish are also compiled into the head's module (lenet/kernels/head.cu
+// fuses the loss into its forward: lenet/kernels/__init__.py lists what each module is built from).
 
 #define SCE_THREADS 256
 
+// One row: its loss (NaN for a label outside [0, classes)), whether its argmax is the label (hit),
+// and, when d is not null, its gradient times grad_scale into d.
+__device__ __forceinline__ float sce_row(const float* z1, const float* z2, int y, int classes, float eps,
+                                         float* d, float grad_scale, int& hit) {
+    auto z = [&](int j) { return z2 ? (z1[j] + z2[j]) * 0.5f : z1[j]; };
+    const bool ok = y >= 0 && y < classes;
+    float m = z(0);
+    int arg = 0;
+    for (int j = 1; j < classes; ++j) if (z(j) > m) { m = z(j); arg = j; }
+    float s = 0.f, zsum = 0.f;
+    for (int j = 0; j < classes; ++j) { s += expf(z(j) - m); zsum += z(j) - m; }
+    const float ls = logf(s);
+    const float zy = ok ? z(y) : 0.f;
+    const float li = eps == 0.f ? ls - (zy - m)
+                                : (1.f - eps) * (ls - (zy - m)) + eps * (ls - zsum / (float)classes);
+    hit = (ok && arg == y) ? 1 : 0;
+    if (d) {
+        const float inv = 1.f / s, on = 1.f - eps, off = eps / (float)classes;
+        for (int j = 0; j < classes; ++j) {
+            const float g = expf(z(j) - m) * inv - (j == y ? on : 0.f) - off;
+            d[j] = ok ? g * grad_scale : __int_as_float(0x7fc00000);
+        }
+    }
+    return ok ? li : __int_as_float(0x7fc00000);
+}
+
+// The block's sums of v and c, in a fixed tree order (blockDim.x a power of two, sv and sc that long).
 __device__ __forceinline__ void block_sum(float& v, int& c, float* sv, int* sc) {
     const int t = threadIdx.x;
     sv[t] = v; sc[t] = c;
@@ -27,6 +57,35 @@ __device__ __forceinline__ void block_sum(float& v, int& c, float* sv, int* sc) 
         __syncthreads();
     }
     v = sv[0]; c = sc[0];
+}
+
+// Every thread of every block calls this with its block's sums: they go to partial_*[blockIdx.x], and
+// the last block to finish adds the partials in block order into out, correct and running, then
+// resets the ticket for the next launch.
+__device__ __forceinline__ void sce_finish(float loss, int hits, float* __restrict__ partial_loss,
+                                           int* __restrict__ partial_correct, unsigned int* __restrict__ ticket,
+                                           float* __restrict__ out, int* __restrict__ correct,
+                                           float* __restrict__ running, float loss_scale, int accumulate) {
+    __shared__ bool last;
+    if (threadIdx.x == 0) {
+        partial_loss[blockIdx.x] = loss;
+        partial_correct[blockIdx.x] = hits;
+        __threadfence();
+        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last || threadIdx.x != 0) return;
+    __threadfence();
+    float total = 0.f;
+    int total_hits = 0;
+    for (int b = 0; b < (int)gridDim.x; ++b) {
+        total += ((volatile float*)partial_loss)[b];
+        total_hits += ((volatile int*)partial_correct)[b];
+    }
+    out[0] = (accumulate ? out[0] : 0.f) + total * loss_scale;
+    correct[0] = (accumulate ? correct[0] : 0) + total_hits;
+    if (running) running[0] += total * loss_scale;
+    *ticket = 0u;
 }
 
 extern "C" __global__ void __launch_bounds__(SCE_THREADS)
@@ -40,56 +99,14 @@ softmax_ce_kernel(const float* __restrict__ logits,
                   int n, int classes, float grad_scale, float loss_scale, int accumulate, float eps) {
     __shared__ float sv[SCE_THREADS];
     __shared__ int sc[SCE_THREADS];
-    __shared__ bool last;
     float loss = 0.f;
     int hits = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        const float* z1 = logits + (size_t)i * classes;
-        const float* z2 = logits2 ? logits2 + (size_t)i * classes : nullptr;
-        auto z = [&](int j) { return z2 ? (z1[j] + z2[j]) * 0.5f : z1[j]; };
-        const int y = labels[i];
-        const bool ok = y >= 0 && y < classes;
-        float m = z(0);
-        int arg = 0;
-        for (int j = 1; j < classes; ++j) if (z(j) > m) { m = z(j); arg = j; }
-        float s = 0.f, zsum = 0.f;
-        for (int j = 0; j < classes; ++j) { s += expf(z(j) - m); zsum += z(j) - m; }
-        const float ls = logf(s);
-        const float zy = ok ? z(y) : 0.f;
-        const float li = eps == 0.f ? ls - (zy - m)
-                                    : (1.f - eps) * (ls - (zy - m)) + eps * (ls - zsum / (float)classes);
-        loss += ok ? li : __int_as_float(0x7fc00000);
-        hits += (ok && arg == y) ? 1 : 0;
-        if (dlogits) {
-            float* d = dlogits + (size_t)i * classes;
-            const float inv = 1.f / s, on = 1.f - eps, off = eps / (float)classes;
-            for (int j = 0; j < classes; ++j) {
-                float g = expf(z(j) - m) * inv - (j == y ? on : 0.f) - off;
-                d[j] = ok ? g * grad_scale : __int_as_float(0x7fc00000);
-            }
-        }
+        int hit;
+        loss += sce_row(logits + (size_t)i * classes, logits2 ? logits2 + (size_t)i * classes : nullptr, labels[i],
+                        classes, eps, dlogits ? dlogits + (size_t)i * classes : nullptr, grad_scale, hit);
+        hits += hit;
     }
     block_sum(loss, hits, sv, sc);
-    if (threadIdx.x == 0) {
-        partial_loss[blockIdx.x] = loss;
-        partial_correct[blockIdx.x] = hits;
-        __threadfence();
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;
-    // The last block: add the partials in block order (one thread: gridDim is small).
-    if (threadIdx.x == 0) {
-        __threadfence();
-        float total = 0.f;
-        int total_hits = 0;
-        for (int b = 0; b < (int)gridDim.x; ++b) {
-            total += ((volatile float*)partial_loss)[b];
-            total_hits += ((volatile int*)partial_correct)[b];
-        }
-        out[0] = (accumulate ? out[0] : 0.f) + total * loss_scale;
-        correct[0] = (accumulate ? correct[0] : 0) + total_hits;
-        if (running) running[0] += total * loss_scale;
-        *ticket = 0u;
-    }
+    sce_finish(loss, hits, partial_loss, partial_correct, ticket, out, correct, running, loss_scale, accumulate);
 }

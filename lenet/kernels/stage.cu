@@ -18,6 +18,7 @@
 //
 // Weight and bias gradients are deterministic: each block sums its images in a fixed order into
 // its own row of `part`, and stage_reduce_kernel adds the rows in block order. No float atomics.
+// A grid of one block (batch 1) writes its sums straight into dw and db, and no reduction runs.
 //
 // Note [prefetch]: a backward block works on one image at a time, and every image begins with a
 // load from global memory that the whole block waits for at a barrier. The backward kernels
@@ -147,7 +148,8 @@ stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
 #define S1B_G 6   // ceil(864 / 160)
 extern "C" __global__ void __launch_bounds__(S1B_THREADS)
 stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restrict__ arg,
-                       const float* __restrict__ dp, float* __restrict__ part, int N) {
+                       const float* __restrict__ dp, float* __restrict__ part, float* __restrict__ dw,
+                       float* __restrict__ db, int N) {
   __shared__ float sx[S1_IMAGE];
   __shared__ float sg[S1_POOLED];
   __shared__ int so[S1_POOLED];
@@ -199,7 +201,11 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
     }
     acc += a;
   }
-  if (t < 156) part[(size_t)blockIdx.x * 156 + t] = acc;
+  if (gridDim.x == 1) {   // the block's sums are the gradients
+    if (t < 150) dw[t] = acc; else if (t < 156) db[t - 150] = acc;
+  } else if (t < 156) {
+    part[(size_t)blockIdx.x * 156 + t] = acc;
+  }
 }
 
 // Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients, in two versions:
@@ -218,7 +224,8 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
 //   loop that branched took 43 ns per image at batch 8192, scripts/probes/stage_kernels.py). With
 //   KS = 2 the second half's sums go through shared memory and the first half adds them, in that
 //   order, before the mask.
-// Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16).
+// Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16), or,
+// for a grid of one block, dw and db themselves.
 // Shared: sw (2400) weights; sx (864) the image; sgo (256) each window's pooled gradient and its
 // argmax as an offset y * 12 + x into a 12 x 12 input plane, in one 8-byte pair; syx (256) the
 // argmax's row and column in the 8 x 8 conv output, as y << 8 | x (Note [stage backward through the
@@ -235,7 +242,8 @@ constexpr int s2b_k_unroll = S2B_K_UNROLL;   // #pragma unroll takes a constant,
 template <int KS>
 __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, const float* __restrict__ w,
                                                 const unsigned char* __restrict__ arg, const float* __restrict__ dp,
-                                                float* __restrict__ dx, float* __restrict__ part, int N) {
+                                                float* __restrict__ dx, float* __restrict__ part,
+                                                float* __restrict__ dw, float* __restrict__ db, int N) {
   constexpr int THREADS = 160 * KS, KN = 16 / KS;
   constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
   __shared__ float sw[S2_WEIGHTS];
@@ -351,25 +359,28 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
       }
     }
   }
-  float* mine = part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
+  const bool direct = gridDim.x == 1;   // the block's sums are the gradients
+  float* mine = direct ? dw : part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
   if (wown) {
 #pragma unroll
     for (int k = 0; k < KN; ++k) mine[(wk0 + k) * 150 + wu] = acc[k];
   }
-  if (t < 16) mine[S2_WEIGHTS + t] = bacc;
+  if (t < 16) (direct ? db : mine + S2_WEIGHTS)[t] = bacc;
 }
 
 extern "C" __global__ void __launch_bounds__(160, S2B_MIN_BLOCKS)
 stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
-                       const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, int N) {
-  stage2_backward<1>(x, w, arg, dp, dx, part, N);
+                       const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part,
+                       float* __restrict__ dw, float* __restrict__ db, int N) {
+  stage2_backward<1>(x, w, arg, dp, dx, part, dw, db, N);
 }
 
 extern "C" __global__ void __launch_bounds__(320)
 stage2_backward_split_kernel(const float* __restrict__ x, const float* __restrict__ w,
                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
-                             float* __restrict__ dx, float* __restrict__ part, int N) {
-  stage2_backward<2>(x, w, arg, dp, dx, part, N);
+                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                             float* __restrict__ db, int N) {
+  stage2_backward<2>(x, w, arg, dp, dx, part, dw, db, N);
 }
 
 // The blocks' rows of partial sums added in a fixed order (deterministic): column i < mw goes to

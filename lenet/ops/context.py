@@ -8,15 +8,58 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class PlanContext:
     """The cuDNN handle (its stream is the model's), the policy that filters and chooses candidates,
-    the workspace every convolution shares, cuBLAS (with a vector of ones for its sums), cuDNN's
-    pooling descriptor, and how the step will run: ``fused`` lets operations fuse, ``captured`` times
-    candidates as a CUDA graph runs them (else as eager launches)."""
+    the workspace every convolution shares, cuBLAS (with a vector of ones for its sums), cuBLASLt (made
+    on first use), cuDNN's pooling and ReLU descriptors, the side stream, and how the step will run:
+    ``fused`` lets operations fuse, ``captured`` times candidates as a CUDA graph runs them (else as
+    eager launches)."""
 
     handle: object
     policy: object
     workspace: object
     blas: object
     ones: object
+    lt: object        # lenet.blas.LazyLt
     pool: object
+    relu: object
+    side: "SideStream"
     fused: bool
     captured: bool
+
+    @property
+    def stream(self):
+        return self.handle.stream
+
+
+class SideStream:
+    """Work off the step's critical path, forked from the main stream and joined back before the update.
+
+    Note [side stream]: a weight gradient summed from per-block partial rows (our stage and head
+    kernels) is read by nothing but the update, while the layer below waits for the data gradient
+    only. ``run(fn)`` launches fn on a second stream after everything queued on the main stream so
+    far; ``join()`` makes the main stream wait for all of it. Inside a captured step the pair becomes
+    a parallel branch of the CUDA graph, so at small batches the reduction kernels (a few
+    microseconds each, plus their launch) leave the chain of dependent launches that sets the
+    step's time. Every step (and every timed candidate) joins before it ends: nothing is left running.
+    """
+
+    def __init__(self, main):
+        import cupy
+
+        self.main = main
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._fork = cupy.cuda.Event(disable_timing=True)
+        self._done = cupy.cuda.Event(disable_timing=True)
+        self._pending = False
+
+    def run(self, fn) -> None:
+        self._fork.record(self.main)
+        self.stream.wait_event(self._fork)
+        with self.stream:
+            fn()
+        self._pending = True
+
+    def join(self) -> None:
+        if self._pending:
+            self._done.record(self.stream)
+            self.main.wait_event(self._done)
+            self._pending = False

@@ -8,17 +8,19 @@ from ..kernels import sgd_update
 
 class SGD:
     """PyTorch's torch.optim.SGD rule with momentum (plain or Nesterov) and weight decay, lr read
-    from device memory; then ema += (1 - ema_decay) * (params - ema) when ema_decay is given."""
+    from device memory (``lr``, (1,)); then ema += (1 - ema_decay) * (params - ema) when the model
+    keeps a moving average (``ema`` not None). Every buffer is flat, of the same layout."""
 
-    def __init__(self, momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-                 ema_decay: float | None = None):
+    def __init__(self, stream, params, grads, velocity, lr, ema=None, *, momentum: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False, ema_decay: float | None = None):
+        self.stream, self.params, self.grads, self.velocity, self.lr, self.ema = stream, params, grads, velocity, lr, ema
         self.momentum, self.weight_decay = float(momentum), float(weight_decay)
         self.nesterov, self.ema_decay = bool(nesterov), ema_decay
 
-    def __call__(self, model) -> None:
-        with model.stream:
-            sgd_update(model.params, model.grads, model.velocity, model.lr_dev, self.momentum, self.weight_decay,
-                       self.nesterov, model.ema, self.ema_decay or 0.0)
+    def __call__(self) -> None:
+        with self.stream:
+            sgd_update(self.params, self.grads, self.velocity, self.lr, self.momentum, self.weight_decay,
+                       self.nesterov, self.ema, self.ema_decay or 0.0)
 
     def describe(self) -> list[dict]:
         what = ("nesterov " if self.nesterov else "") + ("+ ema" if self.ema_decay else "")

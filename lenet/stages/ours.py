@@ -114,21 +114,30 @@ def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg
     return run
 
 
-def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None):
-    """A zero-argument launch of the stage's backward and of the reduction of its partial sums, on
-    ``stream``."""
+def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
+                      side=None):
+    """A zero-argument launch of the stage's backward on ``stream``, then the reduction of its partial
+    sums: on ``side`` (a lenet.ops.context.SideStream, Note [side stream]) when given, else on
+    ``stream``. A grid of one block writes dw and db itself, and no reduction runs."""
     name, threads = ks.backward[cand.version]
     fn, reduce, grid = kernel("stage", name), kernel("stage", "stage_reduce_kernel"), cand.grid(n)
     if part.shape[0] < grid:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid}")
-    args = (x, arg, dy, part, np.int32(n)) if dx is None else (x, w, arg, dy, dx, part, np.int32(n))
+    args = ((x, arg, dy, part, dw, db, np.int32(n)) if dx is None else
+            (x, w, arg, dy, dx, part, dw, db, np.int32(n)))
     red = (part, dw, db, np.int32(grid), np.int32(ks.mw), np.int32(ks.mb))
     red_grid = -(-ks.width // 32)
+
+    def summed():
+        reduce((red_grid,), (256,), red)
 
     def run():
         with stream:
             fn((grid,), (threads,), args)
-            reduce((red_grid,), (256,), red)
+            if grid > 1 and side is None:
+                summed()
+        if grid > 1 and side is not None:
+            side.run(summed)
     return run
 
 
@@ -285,10 +294,17 @@ class OursStage:
         arg = own["arg"][:n]
 
         def fwd_of(c):
-            return forward_launcher(ks, c, n, handle.stream, t.x, t.w, t.b, t.y, arg)
+            run = forward_launcher(ks, c, n, handle.stream, t.x, t.w, t.b, t.y, arg)
+            return run, run
 
         def bwd_of(c):
-            return backward_launcher(ks, c, n, handle.stream, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx)
+            run = backward_launcher(ks, c, n, handle.stream, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx,
+                                    ctx.side)
+
+            def timed():   # what the step waits for before its update: the side stream's part too
+                run()
+                ctx.side.join()
+            return run, timed
 
         if stored is not None:
             fwds, bwds = [Forward(*stored["fwd"])], [Backward(*stored["bwd"])]
@@ -304,10 +320,10 @@ class OursStage:
                 if why is not None:
                     dropped.append(f"{c.name} {why}")
                     continue
-                run = launcher(c)
+                run, timed = launcher(c)
                 if d == "bwd" and "fwd" in chosen:
                     chosen["fwd"][1]()   # the backward reads what the chosen forward leaves (the argmax)
-                ms = time_launcher(run, handle.stream, graph=ctx.captured) if len(cands) > 1 else None
+                ms = time_launcher(timed, handle.stream, graph=ctx.captured) if len(cands) > 1 else None
                 if best is None or (ms is not None and ms < best[2]):
                     best = (c, run, ms if ms is not None else math.inf, err, ties)
             if best is None:
