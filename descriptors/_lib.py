@@ -84,7 +84,6 @@ PROTOTYPES: dict[str, tuple[object, list]] = {
     "cudnnConvolutionForward": (_i, [_p, _p, _p, _p, _p, _p, _p, _i, _p, c_size_t, _p, _p, _p]),
     "cudnnConvolutionBackwardData": (_i, [_p, _p, _p, _p, _p, _p, _p, _i, _p, c_size_t, _p, _p, _p]),
     "cudnnConvolutionBackwardFilter": (_i, [_p, _p, _p, _p, _p, _p, _p, _i, _p, c_size_t, _p, _p, _p]),
-    "cudnnConvolutionBackwardBias": (_i, [_p, _p, _p, _p, _p, _p, _p]),
     "cudnnConvolutionBiasActivationForward":
         (_i, [_p, _p, _p, _p, _p, _p, _p, _i, _p, c_size_t, _p, _p, _p, _p, _p, _p, _p, _p]),
     # pooling

@@ -144,15 +144,6 @@ class ConvolutionDescriptor(CudnnObject):
                   y=y_desc.shape, algo=a, activation=act.mode.name)
 
 
-def backward_bias(handle, dy_desc: TensorDescriptor, dy, db_desc: TensorDescriptor, db,
-                  alpha: float = 1.0, beta: float = 0.0) -> None:
-    """db = alpha * sum of dy over N, H, W + beta * db (db is (1, C, 1, 1))."""
-    dev = handle.device_id
-    pdy, pdb = dy_desc.check(dy, "dy", dev), db_desc.check(db, "db", dev)
-    _lib.call("cudnnConvolutionBackwardBias", handle.ptr, _lib.scalar(alpha, db_desc.dtype), dy_desc.ptr,
-              pdy, _lib.scalar(beta, db_desc.dtype), db_desc.ptr, pdb, dy=dy_desc.shape, db=db_desc.shape)
-
-
 def _algo_ws(algo, workspace) -> tuple[int, int, int]:
     need = getattr(algo, "workspace_bytes", 0)
     a = int(getattr(algo, "algo", algo))

@@ -321,13 +321,13 @@ class GraphEngine:
         pack = g.pack({r: arrays[r] for r in g.roles}, handle.device_id)   # checked once, here
         ep = _epilogue(spec) if (spec.epilogue and not cand.fused) else None
         if ep is None:
-            return lambda: g.run_packed(plan, pack, workspace, handle)
+            return lambda: g.run(plan, pack, workspace, handle)
         a = arrays
         finish = (lambda: ep.bias_relu(handle, a["b"], a["y"])) if spec.epilogue == "bias_relu" else \
             (lambda: ep.drelu(handle, a["act"], a["dx"]))
 
         def run():
-            g.run_packed(plan, pack, workspace, handle)
+            g.run(plan, pack, workspace, handle)
             finish()
         return run
 

@@ -4,7 +4,7 @@ arrays that are checked against the graph's tensors first.
 
     g = ConvGraph(handle, Direction.FORWARD, (64, 1, 28, 28), (6, 1, 5, 5), fuse="bias_relu")
     [(p.index, p.name, p.workspace_bytes) for p in g.plans]
-    g.run(g.plans[0], {"x": x, "w": w, "b": b, "y": y}, workspace)
+    g.run(g.plans[0], g.pack({"x": x, "w": w, "b": b, "y": y}), workspace, handle)
 
 Note [graph API frontend]: nvidia-cudnn-frontend 1.28 is pinned (1.29 and later require
 nvidia-cutlass-dsl and apache-tvm-ffi). The frontend brings no libcudnn of its own: it
@@ -340,17 +340,10 @@ class ConvGraph(Owned):
         f32 = data_type("float32")
         return {self._uids[r]: check_array(arrays[r], r, self.shapes[r], f32, device_id) for r in self.roles}
 
-    def run(self, plan: GraphPlan, arrays: dict, workspace=None, handle=None) -> None:
-        """Execute ``plan`` on ``arrays`` (role -> CuPy array) with ``workspace`` (a Workspace).
-
-        ``handle`` (default: the one the graph was built with) picks the stream.
-        """
+    def run(self, plan: GraphPlan, pack: dict[int, int], workspace, handle) -> None:
+        """Execute ``plan`` on a pack from ``pack()`` (the arrays checked once, run many times) with
+        ``workspace`` (a Workspace, or None) on ``handle``'s stream."""
         self._check_open()
-        h = handle if handle is not None else self._handle
-        self.run_packed(plan, self.pack(arrays, h.device_id), workspace, h)
-
-    def run_packed(self, plan: GraphPlan, pack: dict[int, int], workspace, handle) -> None:
-        """Execute with a pack from ``pack()`` (checked once, run many times: the step's path)."""
         size = workspace.size if workspace is not None else 0
         if plan.workspace_bytes > size:
             raise ValueError(f"graph plan {plan.name} needs a workspace of {plan.workspace_bytes} bytes, "

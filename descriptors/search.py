@@ -1,8 +1,14 @@
 """One search for every convolution direction: every engine's candidates in one table, timed
 the same way, checked against an exact reference, cached; and the chunk size chosen by timing.
 
-    choice = choose(handle, ConvSpec("bwd-filter", 65536, (1, 28, 28), (6, 1, 5, 5)), policy)
+    search = Search(store=None)    # one per model: its tables, choices and the store of choices
+    choice = search.choose(handle, ConvSpec("bwd-filter", 65536, (1, 28, 28), (6, 1, 5, 5)), policy)
     choice.chunk, choice.ms, [(start, count, t.candidate.label) for start, count, t in choice.calls()]
+
+Note [search state]: what a search learns (the timed tables, the choices, the verdicts of other
+planners kept in ``memo``) and the store of choices across processes belong to one Search object,
+which a model owns: two models in one process do not share a store or a cache, and a model's
+search state goes with it.
 
 Note [exact candidates]: every candidate runs on the same random operands as an exact
 reference (the descriptor API's implicit GEMM / algo_1 in FMA float32, ~1e-6 of float64),
@@ -29,7 +35,7 @@ say is fastest (``policy.chunk`` fixes it). Each chunk size has its own candidat
 remainder runs its own best candidate.
 
 Note [stored choices]: a search times candidates (0.3 to 1 s for LeNet's step at batch 64,
-minutes at 65536). ``set_store(store)`` gives choose() a persistent store (lenet/plancache.py
+minutes at 65536). ``Search(store)`` gives choose() a persistent store (lenet/plancache.py
 keeps one on disk): a choice found there is checked against what the engines offer now (its
 candidate must still be listed for the same spec and policy) and used without timing; a
 choice searched for is put there. The store's key holds everything a choice depends on: the
@@ -103,22 +109,6 @@ def _policy_key(policy: AlgoPolicy, direction: str) -> tuple:
             policy.allow_winograd, policy.allow_tf32)
 
 
-_tables: dict = {}
-_choices: dict = {}
-_store = None   # see Note [stored choices]
-
-
-def set_store(store) -> None:
-    """Use ``store`` (``get(op: dict) -> dict | None``, ``put(op: dict, value: dict)``) for choices
-    across processes; None: none (see Note [stored choices])."""
-    global _store
-    _store = store
-
-
-def get_store():
-    return _store
-
-
 def _op_key(spec: ConvSpec, policy: AlgoPolicy, fused: bool, captured: bool) -> dict:
     return {"spec": dataclasses.asdict(spec), "policy": list(_policy_key(policy, spec.direction)),
             "chunk_policy": policy.chunk, "fused": fused, "captured": captured}
@@ -157,24 +147,6 @@ def _still_offered(handle, choice: ConvChoice, policy: AlgoPolicy, fused: bool) 
         if not ENGINES[c.engine].offers(handle, choice.spec.at(count), c, policy, fused):
             return False
     return True
-
-
-def _recall(handle, spec, policy, fused, captured) -> ConvChoice | None:
-    if _store is None:
-        return None
-    v = _store.get(_op_key(spec, policy, fused, captured))
-    if v is None:
-        return None
-    try:
-        choice = _decode(spec, v)
-    except (KeyError, TypeError, ValueError):
-        return None
-    return choice if _still_offered(handle, choice, policy, fused) else None
-
-
-def clear_cache() -> None:
-    _tables.clear()
-    _choices.clear()
 
 
 def _operands(spec: ConvSpec) -> dict:
@@ -234,72 +206,6 @@ def _unsupported_message(spec, policy, choice, cands, excluded) -> str:
             f"{spec.stride}, dilation {spec.dilation} (engine {policy.engine}); supported here: {listed}")
 
 
-def table(handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True, captured: bool = True) -> list[Timed]:
-    """The timed candidates for ``spec`` under ``policy``, fastest first (cached).
-
-    heuristic: each engine's first candidate that runs and is exact; exhaustive: all of them;
-    a fixed name: that algorithm or plan. ``fused`` lets candidates fuse their epilogue;
-    ``captured`` times them as a CUDA-graph step runs them (else as eager launches).
-    Raises AlgorithmNotSupportedError when nothing fits.
-    """
-    key = (handle.device_id, spec, _policy_key(policy, spec.direction), fused, captured)
-    hit = _tables.get(key)
-    if hit is not None:
-        return hit
-    choice, fixed = policy.choice(spec.direction), policy.fixed(spec.direction)
-    cands, excluded = [], {}
-    for engine in engines_for(policy):
-        c, ex = engine.candidates(handle, spec, policy, fused)
-        cands += c
-        excluded.update(ex)
-    if fixed:
-        named = [c for c in cands if c.name == choice]
-        if not named:
-            raise AlgorithmNotSupportedError(_unsupported_message(spec, policy, choice, cands, excluded))
-        cands = named
-    if not cands:
-        raise AlgorithmNotSupportedError(
-            f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "
-            + ("; ".join(f"{k} {v}" for k, v in list(excluded.items())[:6]) or "none listed"))
-
-    arrays = _operands(spec)
-    ref = reference(handle, spec, arrays)
-    out = arrays[spec.output]
-    ws = Workspace(max(c.workspace_bytes for c in cands))
-    tol, stream = tolerance(policy), handle.stream
-    timed, dropped, done, best = [], {}, set(), math.inf
-    reproducible = choice == "heuristic" and policy.deterministic   # see Note [reproducible choices]
-    for c in cands:
-        if (choice == "heuristic" and c.engine in done) or (reproducible and timed):
-            continue
-        with stream:
-            out.fill(float("nan"))   # an output the candidate does not write cannot pass
-        try:
-            run = ENGINES[c.engine].bind(handle, spec, c, arrays, ws)
-            ms = time_launcher(run, stream, graph=captured, cutoff_ms=3 * best if best < math.inf else None)
-        except CudnnError as e:
-            if e.is_not_supported or e.is_alloc_failure or e.is_execution_failure:   # Note [algorithm fallback]
-                dropped[c.label] = e.status_name
-                continue
-            raise
-        err = distance(out, ref)
-        if not fixed and not err <= tol:   # NaN fails too
-            dropped[c.label] = f"is {err:.1e} from the exact reference (bound {tol:.0e}; see Note [exact candidates])"
-            continue
-        timed.append(Timed(c, ms, err))
-        best = min(best, ms)
-        done.add(c.engine)
-    del arrays, out, ref, ws
-    if not timed:
-        raise AlgorithmNotSupportedError(
-            f"no {spec.direction} candidate ran for {spec} under {policy}: "
-            + "; ".join(f"{k} {v}" for k, v in list(dropped.items())[:6]))
-    if not reproducible:
-        timed.sort(key=lambda t: t.ms)
-    _tables[key] = timed
-    return timed
-
-
 def chunk_sizes(n: int, forced: int | None = None, reproducible: bool = False) -> list[int]:
     """The chunk sizes a batch of n may run in (see Note [chunks] and Note [reproducible choices])."""
     if forced is not None:
@@ -322,43 +228,138 @@ def choose_chunk(n: int, sizes, cost) -> tuple[int, float]:
     return best
 
 
-def choose(handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True, captured: bool = True) -> ConvChoice:
-    """How to run ``spec`` (a whole batch): the candidate and chunk size with the least time (cached)."""
-    key = (handle.device_id, spec, _policy_key(policy, spec.direction), policy.chunk, fused, captured)
-    hit = _choices.get(key) or _recall(handle, spec, policy, fused, captured)   # Note [stored choices]
-    if hit is not None:
-        _choices[key] = hit
-        return hit
-    import cupy
+class Search:
+    """One model's search (Note [search state]): timed tables and choices per convolution, ``memo`` for
+    what other planners learn (pooling times, our kernels' checks), and ``store``, the choices kept
+    across processes (Note [stored choices]; ``get(op: dict) -> dict | None``, ``put(op, value)``,
+    ``flush()``), or None."""
 
-    n, first_error = spec.n, []
+    def __init__(self, store=None):
+        self.store = store
+        self.tables: dict = {}
+        self.choices: dict = {}
+        self.memo: dict = {}
 
-    def best_at(c):
-        return table(handle, spec.at(c), policy, fused=fused, captured=captured)[0]
+    def clear(self) -> None:
+        self.tables.clear()
+        self.choices.clear()
+        self.memo.clear()
 
-    def cost(c):
-        try:
-            full = best_at(c)
-            rest = best_at(n % c) if n % c else None
-        except (AlgorithmNotSupportedError, cupy.cuda.memory.OutOfMemoryError) as e:
-            first_error.append(e)
+    def _recall(self, handle, spec, policy, fused, captured) -> ConvChoice | None:
+        if self.store is None:
             return None
-        return (n // c) * full.ms + (rest.ms if rest else 0.0)
+        v = self.store.get(_op_key(spec, policy, fused, captured))
+        if v is None:
+            return None
+        try:
+            choice = _decode(spec, v)
+        except (KeyError, TypeError, ValueError):
+            return None
+        return choice if _still_offered(handle, choice, policy, fused) else None
 
-    reproducible = policy.choice(spec.direction) == "heuristic" and policy.deterministic
-    try:
-        chunk, ms = choose_chunk(n, chunk_sizes(n, policy.chunk, reproducible), cost)
-    except AlgorithmNotSupportedError:
-        raise first_error[0] from None
-    c = policy.choice(spec.direction)
-    result = ConvChoice(spec, chunk, best_at(chunk), best_at(n % chunk) if n % chunk else None, ms,
-                        c if c in ("heuristic", "exhaustive") else "fixed")
-    _choices[key] = result
-    if _store is not None:
-        _store.put(_op_key(spec, policy, fused, captured), _encode(result))
-    return result
+    def table(self, handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True,
+              captured: bool = True) -> list[Timed]:
+        """The timed candidates for ``spec`` under ``policy``, fastest first (cached).
+
+        heuristic: each engine's first candidate that runs and is exact; exhaustive: all of them;
+        a fixed name: that algorithm or plan. ``fused`` lets candidates fuse their epilogue;
+        ``captured`` times them as a CUDA-graph step runs them (else as eager launches).
+        Raises AlgorithmNotSupportedError when nothing fits.
+        """
+        key = (handle.device_id, spec, _policy_key(policy, spec.direction), fused, captured)
+        hit = self.tables.get(key)
+        if hit is not None:
+            return hit
+        choice, fixed = policy.choice(spec.direction), policy.fixed(spec.direction)
+        cands, excluded = [], {}
+        for engine in engines_for(policy):
+            c, ex = engine.candidates(handle, spec, policy, fused)
+            cands += c
+            excluded.update(ex)
+        if fixed:
+            named = [c for c in cands if c.name == choice]
+            if not named:
+                raise AlgorithmNotSupportedError(_unsupported_message(spec, policy, choice, cands, excluded))
+            cands = named
+        if not cands:
+            raise AlgorithmNotSupportedError(
+                f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "
+                + ("; ".join(f"{k} {v}" for k, v in list(excluded.items())[:6]) or "none listed"))
+
+        arrays = _operands(spec)
+        ref = reference(handle, spec, arrays)
+        out = arrays[spec.output]
+        ws = Workspace(max(c.workspace_bytes for c in cands))
+        tol, stream = tolerance(policy), handle.stream
+        timed, dropped, done, best = [], {}, set(), math.inf
+        reproducible = choice == "heuristic" and policy.deterministic   # see Note [reproducible choices]
+        for c in cands:
+            if (choice == "heuristic" and c.engine in done) or (reproducible and timed):
+                continue
+            with stream:
+                out.fill(float("nan"))   # an output the candidate does not write cannot pass
+            try:
+                run = ENGINES[c.engine].bind(handle, spec, c, arrays, ws)
+                ms = time_launcher(run, stream, graph=captured, cutoff_ms=3 * best if best < math.inf else None)
+            except CudnnError as e:
+                if e.is_not_supported or e.is_alloc_failure or e.is_execution_failure:   # Note [algorithm fallback]
+                    dropped[c.label] = e.status_name
+                    continue
+                raise
+            err = distance(out, ref)
+            if not fixed and not err <= tol:   # NaN fails too
+                dropped[c.label] = f"is {err:.1e} from the exact reference (bound {tol:.0e}; see Note [exact candidates])"
+                continue
+            timed.append(Timed(c, ms, err))
+            best = min(best, ms)
+            done.add(c.engine)
+        del arrays, out, ref, ws
+        if not timed:
+            raise AlgorithmNotSupportedError(
+                f"no {spec.direction} candidate ran for {spec} under {policy}: "
+                + "; ".join(f"{k} {v}" for k, v in list(dropped.items())[:6]))
+        if not reproducible:
+            timed.sort(key=lambda t: t.ms)
+        self.tables[key] = timed
+        return timed
+
+    def choose(self, handle, spec: ConvSpec, policy: AlgoPolicy, *, fused: bool = True,
+               captured: bool = True) -> ConvChoice:
+        """How to run ``spec`` (a whole batch): the candidate and chunk size with the least time (cached)."""
+        key = (handle.device_id, spec, _policy_key(policy, spec.direction), policy.chunk, fused, captured)
+        hit = self.choices.get(key) or self._recall(handle, spec, policy, fused, captured)   # Note [stored choices]
+        if hit is not None:
+            self.choices[key] = hit
+            return hit
+        import cupy
+
+        n, first_error = spec.n, []
+
+        def best_at(c):
+            return self.table(handle, spec.at(c), policy, fused=fused, captured=captured)[0]
+
+        def cost(c):
+            try:
+                full = best_at(c)
+                rest = best_at(n % c) if n % c else None
+            except (AlgorithmNotSupportedError, cupy.cuda.memory.OutOfMemoryError) as e:
+                first_error.append(e)
+                return None
+            return (n // c) * full.ms + (rest.ms if rest else 0.0)
+
+        reproducible = policy.choice(spec.direction) == "heuristic" and policy.deterministic
+        try:
+            chunk, ms = choose_chunk(n, chunk_sizes(n, policy.chunk, reproducible), cost)
+        except AlgorithmNotSupportedError:
+            raise first_error[0] from None
+        c = policy.choice(spec.direction)
+        result = ConvChoice(spec, chunk, best_at(chunk), best_at(n % chunk) if n % chunk else None, ms,
+                            c if c in ("heuristic", "exhaustive") else "fixed")
+        self.choices[key] = result
+        if self.store is not None:
+            self.store.put(_op_key(spec, policy, fused, captured), _encode(result))
+        return result
 
 
-__all__ = ["Timed", "ConvChoice", "table", "choose", "choose_chunk", "chunk_sizes", "clear_cache", "tolerance",
-           "set_store", "get_store",
+__all__ = ["Search", "Timed", "ConvChoice", "choose_chunk", "chunk_sizes", "tolerance",
            "CHUNK_SIZES", "EXACT_RTOL", "WINOGRAD_RTOL", "TF32_RTOL"]

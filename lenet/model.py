@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from descriptors import ActivationDescriptor, AlgoPolicy, Handle, PoolingDescriptor, Workspace
+from descriptors import ActivationDescriptor, AlgoPolicy, Handle, PoolingDescriptor, Search, Workspace
 
 from . import params as P
 from .blas import Blas, LazyLt, LtMatmul
@@ -156,12 +156,14 @@ class LeNet:
         self.cuda_graph, self.fused = bool(cuda_graph), bool(fused)
         self.handle = Handle(stream)
         self.stream = self.handle.stream
-        # The on-disk store of choices (lenet/plancache.py): True for the default file, or a path.
+        # The on-disk store of choices (lenet/plancache.py): True for the default file, or a path. The
+        # search's tables, choices and this store are the model's own (Note [search state]).
         self.plan_cache = None
         if plan_cache:
             from . import plancache
 
-            self.plan_cache = plancache.install(self.handle, path=None if plan_cache is True else plan_cache)
+            self.plan_cache = plancache.open_cache(self.handle, path=None if plan_cache is True else plan_cache)
+        self.search = Search(self.plan_cache)
         self.workspace = Workspace()
         with self.stream:
             self.blas = Blas(self.stream)
@@ -235,8 +237,8 @@ class LeNet:
             return step
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
-        ctx = PlanContext(self.handle, self.policy, self.workspace, self.blas, self.ones, self.lazy_lt, self.pool,
-                          self.relu, self.side, self.fused, self.cuda_graph)
+        ctx = PlanContext(self.handle, self.policy, self.search, self.workspace, self.blas, self.ones, self.lazy_lt,
+                          self.pool, self.relu, self.side, self.fused, self.cuda_graph)
         loss = self.loss_op.plan(n)
         step = Step(n, [s.plan(ctx, n) for s in self.stages], self.head.plan(ctx, n, loss), loss, self.side)
         self.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]

@@ -129,13 +129,9 @@ class PlanCache:
         return {"path": str(self.path), "hits": self.hits, "misses": self.misses, "searched": self.searched}
 
 
-def install(handle, enabled: bool = True, path=None) -> PlanCache | None:
-    """Make the plan cache the search's store (descriptors.search.set_store); None when disabled."""
-    from descriptors import search
-
+def open_cache(handle, enabled: bool = True, path=None) -> PlanCache | None:
+    """The plan cache for the GPU and libraries of ``handle`` (a model's search keeps it as its store:
+    descriptors.search.Search), or None when disabled."""
     if not enabled:
-        search.set_store(None)
         return None
-    cache = PlanCache(path or default_path(), current_environment(handle))
-    search.set_store(cache)
-    return cache
+    return PlanCache(path or default_path(), current_environment(handle))

@@ -60,11 +60,9 @@ def main():
     import gc
 
     import descriptors
-    from lenet import stages
 
-    del m
+    del m   # the model's search goes with it (Note [search state])
     descriptors.clear_caches()
-    stages.clear_caches()
     gc.collect()
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()

@@ -89,8 +89,10 @@ def main():
     ap.add_argument("--data-dir", default="data/fashion-mnist")
     ap.add_argument("--recipe", action="append", default=[], help="a name from RECIPES or NAME='FLAGS'")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--torch", action="store_true", help="also run scripts/torch_train.py on each recipe")
-    ap.add_argument("--torch-only", action="store_true", help="run scripts/torch_train.py only")
+    ap.add_argument("--torch", action="store_true",
+                    help="also run scripts/torch_train.py --cuda-graph (PyTorch's fastest loop) on each recipe")
+    ap.add_argument("--torch-only", action="store_true", help="run scripts/torch_train.py --cuda-graph only")
+    ap.add_argument("--torch-eager", action="store_true", help="also run scripts/torch_train.py as a plain loop")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--warm", action="store_true",
                     help="run each recipe once per trainer, untimed, first: the timed runs find the plan cache and "
@@ -110,11 +112,14 @@ def main():
     rows = []
     for name, flags in recipes:
         whos = ["torch"] if args.torch_only else ["ours", "torch"] if args.torch else ["ours"]
+        whos += ["torch eager"] if args.torch_eager else []
 
         def command(who: str, tmp: str, seed: int) -> list[str]:
             base = ["--data-dir", args.data_dir, "--seed", str(seed), *shlex.split(flags)]
-            return ([sys.executable, "-m", "lenet.train", "--quiet", "--out", tmp, *base] if who == "ours"
-                    else [sys.executable, str(ROOT / "scripts" / "torch_train.py"), *base])
+            if who == "ours":
+                return [sys.executable, "-m", "lenet.train", "--quiet", "--out", tmp, *base]
+            return [sys.executable, str(ROOT / "scripts" / "torch_train.py"), *base,
+                    *(["--cuda-graph"] if who == "torch" else [])]
 
         for who in whos if args.warm else []:
             with tempfile.TemporaryDirectory() as tmp:

@@ -64,7 +64,7 @@ def test_every_exact_plan_against_torch(handle, torch_ref, n, layer, direction, 
     errors = {}
     for p in g.plans:
         out.fill(np.nan)
-        g.run(p, a, ws_)
+        g.run(p, g.pack(a), ws_, handle)
         handle.stream.synchronize()
         errors[p.name] = np.linalg.norm(out.get() - ref) / np.linalg.norm(ref)
     exact = {k: e for k, e in errors.items() if e <= EXACT_RTOL}
@@ -87,7 +87,7 @@ def test_tf32_plans_within_their_bound(handle, torch_ref):
     ws = D.Workspace(max(p.workspace_bytes for p in g.plans))
     worst = 0.0
     for p in g.plans:
-        g.run(p, a, ws)
+        g.run(p, g.pack(a), ws, handle)
         handle.stream.synchronize()
         worst = max(worst, np.linalg.norm(a["y"].get() - ref) / np.linalg.norm(ref))
     assert worst <= TF32_RTOL, worst
@@ -101,11 +101,10 @@ def test_chunked_direction_against_torch(handle, torch_ref, direction, epilogue,
     # a chunked weight gradient sums per-chunk partials (Note [chunked weight gradient]).
     import cupy
 
-    from descriptors.search import choose
     from lenet.blas import Blas
     from lenet.ops.conv import BoundConv
     spec = D.ConvSpec(direction, 2500, *LAYERS["conv2"], epilogue=epilogue)
-    choice = choose(handle, spec, D.AlgoPolicy(engine=engine, chunk=1024))
+    choice = D.Search().choose(handle, spec, D.AlgoPolicy(engine=engine, chunk=1024))
     assert [(s, k) for s, k, _ in choice.calls()] == [(0, 1024), (1024, 1024), (2048, 452)]
     g = ConvGraph(None, direction, spec.x_shape, spec.w, fuse=epilogue)   # shapes and roles, no plans
     a = _inputs(g, 5)
@@ -125,17 +124,18 @@ def test_graph_errors_name_the_problem(handle):
     g = ConvGraph(handle, "fwd", (4, 1, 28, 28), (6, 1, 5, 5))
     a = _inputs(g)
     with pytest.raises(ValueError, match=r"x has shape \(2, 1, 28, 28\), the descriptor wants \(4, 1, 28, 28\)"):
-        g.run(g.plans[0], {**a, "x": a["x"][:2]}, D.Workspace(1 << 20))
+        g.pack({**a, "x": a["x"][:2]})
     with pytest.raises(ValueError, match="missing w"):
-        g.run(g.plans[0], {"x": a["x"], "y": a["y"]}, D.Workspace(1 << 20))
+        g.pack({"x": a["x"], "y": a["y"]})
     with pytest.raises(ValueError, match="y must be a CuPy array"):
-        g.run(g.plans[0], {**a, "y": a["y"].get()}, D.Workspace(1 << 20))
+        g.pack({**a, "y": a["y"].get()})
     big = [p for p in g.plans if p.workspace_bytes > 0]
     if big:
         with pytest.raises(ValueError, match="needs a workspace of"):
-            g.run(big[0], a, D.Workspace(1))
+            g.run(big[0], g.pack(a), D.Workspace(1), handle)
     with pytest.raises(ValueError, match="x has 2 channels, w expects 1"):
         ConvGraph(handle, "fwd", (4, 2, 28, 28), (6, 1, 5, 5))
+    pack = g.pack(a)
     g.close()
     with pytest.raises(ValueError, match="closed"):
-        g.run(g.plans[0], a, D.Workspace(1 << 20))
+        g.run(g.plans[0], pack, D.Workspace(1 << 20), handle)

@@ -147,8 +147,8 @@ def test_parity_every_fixed_combination(torch_ref, models, n):
 def test_parity_every_graph_plan(torch_ref, models, n):
     # Each exact graph plan both layers build (Note [exact candidates]), named as train_step prints
     # it, one direction at a time.
-    from descriptors.search import table
     model = models[n]
+    table = model.search.table
     specs = [s.spec for s in model.stages]
     tried = 0
     for d, field, epilogue in (("fwd", "fwd", "bias_relu"), ("bwd-data", "bwd_data", "drelu"),

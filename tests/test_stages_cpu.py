@@ -18,8 +18,8 @@ CONV2 = StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True)
 
 
 def ctx(policy=None, fused=True):
-    return PlanContext(handle=None, policy=policy or AlgoPolicy(), workspace=None, blas=None, ones=None, lt=None,
-                       pool=None, relu=None, side=None, fused=fused, captured=True)
+    return PlanContext(handle=None, policy=policy or AlgoPolicy(), search=None, workspace=None, blas=None, ones=None,
+                       lt=None, pool=None, relu=None, side=None, fused=fused, captured=True)
 
 
 def test_one_registry_names_every_engine():

@@ -98,14 +98,14 @@ def test_the_search_check_passes_ours_and_catches_a_wrong_decision():
     from descriptors import Handle
     from lenet.stages import check, ours
     h = Handle()
-    engine = ours.OursStage()
+    engine, memo = ours.OursStage(), {}
     for spec in _specs():
         ks = ours.KERNELS[(spec.x, spec.w, spec.dx)]
         fwd, bwd = engine.candidates(spec, AlgoPolicy.parse("exhaustive"))
         for cand in fwd + bwd:
-            err, ties, why = engine.check(h, spec, cand)
+            err, ties, why = engine.check(memo, h, spec, cand)
             assert why is None and err < 1e-5, (spec.name, cand, err, why)
-        ref = engine._reference(h, spec)
+        ref = engine._reference(memo, h, spec)
         m = ref.x.shape[0]
         y, arg = cupy.empty_like(ref.y), cupy.empty_like(ref.arg)
         ours.forward_launcher(ks, fwd[0], m, h.stream, ref.x, ref.w, ref.b, y, arg)()

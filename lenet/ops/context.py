@@ -8,13 +8,15 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class PlanContext:
     """The cuDNN handle (its stream is the model's), the policy that filters and chooses candidates,
-    the workspace every convolution shares, cuBLAS (with a vector of ones for its sums), cuBLASLt (made
+    the model's search (descriptors.search.Search: its caches and its store of choices), the workspace
+    every convolution shares, cuBLAS (with a vector of ones for its sums), cuBLASLt (made
     on first use), cuDNN's pooling and ReLU descriptors, the side stream, and how the step will run:
     ``fused`` lets operations fuse, ``captured`` times candidates as a CUDA graph runs them (else as
     eager launches)."""
 
     handle: object
     policy: object
+    search: object
     workspace: object
     blas: object
     ones: object

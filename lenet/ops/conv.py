@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from descriptors.engines import BATCH_ROLES, ENGINES
-from descriptors.search import ConvChoice, choose
+from descriptors.search import ConvChoice
 
 
 class BoundConv:
@@ -84,7 +84,7 @@ class PlannedConv:
 
     def __init__(self, ctx, name: str, conv, n: int, *, x, w, b, y, dy, dw, db, dx=None, act=None, bias_scratch):
         self.name, self.n = name, n
-        h, pol, ws = ctx.handle, ctx.policy, ctx.workspace
+        h, pol, ws, choose = ctx.handle, ctx.policy, ctx.workspace, ctx.search.choose
         kw = dict(fused=ctx.fused, captured=ctx.captured)
         b4 = b.reshape(1, -1, 1, 1)
         self.forward = BoundConv(h, choose(h, conv("fwd", n, "bias_relu"), pol, **kw),

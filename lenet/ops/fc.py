@@ -18,7 +18,9 @@ lenet/ops/context.py) in place of six to eight library launches and the loss's, 
 microseconds at small batches. Under --engine auto both run at plan time and the faster wins (each
 timed as the step runs it, the loss included); --engine ours takes ours, --engine legacy|graph the
 cuBLAS path; with --deterministic and the heuristic policy, ours by rule. Ours takes G images per
-block iteration, G a candidate timed like a stage's launch shape.
+block iteration, G a candidate timed like a stage's launch shape. The choice is stored with the
+search's other choices (Note [stored choices] in descriptors/search.py): a later run with the same
+key builds it without timing.
 """
 
 from __future__ import annotations
@@ -79,24 +81,40 @@ class FullyConnected:
         pol = ctx.policy
         if not ENGINES["ours"].serves(pol.engine) or not ctx.fused:
             return PlannedFullyConnected(self.t, ctx, n, loss)
+        store = ctx.search.store
+        op = {"head": "fc1+fc2", "n": n, "engine": pol.engine, "fwd": pol.choice("fwd"),
+              "deterministic": pol.deterministic, "captured": ctx.captured}
+        hit = store.get(op) if store is not None else None
+        if hit is not None and hit.get("engine") == "ours" and hit.get("group") in HEAD_GROUPS:
+            return self._ours(ctx, n, int(hit["group"]), hit.get("ms"))
+        if hit is not None and hit.get("engine") == "libraries" and pol.engine != ENGINES["ours"].name:
+            return PlannedFullyConnected(self.t, ctx, n, loss)
         libs = None if pol.engine == ENGINES["ours"].name else PlannedFullyConnected(self.t, ctx, n, loss)
         groups = HEAD_GROUPS[:1] if pol.choice("fwd") == "heuristic" else HEAD_GROUPS
         reproducible = pol.deterministic and pol.choice("fwd") == "heuristic"
+        best = None
+        for g in groups:
+            cand = self._ours(ctx, n, g)
+            ms = cand.time(ctx) if (len(groups) > 1 or (libs is not None and not reproducible)) else None
+            if best is None or (ms is not None and ms < best[0]):
+                best = (ms if ms is not None else math.inf, cand)
+        win = best[1]
+        if libs is not None and not reproducible and OursHead.time_plan(libs, ctx) < best[0]:
+            win = libs
+        if store is not None:
+            store.put(op, {"engine": "ours", "group": win.group, "ms": win.ms} if win is best[1] else
+                      {"engine": "libraries"})
+        return win
+
+    def _ours(self, ctx, n: int, group: int, ms: float | None = None) -> "OursHead":
         if self._part is None:
             import cupy
 
             self._part = cupy.empty((HEAD_BWD_BLOCKS_PER_SM * sm_count(), OursHead.WIDTH), cupy.float32)  # (blocks, width)
             self._sce = SoftmaxCE(HEAD_FWD_BLOCKS_PER_SM * sm_count())
-        best = None
-        for g in groups:
-            cand = OursHead(self.t, self.loss, ctx, n, g, self._part, self._sce)
-            ms = cand.time(ctx) if (len(groups) > 1 or (libs is not None and not reproducible)) else None
-            if best is None or (ms is not None and ms < best[0]):
-                best = (ms if ms is not None else math.inf, cand)
-        if libs is None or reproducible:
-            return best[1]
-        libs_ms = OursHead.time_plan(libs, ctx)
-        return best[1] if best[0] <= libs_ms else libs
+        head = OursHead(self.t, self.loss, ctx, n, group, self._part, self._sce)
+        head.ms = ms
+        return head
 
 
 class PlannedFullyConnected:

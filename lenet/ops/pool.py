@@ -12,20 +12,19 @@ and kept in the same persistent store (Note [stored choices] there). A single si
 from __future__ import annotations
 
 from descriptors import TensorDescriptor
-from descriptors.search import choose_chunk, chunk_sizes, get_store
+from descriptors.search import choose_chunk, chunk_sizes
 from descriptors.timing import time_launcher
 
 POOL_LIMIT = 32768
 
-_times: dict = {}
 
-
-def _time_at(handle, pool, chw: tuple, c: int, captured: bool) -> float | None:
-    """ms of forward + backward on c random images (cached); None above POOL_LIMIT."""
+def _time_at(search, handle, pool, chw: tuple, c: int, captured: bool) -> float | None:
+    """ms of forward + backward on c random images (kept in the search's memo); None above POOL_LIMIT."""
     if c > POOL_LIMIT:
         return None
     mode = pool.read()["mode"]
-    key = (handle.device_id, chw, c, mode, captured)
+    key = ("pool", handle.device_id, chw, c, mode, captured)
+    _times = search.memo
     if key not in _times:
         import cupy
 
@@ -43,19 +42,19 @@ def _time_at(handle, pool, chw: tuple, c: int, captured: bool) -> float | None:
     return _times[key]
 
 
-def _choose(handle, pool, chw: tuple, n: int, sizes: list, captured: bool) -> tuple[int, float | None]:
+def _choose(search, handle, pool, chw: tuple, n: int, sizes: list, captured: bool) -> tuple[int, float | None]:
     """(chunk, estimated ms for the whole batch, None when not timed)."""
     if len(sizes) == 1:
         return sizes[0], None
-    store, op = get_store(), {"pool": list(chw), "n": n, "sizes": list(sizes), "mode": pool.read()["mode"],
+    store, op = search.store, {"pool": list(chw), "n": n, "sizes": list(sizes), "mode": pool.read()["mode"],
                               "captured": captured}
     hit = store.get(op) if store is not None else None
     if hit is not None and hit.get("chunk") in sizes:
         return int(hit["chunk"]), hit.get("ms")
 
     def cost(c):
-        full = _time_at(handle, pool, chw, c, captured)
-        rest = _time_at(handle, pool, chw, n % c, captured) if n % c else 0.0
+        full = _time_at(search, handle, pool, chw, c, captured)
+        rest = _time_at(search, handle, pool, chw, n % c, captured) if n % c else 0.0
         return None if full is None or rest is None else (n // c) * full + rest
     chunk, ms = choose_chunk(n, sizes, cost)
     if store is not None:
@@ -75,7 +74,7 @@ class PlannedPool:
         sizes = chunk_sizes(n, pol.chunk, pol.deterministic and pol.fwd == "heuristic")
         if min(sizes) > POOL_LIMIT:       # a forced chunk above the limit: the largest that runs
             sizes = [POOL_LIMIT]
-        self.chunk, self.ms = _choose(h, pool, chw, n, sizes, ctx.captured)
+        self.chunk, self.ms = _choose(ctx.search, h, pool, chw, n, sizes, ctx.captured)
         descs = {}
         self._fwd, self._bwd = [], []
         for start in range(0, n, self.chunk):

@@ -24,7 +24,6 @@ stored choice names the engine and its candidates (Note [stored choices] there).
 from __future__ import annotations
 
 from descriptors.algorithms import AlgorithmNotSupportedError, Direction, register_engine
-from descriptors.search import get_store
 from descriptors.timing import time_forward_backward
 
 from .base import EnginePlan, StageEngine, StageSpec, StageTensors
@@ -35,12 +34,6 @@ ENGINES: dict[str, StageEngine] = {e.name: e for e in (OursStage(), CudnnStage()
 for _name, _engine in ENGINES.items():   # --engine NAME runs that engine alone; "cudnn" is named by its APIs
     if _name != "cudnn":
         register_engine(_name, getattr(_engine, "pins", None))
-
-
-def clear_caches() -> None:
-    """Forget what the stage engines keep across models (our check's references and verdicts)."""
-    for e in ENGINES.values():
-        e.clear()
 
 
 def warm(engine: str) -> None:
@@ -110,7 +103,7 @@ class Stage:
         if not engines:
             raise AlgorithmNotSupportedError(f"no engine runs stage {self.spec.name} under {ctx.policy}: "
                                              + "; ".join(f"{k} {v}" for k, v in why_not.items()))
-        store, op = get_store(), self._op(ctx, n)
+        store, op = ctx.search.store, self._op(ctx, n)
         hit = store.get(op) if store is not None else None
         if hit is not None:
             planned = self._recall(ctx, n, engines, hit, why_not)
@@ -155,4 +148,4 @@ class Stage:
         return PlannedStage(plan, times, why_not)
 
 
-__all__ = ["Stage", "StageSpec", "StageTensors", "PlannedStage", "ENGINES", "warm", "clear_caches"]
+__all__ = ["Stage", "StageSpec", "StageTensors", "PlannedStage", "ENGINES", "warm"]

@@ -96,8 +96,6 @@ class StageEngine(Protocol):
 
     def warm(self) -> None: ...                    # compile what it will launch (start-up calls it early)
 
-    def clear(self) -> None: ...                   # forget what it keeps across models
-
     def refuses(self, spec: StageSpec, ctx) -> str | None: ...   # None, or why it cannot run the stage
 
     def plan(self, ctx, stage, n: int, stored: dict | None = None) -> EnginePlan: ...

@@ -40,9 +40,6 @@ class CudnnStage:
     def warm(self) -> None:
         pass   # cuDNN's one-time set-up is lenet.startup's (Note [cuDNN's first call])
 
-    def clear(self) -> None:
-        pass   # the convolutions' caches are descriptors.clear_caches()'s
-
     def refuses(self, spec, ctx) -> str | None:
         from descriptors.algorithms import Direction, owner_of
 

@@ -5,7 +5,7 @@ Candidates are launch shapes: the forward's images per block iteration and its b
 backward's blocks per SM. ``heuristic`` takes the first of each list (a rule: no timing),
 ``exhaustive`` times them all, each as the step runs it. Every candidate is checked against cuDNN's
 exact result before it may run (Note [checking a stage] in lenet/stages/check.py), once per
-process. Our kernels are exact float32 (FMA, no TF32) and deterministic: a fixed launch shape sums
+model (its search's memo). Our kernels are exact float32 (FMA, no TF32) and deterministic: a fixed launch shape sums
 the gradients in a fixed order (Note [stage backward through the argmax] in the kernel file).
 """
 
@@ -177,10 +177,6 @@ class OursStage:
     name = "ours"
     pins = staticmethod(pins)
 
-    def __init__(self):
-        self._checked: dict = {}   # (device, spec, candidate) -> (error, ties, why) (see Note [checking a stage])
-        self._refs: dict = {}      # (device, spec) -> StageReference
-
     def serves(self, engine: str) -> bool:
         """Whether --engine ``engine`` lets this engine compete."""
         return engine in ("auto", self.name)
@@ -189,10 +185,6 @@ class OursStage:
         """Compile the kernels (or load them from CuPy's cache)."""
         for ks in KERNELS.values():
             kernel("stage", ks.forward)
-
-    def clear(self) -> None:
-        self._checked.clear()
-        self._refs.clear()
 
     def refuses(self, spec, ctx) -> str | None:
         p = ctx.policy
@@ -242,22 +234,23 @@ class OursStage:
 
     # ---------------------------------------------------------------- the check
 
-    def _reference(self, handle, spec):
-        key = (handle.device_id, spec)
-        if key not in self._refs:
-            self._refs[key] = check.stage_reference(handle, spec)
-        return self._refs[key]
+    @staticmethod
+    def _reference(memo: dict, handle, spec):
+        key = ("ours reference", handle.device_id, spec)
+        if key not in memo:
+            memo[key] = check.stage_reference(handle, spec)
+        return memo[key]
 
-    def check(self, handle, spec, cand) -> tuple[float, int, str | None]:
+    def check(self, memo: dict, handle, spec, cand) -> tuple[float, int, str | None]:
         """(distance from cuDNN's exact result, near-tie decisions taken otherwise, why it fails or None),
-        once per candidate (Note [checking a stage])."""
-        key = (handle.device_id, spec, cand)
-        if key in self._checked:
-            return self._checked[key]
+        once per candidate and model (kept in ``memo``, the model's search's: Note [checking a stage])."""
+        key = ("ours check", handle.device_id, spec, cand)
+        if key in memo:
+            return memo[key]
         import cupy
 
         ks = KERNELS[(spec.x, spec.w, spec.dx)]
-        ref = self._reference(handle, spec)
+        ref = self._reference(memo, handle, spec)
         m = ref.x.shape[0]
         with handle.stream:
             if isinstance(cand, Forward):
@@ -274,7 +267,7 @@ class OursStage:
                 err, why = check.check_backward(ref, dw, db, dx)
                 result = (err, 0, why)
         handle.stream.synchronize()
-        self._checked[key] = result
+        memo[key] = result
         return result
 
     # ---------------------------------------------------------------- planning
@@ -316,7 +309,7 @@ class OursStage:
         for d, cands, launcher in (("fwd", fwds, fwd_of), ("bwd", bwds, bwd_of)):
             best, dropped = None, []
             for c in cands:
-                err, ties, why = self.check(handle, spec, c)
+                err, ties, why = self.check(ctx.search.memo, handle, spec, c)
                 if why is not None:
                     dropped.append(f"{c.name} {why}")
                     continue

@@ -1,0 +1,181 @@
+"""The whole step's numerics against float64: every gradient of one training step of ours, beside
+PyTorch's float32 step on the same batch, compared with a float64 recomputation (PyTorch, float64,
+same parameters and batch), in relative L2 norm and max-elementwise, with the number of decisions
+(pooling windows, ReLU units) that float32 took otherwise than float64.
+
+    python3 scripts/numerics.py                                    # batch 1 64 8192 65536, every engine, two policies
+    python3 scripts/numerics.py --batch 20000 --engine legacy --algo heuristic exhaustive --json n.json
+
+Note [step numerics]: max-pooling and ReLU are discontinuous. Where float64 sees a near-tie (two
+window entries within rounding, or a pre-activation within rounding of 0), float32 may decide the
+other way, and that one decision moves a few gradient entries by a whole term; no float32
+implementation can avoid it at large batches (at N=65536 about one window in 16.8 M has its top two
+within 1.1e-7). So the step is judged per gradient tensor in relative L2 norm, ||g - g64|| / ||g64||
+(bar: 1e-5), and the max-elementwise distance, max |g - g64| / max |g64|, is reported beside the
+count of decisions that differ, which explains it. PyTorch's own float32 step on the batch is
+measured the same way, as the yardstick.
+
+Decisions are read from what each engine keeps: our kernels' argmax bytes, or cuDNN's unpooled
+output (whose first maximum is the argmax); the ReLU decisions are those of the pooled outputs
+(ReLU commutes with max pooling) and of fc1. Only windows whose float64 output is positive count
+(elsewhere the gradient is 0 either way). The batch is standard normal images with uniform labels,
+the parameters PyTorch's default initialization: the benchmark's inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+RTOL_L2 = 1e-5   # the bar, per gradient tensor (Note [step numerics])
+
+
+def windows(c):
+    """(N, C, H/2, W/2, 4) view of the 2x2/2 windows of c (N, C, H, W), in the order a00, a01, a10, a11."""
+    n, k, h, w = c.shape
+    return c.reshape(n, k, h // 2, 2, w // 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(n, k, h // 2, w // 2, 4)
+
+
+def float64_step(torch, state: dict, x, y):
+    """(gradients, pooled argmaxes, pooled outputs, fc1 pre-activation) of the step in float64."""
+    import torch.nn.functional as F
+
+    p = {k: torch.as_tensor(v, device="cuda", dtype=torch.float64).requires_grad_() for k, v in state.items()}
+    t = torch.as_tensor(x, device="cuda", dtype=torch.float64).reshape(-1, 1, 28, 28)
+    c1 = F.conv2d(t, p["conv1.weight"], p["conv1.bias"])
+    p1 = F.relu(F.max_pool2d(c1, 2))
+    c2 = F.conv2d(p1, p["conv2.weight"], p["conv2.bias"])
+    p2 = F.relu(F.max_pool2d(c2, 2))
+    a3 = F.linear(p2.flatten(1), p["fc1.weight"], p["fc1.bias"])
+    logits = F.linear(F.relu(a3), p["fc2.weight"], p["fc2.bias"])
+    loss = F.cross_entropy(logits, torch.as_tensor(y, device="cuda").long())
+    grads = torch.autograd.grad(loss, list(p.values()))
+    with torch.no_grad():
+        arg = [windows(c).argmax(-1) for c in (c1, c2)]   # the first maximum, as ours and cuDNN's
+    return ({k: g.detach() for k, g in zip(p, grads)}, arg, [p1.detach(), p2.detach()], a3.detach())
+
+
+def torch_float32_grads(torch, state: dict, x, y) -> dict:
+    from torch_lenet import exact_float32, from_state
+
+    exact_float32()
+    m = from_state(state)
+    loss = torch.nn.functional.cross_entropy(m(torch.as_tensor(x, device="cuda")),
+                                             torch.as_tensor(y, device="cuda").long())
+    loss.backward()
+    return {k: v.grad.detach().double() for k, v in m.named_parameters()}
+
+
+def distances(grads: dict, ref: dict) -> dict:
+    """Per tensor: (relative L2, max-elementwise relative) against ``ref``."""
+    out = {}
+    for k, r in ref.items():
+        g = grads[k]
+        out[k] = (float((g - r).norm() / r.norm()), float((g - r).abs().max() / r.abs().max()))
+    return out
+
+
+def our_decisions(torch, model, n: int):
+    """Per stage, the argmax byte of every pooled window at batch n, from the engine that ran it."""
+    import cupy
+
+    out = []
+    for stage, planned in zip(model.stages, model.plan(n).stages):
+        own = stage._scratch[planned.engine]
+        if planned.engine == "ours":
+            arg = torch.as_tensor(cupy.asnumpy(own["arg"][:n]), device="cuda").long()
+        else:
+            arg = windows(torch.as_tensor(own["c"][:n], device="cuda")).argmax(-1)
+        out.append(arg)
+    return out
+
+
+def measure(model, state: dict, x, y) -> dict:
+    """One step of ``model`` (forward, backward; no update) on (x, y) with parameters ``state``, against
+    float64: {"ours": {tensor: (l2, max)}, "torch": {...}, "windows": [differing per stage],
+    "relu": [differing per pooled output, fc1], "live": [windows that count per stage]}."""
+    import torch
+
+    n = len(y)
+    model.load_state_dict(state)
+    model.load_batch(x, y)
+    model.forward(n)
+    model.backward(n)
+    ours = {k: torch.as_tensor(v, device="cuda", dtype=torch.float64) for k, v in model.grad_dict().items()}
+    g64, arg64, pooled64, a3 = float64_step(torch, state, x, y)
+    mine = our_decisions(torch, model, n)
+    live = [p > 0 for p in pooled64]
+    differ = [int(((a != b) & m).sum()) for a, b, m in zip(mine, arg64, live)]
+    pooled32 = [torch.as_tensor(model.buf[k][:n], device="cuda") for k in ("p1", "p2")]
+    h1 = torch.as_tensor(model.buf["h1"][:n], device="cuda")
+    relu = [int(((a > 0) != (b > 0)).sum()) for a, b in zip(pooled32, pooled64)] + [int(((h1 > 0) != (a3 > 0)).sum())]
+    return {"ours": distances(ours, g64), "torch": distances(torch_float32_grads(torch, state, x, y), g64),
+            "windows": differ, "relu": relu, "live": [int(m.sum()) for m in live]}
+
+
+def describe(model, n: int) -> str:
+    rows = model.describe(n)
+    conv = [r for r in rows if r.get("layer") in ("conv1", "conv2")]
+    head = next((r for r in rows if r.get("layer") == "fc1+fc2"), {})
+    return ", ".join(f"{r['layer']} {r['op'].split('+')[0]} {r['engine']}:{r['algo']}" for r in conv) + \
+        f", head {head.get('engine')}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 8192, 65536])
+    ap.add_argument("--engine", nargs="+", default=["auto", "ours", "legacy", "graph"])
+    ap.add_argument("--algo", nargs="+", default=["heuristic", "exhaustive"])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write every measurement here")
+    args = ap.parse_args()
+    import torch
+
+    from descriptors import AlgoPolicy
+    from lenet.model import LeNet
+    from lenet.params import init_host
+
+    print(f"GPU {torch.cuda.get_device_name()} | float32 step against a float64 recomputation | "
+          f"bar: relative L2 <= {RTOL_L2:g} per gradient (Note [step numerics])")
+    print(f"{'batch':>6} | {'engine':<6} | {'algo':<10} | {'worst rel L2 (tensor)':<28} | {'torch f32':>8} | "
+          f"{'max-elem (tensor)':<26} | {'torch f32':>8} | windows differ (of live) | ReLU differ p1/p2/fc1")
+    results, failed = [], 0
+    for n in args.batch:
+        rng = np.random.default_rng(args.seed)
+        x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
+        y = rng.integers(0, 10, n).astype(np.int32)
+        state = init_host(args.seed)
+        for engine in args.engine:
+            for algo in args.algo:
+                model = LeNet(max_batch=n, policy=AlgoPolicy.parse(algo, engine=engine), seed=args.seed)
+                r = measure(model, state, x, y)
+                r.update(batch=n, engine=engine, algo=algo, plan=describe(model, n))
+                del model
+                results.append(r)
+                wl2 = max(r["ours"], key=lambda k: r["ours"][k][0])
+                wmx = max(r["ours"], key=lambda k: r["ours"][k][1])
+                tl2 = max(v[0] for v in r["torch"].values())
+                tmx = max(v[1] for v in r["torch"].values())
+                ok = r["ours"][wl2][0] <= RTOL_L2
+                failed += not ok
+                win = " / ".join(f"{d} of {lv:,}" for d, lv in zip(r["windows"], r["live"]))
+                print(f"{n:>6} | {engine:<6} | {algo:<10} | {r['ours'][wl2][0]:.2e} ({wl2}){'' if ok else ' OVER'}"
+                      f"{'':<{max(0, 14 - len(wl2))}} | {tl2:8.2e} | {r['ours'][wmx][1]:.2e} ({wmx})"
+                      f"{'':<{max(0, 12 - len(wmx))}} | {tmx:8.2e} | {win} | {'/'.join(map(str, r['relu']))}",
+                      flush=True)
+                print(f"{'':>6}   plan: {r['plan']}")
+    print(f"{len(results) - failed} of {len(results)} configurations within {RTOL_L2:g} in relative L2 on every gradient")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
