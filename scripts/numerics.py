@@ -15,6 +15,14 @@ within 1.1e-7). So the step is judged per gradient tensor in relative L2 norm, |
 count of decisions that differ, which explains it. PyTorch's own float32 step on the batch is
 measured the same way, as the yardstick.
 
+Measured on an H100 (standard-normal batch of 8192, PyTorch's initialization): cuDNN's own weight
+and bias gradients of the convolutions land 0.6e-4 to 1.5e-4 from float64 in relative L2 with no
+decision differing, exactly as far as PyTorch's float32 step (which runs the same cuDNN kernels):
+that is the library's summation error over 8192 x 576 products of both signs, which cancel. Our
+stage kernels, whose per-block partial sums are added in a fixed order, land within 1e-5. So the
+bar is 1e-5 for our kernels (--engine ours) and, for an engine that may run cuDNN's convolutions,
+1e-5 or 1.5 x PyTorch's own float32 distance on that tensor, whichever is larger (``bound``).
+
 Decisions are read from what each engine keeps: our kernels' argmax bytes, or cuDNN's unpooled
 output (whose first maximum is the argmax); the ReLU decisions are those of the pooled outputs
 (ReLU commutes with max pooling) and of fc1. Only windows whose float64 output is positive count
@@ -35,6 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 RTOL_L2 = 1e-5   # the bar, per gradient tensor (Note [step numerics])
+
+
+def bound(engine: str, torch_l2: float) -> float:
+    """The relative-L2 bar on one gradient tensor for ``engine`` (Note [step numerics])."""
+    return RTOL_L2 if engine == "ours" else max(RTOL_L2, 1.5 * torch_l2)
 
 
 def windows(c):
@@ -143,7 +156,7 @@ def main():
     from lenet.params import init_host
 
     print(f"GPU {torch.cuda.get_device_name()} | float32 step against a float64 recomputation | "
-          f"bar: relative L2 <= {RTOL_L2:g} per gradient (Note [step numerics])")
+          f"bar: relative L2 <= {RTOL_L2:g} per gradient, or 1.5 x PyTorch float32's on cuDNN (Note [step numerics])")
     print(f"{'batch':>6} | {'engine':<6} | {'algo':<10} | {'worst rel L2 (tensor)':<28} | {'torch f32':>8} | "
           f"{'max-elem (tensor)':<26} | {'torch f32':>8} | windows differ (of live) | ReLU differ p1/p2/fc1")
     results, failed = [], 0
@@ -163,15 +176,18 @@ def main():
                 wmx = max(r["ours"], key=lambda k: r["ours"][k][1])
                 tl2 = max(v[0] for v in r["torch"].values())
                 tmx = max(v[1] for v in r["torch"].values())
-                ok = r["ours"][wl2][0] <= RTOL_L2
+                over = [k for k, v in r["ours"].items() if not v[0] <= bound(engine, r["torch"][k][0])]
+                r["over"] = over
+                ok = not over
                 failed += not ok
                 win = " / ".join(f"{d} of {lv:,}" for d, lv in zip(r["windows"], r["live"]))
-                print(f"{n:>6} | {engine:<6} | {algo:<10} | {r['ours'][wl2][0]:.2e} ({wl2}){'' if ok else ' OVER'}"
+                print(f"{n:>6} | {engine:<6} | {algo:<10} | {r['ours'][wl2][0]:.2e} ({wl2}){'' if ok else ' OVER ' + ','.join(over)}"
                       f"{'':<{max(0, 14 - len(wl2))}} | {tl2:8.2e} | {r['ours'][wmx][1]:.2e} ({wmx})"
                       f"{'':<{max(0, 12 - len(wmx))}} | {tmx:8.2e} | {win} | {'/'.join(map(str, r['relu']))}",
                       flush=True)
                 print(f"{'':>6}   plan: {r['plan']}")
-    print(f"{len(results) - failed} of {len(results)} configurations within {RTOL_L2:g} in relative L2 on every gradient")
+    print(f"{len(results) - failed} of {len(results)} configurations within their bar on every gradient (relative L2 "
+          f"{RTOL_L2:g}, or 1.5 x PyTorch float32's where an engine may run cuDNN's convolutions)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 1 if failed else 0

@@ -260,7 +260,7 @@ class GraphSteps:
                     torch._foreach_add_(grads, self.bufs, alpha=self.momentum)
                 else:
                     grads = self.bufs
-            lr = self.lrs[self.it]
+            lr = self.lrs.index_select(0, self.it.view(1)).squeeze(0)   # a device read, no host sync
             torch._foreach_add_(self.params, torch._foreach_mul(grads, -lr))
             if self.ema_params is not None:
                 torch._foreach_lerp_(self.ema_params, self.params, 1.0 - self.args.ema)

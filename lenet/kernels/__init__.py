@@ -29,6 +29,20 @@ def source(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def source_digest() -> str:
+    """A digest of every kernel source of this package: stored choices of our kernels name it, so a
+    changed kernel is searched and checked again (Note [checking a stage] in lenet/stages/check.py)."""
+    import hashlib
+    from importlib import resources
+
+    h = hashlib.blake2b(digest_size=8)
+    for f in sorted(resources.files("lenet").joinpath("kernels").iterdir(), key=lambda f: f.name):
+        if f.name.endswith(".cu"):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
 def _module(name: str):
     import cupy
 

@@ -1,24 +1,31 @@
-// LeNet's head, fc1 (256 -> 120) + bias + ReLU and fc2 (120 -> 10) + bias, forward and backward, each
-// direction one kernel for a group of G (<= 8) images per block iteration (plus the stage reduction of
-// the per-block weight and bias gradients). Launchers: lenet/ops/fc.py (OursHead). This module is
-// compiled after softmax_ce.cu, whose per-row loss (sce_row) the forward runs when it is given labels:
-// in a training step the loss and dlogits come out of the head's forward, not a launch of their own.
+// LeNet's head, fc1 (256 -> 120) + bias + ReLU and fc2 (120 -> 10) + bias, on our kernels. Launchers:
+// lenet/ops/fc.py (OursHead). This module is compiled after softmax_ce.cu, whose per-row loss (sce_row)
+// and reduction (block_sum, sce_finish) the forward runs in a training step.
 //
-// Layouts: p2 (N, 256) the flattened stage output; h1 (N, 120) relu(fc1); logits, dlogits (N, 10);
-// W1 (120, 256), W2 (10, 120) as PyTorch stores them. The backward writes dp2 masked by p2 > 0
-// (Note [relu at the pooled level] in lenet/ops/conv.py) and, per block, one row of partial sums laid
-// out as the flat gradient buffer from fc1.weight to fc2.bias (lenet/params.py: each tensor starts on
-// a 64-float boundary, the padding between them written 0), which stage_reduce_kernel adds in block
-// order: deterministic, no float atomics. A grid of one block is handed the gradient buffer itself as
-// its row (the same layout), and no reduction runs.
+//   head_forward_kernel   per group of G images: fc1, ReLU, fc2 (the logits); in a training step also
+//                         the loss and dlogits, and the data gradients dh1 and dp2 (masked), all of which
+//                         are local to an image
+//   head_weights_kernel   the weight and bias gradients, sums over images: block (j, s) owns hidden
+//                         unit j's row of dW1 (and dW2's column j, db1[j]; block j = 0 also db2) over the
+//                         s-th range of images
 //
 // Note [head latency]: at the batch sizes where these kernels win (up to a few hundred images) a
 // launch is one or a few groups per block, so what counts is the chain of dependent memory accesses,
-// not the multiply-adds (256 x 120 + 120 x 10 per image). The forward therefore reads W1 straight from
-// global memory (L2), each warp a whole row of 1 KB per unit with two coalesced 16-byte loads per lane,
-// five units' loads in flight at once, and sums across the warp with shuffles; the backward reads W1
-// by columns from global memory as well (eight rows' loads in flight per thread) instead of first
-// copying all 120 KB into shared memory behind a barrier.
+// not the multiply-adds (256 x 120 + 120 x 10 per image and direction). So: one kernel runs everything
+// an image needs on the step's critical path (the forward, the loss, the gradients the layer below
+// waits for), the weight gradients, which only the update reads, run beside it on the side stream
+// (Note [side stream] in lenet/ops/context.py), and each phase issues its loads together: fc1's warps
+// load five rows of W1 (1 KB each, two coalesced 16-byte loads per lane) before using any; W2 is staged
+// in shared memory once per block; dp2 reads W1 by columns, from the L1 copy fc1's loads left.
+// A weight gradient summed over a range of images per block needs no partial rows when one range
+// covers the batch (small batches: the block writes the gradient itself); larger batches split the
+// images into ranges whose rows one reduction adds in order. Deterministic, no float atomics.
+//
+// Layouts: p2 (N, 256) the flattened stage output; h1, dh1 (N, 120); logits, dlogits (N, 10);
+// W1 (120, 256), W2 (10, 120) as PyTorch stores them. dp2 is masked by p2 > 0 (Note [relu at the
+// pooled level] in lenet/ops/conv.py). A row of weight gradients is laid out as the flat gradient
+// buffer from fc1.weight to fc2.bias (lenet/params.py: each tensor starts on a 64-float boundary, the
+// padding written 0).
 
 #define H_IN 256
 #define H_HID 120
@@ -27,6 +34,7 @@
 #define H_THREADS 256
 #define H_WARPS (H_THREADS / 32)
 #define H_UNITS_PER_WARP (H_HID / H_WARPS)   // 15
+#define H_BATCH 5                            // W1 rows a warp loads before using any
 
 __device__ __forceinline__ float head_relu(float v) { return (v > 0.f || v != v) ? v : 0.f; }
 
@@ -45,15 +53,16 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
 
 // Forward. blockDim.x = 256 (8 warps), G images per block iteration.
 //   fc1: warp w owns hidden units j = w + 8 u (u < 15); lane l holds inputs 4l..4l+3 and 128+4l..128+4l+3
-//        of each image in registers, multiplies them with W1[j]'s same columns (two float4 loads) and
-//        the warp adds the 32 lanes' sums; lane 0 writes relu(sum + b1[j]).
+//        of each image in registers, multiplies them with W1[j]'s same columns and the warp adds the
+//        32 lanes' sums; lane 0 writes relu(sum + b1[j]).
 //   fc2: warp w owns the (image g, class c) pairs w, w + 8, ...; lane l hidden units l, l + 32, l + 64,
 //        l + 96; the warp adds them.
-//   loss (labels not null): thread g < count runs sce_row on image g's logits, writes its dlogits and
-//        keeps its loss and hit; the block's sums go through sce_finish (softmax_ce.cu), whose last
-//        block adds every block's in order.
-// Shared: sp (G x 256) the group's inputs, sh (G x 120) hidden units, sl (G x 10) logits; sv, sc (256)
-// the loss's block sum.
+//   labels not null (a training step): thread g < count runs sce_row on image g's logits (dlogits into
+//        sdl and dlogits); the block's loss sums go through sce_finish (softmax_ce.cu), whose last block
+//        adds every block's in order. Then, when dp2 is not null, the data gradients:
+//        dh1 = (W2^T dlogits) * (h1 > 0), thread j < 120;  dp2 = (W1^T dh1) * (p2 > 0), thread i < 256.
+// Shared: sw2 (10 x 120) W2; sp (G x 256) the group's inputs; sh (G x 120) hidden units; sl, sdl (G x 10)
+// logits and their gradient; sdh (G x 120) dh1; sv, sc (256) the loss's block sum.
 extern "C" __global__ void __launch_bounds__(H_THREADS)
 head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, const float* __restrict__ b1,
                     const float* __restrict__ W2, const float* __restrict__ b2, float* __restrict__ h1,
@@ -61,19 +70,23 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
                     const int* __restrict__ labels, float* __restrict__ dlogits, float* __restrict__ out,
                     int* __restrict__ correct, float* __restrict__ partial_loss, int* __restrict__ partial_correct,
                     unsigned int* __restrict__ ticket, float* __restrict__ running, float grad_scale,
-                    float loss_scale, float eps) {
+                    float loss_scale, float eps, float* __restrict__ dh1, float* __restrict__ dp2) {
+  __shared__ float sw2[H_OUT * H_HID];
   __shared__ __align__(16) float sp[H_MAXG * H_IN];
   __shared__ float sh[H_MAXG * H_HID];
   __shared__ float sl[H_MAXG * H_OUT];
+  __shared__ float sdl[H_MAXG * H_OUT];
+  __shared__ float sdh[H_MAXG * H_HID];
   __shared__ float sv[H_THREADS];
   __shared__ int sc[H_THREADS];
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const float4* W14 = reinterpret_cast<const float4*>(W1);   // W1 starts on a 256-byte boundary
+  for (int e = t; e < H_OUT * H_HID; e += H_THREADS) sw2[e] = __ldg(W2 + e);
   float loss = 0.f;
   int hits = 0;
   for (int n0 = blockIdx.x * G; n0 < N; n0 += gridDim.x * G) {
     const int count = min(G, N - n0);
-    __syncthreads();   // the previous group's shared arrays are read
+    __syncthreads();   // the previous group's shared arrays are read (and, first, sw2 is written)
     const float4* src = reinterpret_cast<const float4*>(p2 + (size_t)n0 * H_IN);
     for (int e = t; e < G * (H_IN / 4); e += H_THREADS)
       reinterpret_cast<float4*>(sp)[e] = e < count * (H_IN / 4) ? src[e] : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -85,28 +98,38 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
         xa[g] = reinterpret_cast<const float4*>(sp)[g * 64 + lane];
         xb[g] = reinterpret_cast<const float4*>(sp)[g * 64 + 32 + lane];
       }
-#pragma unroll 5
-    for (int u = 0; u < H_UNITS_PER_WARP; ++u) {
-      const int j = warp + H_WARPS * u;
-      const float4 wa = __ldg(W14 + j * 64 + lane), wb = __ldg(W14 + j * 64 + 32 + lane);
-      const float bj = __ldg(b1 + j);
 #pragma unroll
-      for (int g = 0; g < H_MAXG; ++g)
-        if (g < G) {
-          const float a = warp_sum(dot4(wb, xb[g], dot4(wa, xa[g], 0.f)));
-          if (lane == 0 && g < count) {
-            const float h = head_relu(a + bj);
-            sh[g * H_HID + j] = h;
-            h1[(size_t)(n0 + g) * H_HID + j] = h;
+    for (int u0 = 0; u0 < H_UNITS_PER_WARP; u0 += H_BATCH) {
+      float4 wa[H_BATCH], wb[H_BATCH];
+      float bj[H_BATCH];
+#pragma unroll
+      for (int k = 0; k < H_BATCH; ++k) {
+        const int j = warp + H_WARPS * (u0 + k);
+        wa[k] = __ldg(W14 + j * 64 + lane);
+        wb[k] = __ldg(W14 + j * 64 + 32 + lane);
+        bj[k] = __ldg(b1 + j);
+      }
+#pragma unroll
+      for (int k = 0; k < H_BATCH; ++k) {
+        const int j = warp + H_WARPS * (u0 + k);
+#pragma unroll
+        for (int g = 0; g < H_MAXG; ++g)
+          if (g < G) {
+            const float a = warp_sum(dot4(wb[k], xb[g], dot4(wa[k], xa[g], 0.f)));
+            if (lane == 0 && g < count) {
+              const float h = head_relu(a + bj[k]);
+              sh[g * H_HID + j] = h;
+              h1[(size_t)(n0 + g) * H_HID + j] = h;
+            }
           }
-        }
+      }
     }
     __syncthreads();
     for (int q = warp; q < count * H_OUT; q += H_WARPS) {
       const int g = q / H_OUT, c = q % H_OUT;
       float a = 0.f;
 #pragma unroll
-      for (int j = lane; j < H_HID; j += 32) a = fmaf(__ldg(W2 + c * H_HID + j), sh[g * H_HID + j], a);
+      for (int j = lane; j < H_HID; j += 32) a = fmaf(sw2[c * H_HID + j], sh[g * H_HID + j], a);
       a = warp_sum(a);
       if (lane == 0) {
         const float z = a + __ldg(b2 + c);
@@ -114,14 +137,42 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
         logits[(size_t)(n0 + g) * H_OUT + c] = z;
       }
     }
-    if (labels) {   // the same for every thread of the grid
-      __syncthreads();
-      if (t < count) {
-        int hit;
-        loss += sce_row(sl + t * H_OUT, nullptr, labels[n0 + t], H_OUT, eps, dlogits + (size_t)(n0 + t) * H_OUT,
-                        grad_scale, hit);
-        hits += hit;
+    if (!labels) continue;   // the same for every thread of the grid
+    __syncthreads();
+    if (t < count) {
+      int hit;
+      loss += sce_row(sl + t * H_OUT, nullptr, labels[n0 + t], H_OUT, eps, sdl + t * H_OUT, grad_scale, hit);
+      hits += hit;
+    }
+    __syncthreads();
+    if (t < count * H_OUT) dlogits[(size_t)n0 * H_OUT + t] = sdl[t];
+    if (!dp2) continue;
+    if (t < H_HID) {
+      for (int g = 0; g < count; ++g) {
+        float a = 0.f;
+#pragma unroll
+        for (int c = 0; c < H_OUT; ++c) a = fmaf(sw2[c * H_HID + t], sdl[g * H_OUT + c], a);
+        const float d = sh[g * H_HID + t] > 0.f ? a : 0.f;
+        sdh[g * H_HID + t] = d;
+        dh1[(size_t)(n0 + g) * H_HID + t] = d;
       }
+    }
+    __syncthreads();
+    {   // dp2: thread t owns input i = t
+      const int i = t;
+      float acc[H_MAXG];
+#pragma unroll
+      for (int g = 0; g < H_MAXG; ++g) acc[g] = 0.f;
+#pragma unroll 8
+      for (int j = 0; j < H_HID; ++j) {
+        const float w = __ldg(W1 + j * H_IN + i);
+#pragma unroll
+        for (int g = 0; g < H_MAXG; ++g)
+          if (g < G) acc[g] = fmaf(w, sdh[g * H_HID + j], acc[g]);
+      }
+#pragma unroll
+      for (int g = 0; g < H_MAXG; ++g)
+        if (g < count) dp2[(size_t)(n0 + g) * H_IN + i] = sp[g * H_IN + i] > 0.f ? acc[g] : 0.f;
     }
   }
   if (labels) {
@@ -130,97 +181,52 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
   }
 }
 
-// Backward. blockDim.x = 256, G (<= 8) images per iteration. Per group:
-//   dh1 = (W2^T dlogits) * (h1 > 0)                 thread j < 120, W2's column j in registers
-//   dp2 = (W1^T dh1) * (p2 > 0)                     thread i < 256, W1's column i read from global memory
-//   partial dW1[j, i] += sum_g dh1[g, j] p2[g, i]   thread i, for every j
-//   partial db1, dW2, db2 likewise (threads over their entries)
-// into this block's row of `part` (width: fc1.weight .. fc2.bias in the flat layout; offsets below).
-// Shared: sp (G x 256), sh (G x 120), sdl (G x 10), sdh (G x 120).
+// Weight and bias gradients over images [s * per, min(N, (s + 1) * per)), s = blockIdx.y; blockIdx.x = j
+// (a hidden unit), blockDim.x = 256. Thread i: dW1[j, i] = sum_n dh1[n, j] p2[n, i]; thread c < 10 also
+// dW2[c, j] = sum_n dlogits[n, c] h1[n, j]; thread 10: db1[j] = sum_n dh1[n, j]; block j = 0, threads
+// 11..20: db2[c - 11] = sum_n dlogits[n, c - 11], and the row's padding columns 0. Each sum runs over n
+// in order, four images' loads in flight. Writes row s of `part` (width floats, the flat layout; a grid
+// with one range is handed the gradient buffer itself).
 extern "C" __global__ void __launch_bounds__(H_THREADS)
-head_backward_kernel(const float* __restrict__ p2, const float* __restrict__ h1, const float* __restrict__ dlogits,
-                     const float* __restrict__ W1, const float* __restrict__ W2, float* __restrict__ dp2,
-                     float* __restrict__ part, int width, int off_b1, int off_w2, int off_b2, int N, int G) {
-  __shared__ __align__(16) float sp[H_MAXG * H_IN];
-  __shared__ float sh[H_MAXG * H_HID];
-  __shared__ float sdl[H_MAXG * H_OUT];
-  __shared__ float sdh[H_MAXG * H_HID];
-  const int t = threadIdx.x;
-  float* row = part + (size_t)blockIdx.x * width;
-  float w2c[H_OUT];
-  if (t < H_HID) {
+head_weights_kernel(const float* __restrict__ p2, const float* __restrict__ h1, const float* __restrict__ dh1,
+                    const float* __restrict__ dlogits, float* __restrict__ part, int width, int off_b1, int off_w2,
+                    int off_b2, int N, int per) {
+  const int t = threadIdx.x, j = blockIdx.x;
+  const int n0 = blockIdx.y * per, n1 = min(N, n0 + per);
+  float* row = part + (size_t)blockIdx.y * width;
+  float a = 0.f;
+  int n = n0;
+  for (; n + 4 <= n1; n += 4) {
+    float d[4], x[4];
 #pragma unroll
-    for (int c = 0; c < H_OUT; ++c) w2c[c] = __ldg(W2 + c * H_HID + t);
+    for (int k = 0; k < 4; ++k) {
+      d[k] = __ldg(dh1 + (size_t)(n + k) * H_HID + j);
+      x[k] = __ldg(p2 + (size_t)(n + k) * H_IN + t);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) a = fmaf(d[k], x[k], a);
   }
-  // Columns of the row that no gradient owns (the padding between tensors) are written 0 once.
-  for (int e = H_HID * H_IN + t; e < width; e += H_THREADS) {
-    const bool pad = (e < off_b1) || (e >= off_b1 + H_HID && e < off_w2) || (e >= off_w2 + H_OUT * H_HID && e < off_b2);
-    if (pad) row[e] = 0.f;
+  for (; n < n1; ++n) a = fmaf(__ldg(dh1 + (size_t)n * H_HID + j), __ldg(p2 + (size_t)n * H_IN + t), a);
+  row[j * H_IN + t] = a;
+  if (t < H_OUT) {
+    float b = 0.f;
+    for (int m = n0; m < n1; ++m) b = fmaf(__ldg(dlogits + (size_t)m * H_OUT + t), __ldg(h1 + (size_t)m * H_HID + j), b);
+    row[off_w2 + t * H_HID + j] = b;
+  } else if (t == H_OUT) {
+    float b = 0.f;
+    for (int m = n0; m < n1; ++m) b += __ldg(dh1 + (size_t)m * H_HID + j);
+    row[off_b1 + j] = b;
+  } else if (j == 0 && t < 2 * H_OUT + 1) {
+    const int c = t - H_OUT - 1;
+    float b = 0.f;
+    for (int m = n0; m < n1; ++m) b += __ldg(dlogits + (size_t)m * H_OUT + c);
+    row[off_b2 + c] = b;
   }
-  bool first = true;
-  for (int n0 = blockIdx.x * G; n0 < N; n0 += gridDim.x * G) {
-    const int count = min(G, N - n0);
-    __syncthreads();
-    const float4* src = reinterpret_cast<const float4*>(p2 + (size_t)n0 * H_IN);
-    for (int e = t; e < G * (H_IN / 4); e += H_THREADS)
-      reinterpret_cast<float4*>(sp)[e] = e < count * (H_IN / 4) ? src[e] : make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int e = t; e < G * H_HID; e += H_THREADS) sh[e] = e < count * H_HID ? h1[(size_t)n0 * H_HID + e] : 0.f;
-    for (int e = t; e < G * H_OUT; e += H_THREADS) sdl[e] = e < count * H_OUT ? dlogits[(size_t)n0 * H_OUT + e] : 0.f;
-    __syncthreads();
-    if (t < H_HID) {
-      for (int g = 0; g < G; ++g) {
-        float a = 0.f;
-#pragma unroll
-        for (int c = 0; c < H_OUT; ++c) a = fmaf(w2c[c], sdl[g * H_OUT + c], a);
-        sdh[g * H_HID + t] = sh[g * H_HID + t] > 0.f ? a : 0.f;
-      }
+  if (j == 0) {   // the padding between tensors
+    for (int e = H_HID * H_IN + t; e < width; e += H_THREADS) {
+      const bool pad = (e < off_b1) || (e >= off_b1 + H_HID && e < off_w2) ||
+                       (e >= off_w2 + H_OUT * H_HID && e < off_b2);
+      if (pad) row[e] = 0.f;
     }
-    __syncthreads();
-    {   // dp2 and dW1: thread t owns input i = t
-      const int i = t;
-      float xi[H_MAXG], acc[H_MAXG];
-#pragma unroll
-      for (int g = 0; g < H_MAXG; ++g) {
-        xi[g] = g < G ? sp[g * H_IN + i] : 0.f;
-        acc[g] = 0.f;
-      }
-#pragma unroll 8
-      for (int j = 0; j < H_HID; ++j) {
-        const float w = __ldg(W1 + j * H_IN + i);
-        float d = 0.f;
-#pragma unroll
-        for (int g = 0; g < H_MAXG; ++g)
-          if (g < G) {
-            const float dh = sdh[g * H_HID + j];
-            acc[g] = fmaf(w, dh, acc[g]);
-            d = fmaf(dh, xi[g], d);
-          }
-        float* dst = row + j * H_IN + i;
-        *dst = first ? d : *dst + d;
-      }
-#pragma unroll
-      for (int g = 0; g < H_MAXG; ++g)
-        if (g < count) dp2[(size_t)(n0 + g) * H_IN + i] = xi[g] > 0.f ? acc[g] : 0.f;
-    }
-    if (t < H_HID) {
-      float d = 0.f;
-      for (int g = 0; g < G; ++g) d += sdh[g * H_HID + t];
-      row[off_b1 + t] = first ? d : row[off_b1 + t] + d;
-    }
-    for (int e = t; e < H_OUT * H_HID; e += H_THREADS) {
-      const int c = e / H_HID, j = e % H_HID;
-      float d = 0.f;
-      for (int g = 0; g < G; ++g) d = fmaf(sdl[g * H_OUT + c], sh[g * H_HID + j], d);
-      row[off_w2 + e] = first ? d : row[off_w2 + e] + d;
-    }
-    if (t < H_OUT) {
-      float d = 0.f;
-      for (int g = 0; g < G; ++g) d += sdl[g * H_OUT + t];
-      row[off_b2 + t] = first ? d : row[off_b2 + t] + d;
-    }
-    first = false;
-  }
-  if (first) {   // a block with no group: its row must still add nothing
-    for (int e = t; e < width; e += H_THREADS) row[e] = 0.f;
   }
 }

@@ -208,28 +208,29 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
   }
 }
 
-// Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients, in two versions:
-// KS = 1 (stage2_backward_kernel, 160 threads) and KS = 2 (stage2_backward_split_kernel, 320
-// threads), where each half of the block takes half of the 16 output channels (k), so one image's
-// work is done by twice the threads in about half the time (small batches; the search times both).
+// Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients, in three versions:
+// KS = 1 (stage2_backward_kernel, 160 threads), KS = 2 (stage2_backward_split_kernel, 320 threads)
+// and KS = 4 (stage2_backward_split4_kernel, 640 threads), where each of KS parts of the block takes
+// 16 / KS of the output channels (k), so one image's work is done by KS times the threads in about
+// 1 / KS of the time (small batches, where the grid leaves SMs idle; the search times them all).
 // One image per block iteration.
 //   Weight gradient: thread t < 150 KS owns filter tap (c, r, s) = (u / 25, u % 25 / 5, u % 5),
-//   u = t % 150, for the 16 / KS channels k of its half h = t / 150: sums in registers, each over
+//   u = t % 150, for the 16 / KS channels k of its part h = t / 150: sums in registers, each over
 //   the channel's 16 pooled positions.
 //   Bias gradient: thread t < 16 owns channel t.
 //   Data gradient: thread t < 144 KS owns input position (yy, xx) = (u / 12, u % 12), u = t % 144,
-//   all 6 channels, over the channels k of its half h = t / 144: for each k, the 3 x 3 windows
+//   all 6 channels, over the channels k of its part h = t / 144: for each k, the 3 x 3 windows
 //   around it whose argmax may lie within the filter's reach, each visited whether it does or not
 //   (a zero gradient where not): no branch on data, so the visits unroll and their loads overlap (a
 //   loop that branched took 43 ns per image at batch 8192, scripts/probes/stage_kernels.py). With
-//   KS = 2 the second half's sums go through shared memory and the first half adds them, in that
+//   KS > 1 the other parts' sums go through shared memory and the first part adds them, in part
 //   order, before the mask.
 // Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16), or,
 // for a grid of one block, dw and db themselves.
 // Shared: sw (2400) weights; sx (864) the image; sgo (256) each window's pooled gradient and its
 // argmax as an offset y * 12 + x into a 12 x 12 input plane, in one 8-byte pair; syx (256) the
 // argmax's row and column in the 8 x 8 conv output, as y << 8 | x (Note [stage backward through the
-// argmax]); sdx (6 x 144, KS = 2) the second half's data-gradient sums. The next image's inputs
+// argmax]); sdx ((KS - 1) x 6 x 144) the other parts' data-gradient sums. The next image's inputs
 // are loaded into registers while this one is computed (Note [prefetch]).
 #ifndef S2B_MIN_BLOCKS
 #define S2B_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to (scripts/probes/stage_kernels.py)
@@ -250,7 +251,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
   __shared__ float sx[S2_IMAGE];
   __shared__ float2 sgo[S2_POOLED];
   __shared__ int syx[S2_POOLED];
-  __shared__ float sdx[KS > 1 ? 6 * 144 : 1];
+  __shared__ float sdx[KS > 1 ? (KS - 1) * 6 * 144 : 1];
   const int t = threadIdx.x;
   for (int i = t; i < S2_WEIGHTS; i += THREADS) sw[i] = w[i];
   const int wu = t % 150, wk0 = (t / 150) * KN;                   // weight gradient: tap, first k
@@ -346,7 +347,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
     if (KS > 1) {
       if (down && t >= 144) {
 #pragma unroll
-        for (int c = 0; c < 6; ++c) sdx[c * 144 + du] = a[c];
+        for (int c = 0; c < 6; ++c) sdx[((t / 144 - 1) * 6 + c) * 144 + du] = a[c];
       }
       __syncthreads();
     }
@@ -354,7 +355,9 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
 #pragma unroll
       for (int c = 0; c < 6; ++c) {
         const int o = c * 144 + t;
-        const float v = KS > 1 ? a[c] + sdx[o] : a[c];
+        float v = a[c];
+#pragma unroll
+        for (int h = 1; h < KS; ++h) v += sdx[(h - 1) * S2_IMAGE + o];
         dx[(size_t)n * S2_IMAGE + o] = sx[o] > 0.f ? v : 0.f;
       }
     }
@@ -381,6 +384,14 @@ stage2_backward_split_kernel(const float* __restrict__ x, const float* __restric
                              float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
                              float* __restrict__ db, int N) {
   stage2_backward<2>(x, w, arg, dp, dx, part, dw, db, N);
+}
+
+extern "C" __global__ void __launch_bounds__(640)
+stage2_backward_split4_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                              float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                              float* __restrict__ db, int N) {
+  stage2_backward<4>(x, w, arg, dp, dx, part, dw, db, N);
 }
 
 // The blocks' rows of partial sums added in a fixed order (deterministic): column i < mw goes to

@@ -35,12 +35,31 @@ from descriptors.timing import time_forward_backward
 
 from .. import params as P
 from ..blas import LtMatmul, LtUnavailable
-from ..kernels import SoftmaxCE, kernel, sm_count
+from ..kernels import SoftmaxCE, kernel, sm_count, source_digest
 from .loss import LossTensors
 
-HEAD_GROUPS = (4, 1, 2, 8)       # images per block iteration (the first is the heuristic's; at most 8)
-HEAD_BWD_BLOCKS_PER_SM = 2       # at most this many backward blocks per SM: each writes a 128 KB row
+HEAD_GROUPS = (1, 2, 4, 8)       # the forward's images per block iteration (at most 8)
+HEAD_PER = (256, 1024, 4096, 16384)   # the weight gradients' images per block (a range)
+HEAD_CANDIDATES = tuple((g, p) for p in HEAD_PER for g in HEAD_GROUPS)
+HEAD_MAX_RANGES = 64             # rows of partial sums kept (64 ranges of 16384 images: any batch a model takes)
 HEAD_FWD_BLOCKS_PER_SM = 8       # at most this many forward blocks per SM (the loss keeps one sum per block)
+
+
+def candidates(n: int, heuristic: bool) -> list[tuple[int, int]]:
+    """(group, per) launch shapes of our head at batch n: the heuristic's one (a group of 1 while that
+    leaves no SM idle, ranges of 256 images), or every shape whose ranges fit, one per range count."""
+    fits = [(g, p) for g, p in HEAD_CANDIDATES if -(-n // p) <= HEAD_MAX_RANGES]
+    if heuristic:
+        g = next((g for g in HEAD_GROUPS if -(-n // g) <= 2 * sm_count()), HEAD_GROUPS[-1])
+        per = next((p for p in HEAD_PER if -(-n // p) <= HEAD_MAX_RANGES), HEAD_PER[-1])
+        return [(g, per)]
+    out, seen = [], set()
+    for g, p in fits:   # one per (forward blocks, ranges): a larger group that makes no fewer blocks adds nothing
+        key = (-(-n // g), -(-n // p))
+        if key not in seen:
+            seen.add(key)
+            out.append((g, p))
+    return out
 
 
 @dataclass(frozen=True)
@@ -82,37 +101,38 @@ class FullyConnected:
         if not ENGINES["ours"].serves(pol.engine) or not ctx.fused:
             return PlannedFullyConnected(self.t, ctx, n, loss)
         store = ctx.search.store
-        op = {"head": "fc1+fc2", "n": n, "engine": pol.engine, "fwd": pol.choice("fwd"),
+        op = {"head": "fc1+fc2", "n": n, "engine": pol.engine, "kernels": source_digest(), "fwd": pol.choice("fwd"),
               "deterministic": pol.deterministic, "captured": ctx.captured}
         hit = store.get(op) if store is not None else None
-        if hit is not None and hit.get("engine") == "ours" and hit.get("group") in HEAD_GROUPS:
-            return self._ours(ctx, n, int(hit["group"]), hit.get("ms"))
+        if hit is not None and hit.get("engine") == "ours" and [hit.get("group"), hit.get("per")] in \
+                [list(c) for c in HEAD_CANDIDATES]:
+            return self._ours(ctx, n, int(hit["group"]), int(hit["per"]), hit.get("ms"))
         if hit is not None and hit.get("engine") == "libraries" and pol.engine != ENGINES["ours"].name:
             return PlannedFullyConnected(self.t, ctx, n, loss)
         libs = None if pol.engine == ENGINES["ours"].name else PlannedFullyConnected(self.t, ctx, n, loss)
-        groups = HEAD_GROUPS[:1] if pol.choice("fwd") == "heuristic" else HEAD_GROUPS
+        cands = candidates(n, pol.choice("fwd") == "heuristic")
         reproducible = pol.deterministic and pol.choice("fwd") == "heuristic"
         best = None
-        for g in groups:
-            cand = self._ours(ctx, n, g)
-            ms = cand.time(ctx) if (len(groups) > 1 or (libs is not None and not reproducible)) else None
+        for g, per in cands:
+            cand = self._ours(ctx, n, g, per)
+            ms = cand.time(ctx) if (len(cands) > 1 or (libs is not None and not reproducible)) else None
             if best is None or (ms is not None and ms < best[0]):
                 best = (ms if ms is not None else math.inf, cand)
         win = best[1]
         if libs is not None and not reproducible and OursHead.time_plan(libs, ctx) < best[0]:
             win = libs
         if store is not None:
-            store.put(op, {"engine": "ours", "group": win.group, "ms": win.ms} if win is best[1] else
-                      {"engine": "libraries"})
+            store.put(op, {"engine": "ours", "group": win.group, "per": win.per, "ms": win.ms} if win is best[1]
+                      else {"engine": "libraries"})
         return win
 
-    def _ours(self, ctx, n: int, group: int, ms: float | None = None) -> "OursHead":
+    def _ours(self, ctx, n: int, group: int, per: int, ms: float | None = None) -> "OursHead":
         if self._part is None:
             import cupy
 
-            self._part = cupy.empty((HEAD_BWD_BLOCKS_PER_SM * sm_count(), OursHead.WIDTH), cupy.float32)  # (blocks, width)
+            self._part = cupy.empty((HEAD_MAX_RANGES, OursHead.WIDTH), cupy.float32)   # (ranges, width)
             self._sce = SoftmaxCE(HEAD_FWD_BLOCKS_PER_SM * sm_count())
-        head = OursHead(self.t, self.loss, ctx, n, group, self._part, self._sce)
+        head = OursHead(self.t, self.loss, ctx, n, group, per, self._part, self._sce)
         head.ms = ms
         return head
 
@@ -203,40 +223,42 @@ class PlannedFullyConnected:
 
 
 class OursHead:
-    """The head on our kernels (Note [head engines]): forward = fc1 + ReLU + fc2 (and, in a training
-    step, the loss with dlogits); backward = dh1, dx (masked by x > 0), and the weight and bias
-    gradients as per-block rows summed in order on the side stream, or written straight into the
-    gradients by a grid of one block."""
+    """The head on our kernels (Note [head engines], Note [head latency] in lenet/kernels/head.cu).
+    ``forward()``: the logits; ``forward_loss()``: the logits, the loss and dlogits, and the data
+    gradients dh1 and dx (masked by x > 0) in the same kernel; ``backward()``: the weight and bias
+    gradients on the side stream, over ranges of ``per`` images (one range: written straight into the
+    gradients; several: per-range rows added in order)."""
 
     workspace_bytes = 0
     fuses_loss = True    # a training forward computes the loss and dlogits itself
     BASE = P.OFFSETS["fc1.weight"]
     WIDTH = P.OFFSETS["fc2.bias"] + P.SHAPES["fc2.bias"][0] - BASE   # fc1.weight .. fc2.bias, padding included
 
-    def __init__(self, t: HeadTensors, loss: LossTensors, ctx, n: int, group: int, part, sce: SoftmaxCE):
-        self.n, self.group, self.stream = n, int(group), ctx.stream
+    def __init__(self, t: HeadTensors, loss: LossTensors, ctx, n: int, group: int, per: int, part, sce: SoftmaxCE):
+        self.n, self.group, self.per, self.stream = n, int(group), int(per), ctx.stream
         x, dx = t.x[:n], t.dx[:n]                                                # (n, 256)
-        h1, logits, dlogits = t.h1[:n], t.logits[:n], t.dlogits[:n]             # (n, 120), (n, 10), (n, 10)
+        h1, dh1, logits, dlogits = t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n]   # (n, 120) x 2, (n, 10) x 2
         w = t.w
-        fwd, bwd, red = (kernel("head", "head_forward_kernel"), kernel("head", "head_backward_kernel"),
+        fwd, wts, red = (kernel("head", "head_forward_kernel"), kernel("head", "head_weights_kernel"),
                          kernel("stage", "stage_reduce_kernel"))
         g = self.group
-        groups = max(1, -(-n // g))
-        fgrid = min(groups, sce.blocks)
-        bgrid = min(groups, part.shape[0])
+        fgrid = min(max(1, -(-n // g)), sce.blocks)
+        ranges = -(-n // self.per)
+        if ranges > part.shape[0]:
+            raise ValueError(f"{ranges} ranges of {self.per} images need more partial rows than the {part.shape[0]} "
+                             f"kept")
         off = {k: P.OFFSETS[k] - self.BASE for k in ("fc1.bias", "fc2.weight", "fc2.bias")}
-        null = np.uint64(0)
+        null, f0 = np.uint64(0), np.float32(0)
         weights = (x, w["fc1.weight"], w["fc1.bias"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n),
                    np.int32(g))
-        plain = weights + (null,) * 8 + (np.float32(0), np.float32(0), np.float32(0))
-        with_loss = weights + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss,
-                               sce.partial_correct, sce.ticket, loss.running, np.float32(1.0 / n),
-                               np.float32(1.0 / n), np.float32(loss.label_smoothing))
-        rows = t.grads if bgrid == 1 else part   # one block writes the gradients themselves (same layout)
-        bargs = (x, h1, dlogits, w["fc1.weight"], w["fc2.weight"], dx, rows, np.int32(self.WIDTH),
-                 np.int32(off["fc1.bias"]), np.int32(off["fc2.weight"]), np.int32(off["fc2.bias"]), np.int32(n),
-                 np.int32(g))
-        rargs = (part, t.grads, t.grads, np.int32(bgrid), np.int32(self.WIDTH), np.int32(0))
+        plain = weights + (null,) * 8 + (f0, f0, f0, null, null)
+        training = weights + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
+                              sce.ticket, loss.running, np.float32(1.0 / n), np.float32(1.0 / n),
+                              np.float32(loss.label_smoothing), dh1, dx)
+        rows = t.grads if ranges == 1 else part   # one range writes the gradients themselves (same layout)
+        wargs = (x, h1, dh1, dlogits, rows, np.int32(self.WIDTH), np.int32(off["fc1.bias"]),
+                 np.int32(off["fc2.weight"]), np.int32(off["fc2.bias"]), np.int32(n), np.int32(self.per))
+        rargs = (part, t.grads, t.grads, np.int32(ranges), np.int32(self.WIDTH), np.int32(0))
         rgrid = -(-self.WIDTH // 32)
         stream, side = self.stream, ctx.side
 
@@ -246,18 +268,16 @@ class OursHead:
 
         def forward_loss():
             with stream:
-                fwd((fgrid,), (256,), with_loss)
+                fwd((fgrid,), (256,), training)
 
-        def reduce():
-            red((rgrid,), (256,), rargs)
+        def gradients():
+            wts((120, ranges), (256,), wargs)
+            if ranges > 1:
+                red((rgrid,), (256,), rargs)
 
         def backward():
-            with stream:
-                bwd((bgrid,), (256,), bargs)
-            if bgrid > 1:
-                side.run(reduce)
+            side.run(gradients)
         self.forward, self.forward_loss, self.backward = forward, forward_loss, backward
-        self.side = side
         self.ms = None
 
     @staticmethod
@@ -272,7 +292,11 @@ class OursHead:
         self.ms = self.time_plan(self, ctx)
         return self.ms
 
+    @property
+    def name(self) -> str:
+        return f"fused head g{self.group} w{self.per}"
+
     def describe(self) -> list[dict]:
-        return [{"layer": "fc1+fc2", "op": "fwd+loss+bwd", "engine": "ours", "algo": f"fused head g{self.group}",
+        return [{"layer": "fc1+fc2", "op": "fwd+loss+bwd", "engine": "ours", "algo": self.name,
                  "fused": True, "chunk": self.n, "chunks": 1, "time_ms": self.ms, "workspace_bytes": 0,
                  "deterministic": True}]

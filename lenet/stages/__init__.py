@@ -26,6 +26,7 @@ from __future__ import annotations
 from descriptors.algorithms import AlgorithmNotSupportedError, Direction, register_engine
 from descriptors.timing import time_forward_backward
 
+from ..kernels import source_digest
 from .base import EnginePlan, StageEngine, StageSpec, StageTensors
 from .cudnn import CudnnStage
 from .ours import OursStage
@@ -87,7 +88,7 @@ class Stage:
 
     def _op(self, ctx, n: int) -> dict:
         p = ctx.policy
-        return {"stage": self.spec.key(), "n": n, "engine": p.engine,
+        return {"stage": self.spec.key(), "n": n, "engine": p.engine, "kernels": source_digest(),
                 "policy": [p.choice(d) for d in Direction] + [p.workspace_limit, p.deterministic, p.allow_winograd,
                                                               p.allow_tf32, p.chunk],
                 "fused": ctx.fused, "captured": ctx.captured}

@@ -50,7 +50,8 @@ KERNELS = {
     ((1, 28, 28), (6, 1, 5, 5), False): Kernels("stage1_forward_kernel", (("stage1_backward_kernel", 160),), 144,
                                                 (1, 2, 4), lambda i: 4 * 784 * i, 150, 6),
     ((6, 12, 12), (16, 6, 5, 5), True): Kernels("stage2_forward_kernel", (("stage2_backward_kernel", 160),
-                                                                        ("stage2_backward_split_kernel", 320)), 256,
+                                                                        ("stage2_backward_split_kernel", 320),
+                                                                        ("stage2_backward_split4_kernel", 640)), 256,
                                                 (1, 2), lambda i: 4 * (2400 + 864 * i), 2400, 16),
 }
 
@@ -163,15 +164,16 @@ class OursPlan:
         ]
 
     def choice(self) -> dict:
-        return {"fwd": [self.fwd.images, self.fwd.per_sm], "bwd": [self.bwd.per_sm, self.bwd.version]}
+        return {"fwd": [self.fwd.images, self.fwd.per_sm], "bwd": [self.bwd.per_sm, self.bwd.version],
+                "errors": self.errors}
 
 
 class OursStage:
     """Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
     ``fused-fwd-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both
     backward directions of the policy). A pinned candidate still passes the check against cuDNN's
-    exact result; one a stage does not offer (``fused-bwd-v2-...``: only conv2's backward has a
-    second version) is an error naming those it has.
+    exact result; one a stage does not offer (``fused-bwd-v2-...``, ``fused-bwd-v3-...``: only conv2's
+    backward has a second and third version) is an error naming those it has.
     """
 
     name = "ours"
@@ -299,12 +301,13 @@ class OursStage:
                 ctx.side.join()
             return run, timed
 
-        if stored is not None:
-            fwds, bwds = [Forward(*stored["fwd"])], [Backward(*stored["bwd"])]
-            if bwds[0].version >= len(ks.backward):
-                raise ValueError(f"stored backward version {bwds[0].version} does not exist")
-        else:
-            fwds, bwds = self.candidates(spec, ctx.policy)
+        if stored is not None:   # checked when it was stored (Note [checking a stage])
+            fwd, bwd = Forward(*stored["fwd"]), Backward(*stored["bwd"])
+            if bwd.version >= len(ks.backward) or not self._offered(ks, fwd):
+                raise ValueError(f"stored candidates {fwd.name}, {bwd.name} do not exist")
+            errors = stored.get("errors") if isinstance(stored.get("errors"), dict) else {}
+            return OursPlan(spec, n, fwd, bwd, fwd_of(fwd)[0], bwd_of(bwd)[0], errors, {})
+        fwds, bwds = self.candidates(spec, ctx.policy)
         errors, times, chosen = {}, {}, {}
         for d, cands, launcher in (("fwd", fwds, fwd_of), ("bwd", bwds, bwd_of)):
             best, dropped = None, []
