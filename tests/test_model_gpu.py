@@ -179,7 +179,7 @@ def test_deterministic_policy(models):
     # With --deterministic and the heuristic, timing decides nothing: the first stage engine that runs
     # (ours), or under a cuDNN engine its first-ranked deterministic candidates.
     model = models[7]
-    model.set_policy(AlgoPolicy(deterministic=True))
+    model.set_policy(AlgoPolicy(deterministic=True), fused=True)
     assert model.pool.read()["mode"] == "max_deterministic"
     rows = conv_rows(model.describe(7))
     assert all(r["deterministic"] for r in rows) and all(r["engine"] == "ours" for r in rows), rows

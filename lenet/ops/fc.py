@@ -275,8 +275,12 @@ class OursHead:
             if ranges > 1:
                 red((rgrid,), (256,), rargs)
 
-        def backward():
-            side.run(gradients)
+        def backward():   # beside the stage backwards while one range leaves SMs idle (Note [side stream])
+            if ranges * 120 <= sm_count():
+                side.run(gradients)
+            else:
+                with stream:
+                    gradients()
         self.forward, self.forward_loss, self.backward = forward, forward_loss, backward
         self.ms = None
 

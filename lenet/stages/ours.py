@@ -293,8 +293,10 @@ class OursStage:
             return run, run
 
         def bwd_of(c):
+            # The reduction goes to the side stream only while the backward leaves SMs idle (Note [side stream]).
+            side = ctx.side if c.grid(n) <= _sms() else None
             run = backward_launcher(ks, c, n, handle.stream, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx,
-                                    ctx.side)
+                                    side)
 
             def timed():   # what the step waits for before its update: the side stream's part too
                 run()
