@@ -26,7 +26,7 @@ key builds it without timing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -67,10 +67,10 @@ class HeadTensors:
     """The full-batch arrays the head reads and writes (a batch of n uses their first n rows).
 
     x (N, 256) the flattened stage output, a ReLU's output (its mask masks dx); dx (N, 256) its
-    gradient; h1 (N, 120) relu(fc1), dh1 its gradient (the cuBLAS paths'); logits, dlogits (N, 10);
-    relu_mask fc1's ReLU bits for cuBLASLt
-    (N * LtMatmul.AUX_LD / 8 bytes); w, g the parameters' and gradients' named views (fc1.weight ..
-    fc2.bias); grads the flat gradient buffer from fc1.weight to fc2.bias (padding included)."""
+    gradient; h1 (N, 120) relu(fc1), dh1 its gradient; logits, dlogits (N, 10); relu_mask fc1's ReLU
+    bits for cuBLASLt (N * LtMatmul.AUX_LD / 8 bytes); w, g the parameters' and gradients' named views
+    (fc1.weight .. fc2.bias); grads the flat gradient buffer from fc1.weight to fc2.bias (padding
+    included)."""
 
     x: object
     dx: object
@@ -91,6 +91,18 @@ class FullyConnected:
         self.name, self.t, self.loss = "fc", tensors, loss
         self._part = None   # our backward's partial-sum rows, made on first use
         self._sce = None    # our forward's loss sums, one per block
+        self._timing = None   # the loss's totals while candidates are timed (made on first use)
+
+    def _timing_loss(self) -> LossTensors:
+        """The loss's tensors with its device totals (loss, correct, running) swapped for scratch ones:
+        timing a candidate runs a training forward, which must not touch the model's totals (an
+        evaluation may be planning a batch size in the middle of its sums)."""
+        if self._timing is None:
+            import cupy
+
+            self._timing = replace(self.loss, loss=cupy.zeros(1, cupy.float32), correct=cupy.zeros(1, cupy.int32),
+                                   running=cupy.zeros(1, cupy.float32))
+        return self._timing
 
     def plan(self, ctx, n: int, loss):
         """The cuBLAS path or ours, whichever runs faster (Note [head engines]); ``loss`` is the planned
@@ -106,33 +118,41 @@ class FullyConnected:
         hit = store.get(op) if store is not None else None
         if hit is not None and hit.get("engine") == "ours" and [hit.get("group"), hit.get("per")] in \
                 [list(c) for c in HEAD_CANDIDATES]:
-            return self._ours(ctx, n, int(hit["group"]), int(hit["per"]), hit.get("ms"))
+            return self._ours(ctx, n, int(hit["group"]), int(hit["per"]), ms=hit.get("ms"))
         if hit is not None and hit.get("engine") == "libraries" and pol.engine != ENGINES["ours"].name:
             return PlannedFullyConnected(self.t, ctx, n, loss)
-        libs = None if pol.engine == ENGINES["ours"].name else PlannedFullyConnected(self.t, ctx, n, loss)
+        from .loss import SoftmaxCrossEntropy
+
+        timing = self._timing_loss()
+        libs = None
+        if pol.engine != ENGINES["ours"].name:   # timed with the scratch totals, then given the real loss
+            libs = PlannedFullyConnected(self.t, ctx, n, SoftmaxCrossEntropy(timing, ctx.stream).plan(n))
         cands = candidates(n, pol.choice("fwd") == "heuristic")
         reproducible = pol.deterministic and pol.choice("fwd") == "heuristic"
         best = None
         for g, per in cands:
-            cand = self._ours(ctx, n, g, per)
+            cand = self._ours(ctx, n, g, per, timing)
             ms = cand.time(ctx) if (len(cands) > 1 or (libs is not None and not reproducible)) else None
             if best is None or (ms is not None and ms < best[0]):
                 best = (ms if ms is not None else math.inf, cand)
-        win = best[1]
         if libs is not None and not reproducible and OursHead.time_plan(libs, ctx) < best[0]:
-            win = libs
+            libs.loss = loss
+            if store is not None:
+                store.put(op, {"engine": "libraries"})
+            return libs
+        g, per = best[1].group, best[1].per
         if store is not None:
-            store.put(op, {"engine": "ours", "group": win.group, "per": win.per, "ms": win.ms} if win is best[1]
-                      else {"engine": "libraries"})
-        return win
+            store.put(op, {"engine": "ours", "group": g, "per": per, "ms": best[1].ms})
+        return self._ours(ctx, n, g, per, ms=best[1].ms)
 
-    def _ours(self, ctx, n: int, group: int, per: int, ms: float | None = None) -> "OursHead":
+    def _ours(self, ctx, n: int, group: int, per: int, loss: LossTensors | None = None,
+              ms: float | None = None) -> "OursHead":
         if self._part is None:
             import cupy
 
             self._part = cupy.empty((HEAD_MAX_RANGES, OursHead.WIDTH), cupy.float32)   # (ranges, width)
             self._sce = SoftmaxCE(HEAD_FWD_BLOCKS_PER_SM * sm_count())
-        head = OursHead(self.t, self.loss, ctx, n, group, per, self._part, self._sce)
+        head = OursHead(self.t, loss or self.loss, ctx, n, group, per, self._part, self._sce)
         head.ms = ms
         return head
 
