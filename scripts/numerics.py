@@ -22,6 +22,16 @@ orders of magnitude. Beside it are reported the distance from float64's own deci
 and max-elementwise, max |g - g64| / max |g64|) and the count of decisions that differ, which
 explains that distance, with PyTorch's float32 step on the same batch measured the same way.
 
+FFT and the decisions (batch 20000, --engine legacy, H100): --algo exhaustive chose FFT for conv1's
+forward and weight gradient and conv2's data gradient. That step took 5 decisions otherwise than
+float64 (1 + 2 windows, 1 ReLU of p1, 1 of fc1) where the heuristic's implicit GEMM took 1 (a ReLU of
+p1), and it landed 8.1e-4 from float64's decisions (fc1.weight 1.0e-3 max-elementwise) against
+2.8e-6; at its own decisions, 1.5e-6. So FFT's larger rounding does flip more near-ties, but each
+flip is a near-tie that a float32 step may take either way, and the gradient is exact for the
+decisions it took. Candidates therefore need no margin beyond the search's exactness bound
+(EXACT_RTOL in descriptors/search.py): a margin would trade measured speed for moving which
+near-ties flip, not for a more correct gradient.
+
 Decisions are read from what each engine keeps: our kernels' argmax bytes, or cuDNN's unpooled
 output (whose first maximum is the argmax); the ReLU decisions are those of the pooled outputs
 (ReLU commutes with max pooling) and of fc1. Only windows whose float64 output is positive count
