@@ -291,6 +291,247 @@ def prepare(args) -> dict:
             "resume": resume, "meta": meta, "params": params_flat, "velocity": velocity_flat}
 
 
+class Trainer:
+    """One training run on the GPU, after prepare(): the model and the data on the GPU, the schedule,
+    and what the run writes under --out. ``run()`` trains epoch by epoch (``epoch``), evaluates after
+    each (``evaluate``), writes the checkpoint (``save_checkpoint``), the metrics line and the plot
+    (``record``), and ends with the report (``report``); each returns or raises what main turns into
+    an exit status."""
+
+    def __init__(self, args, run: dict, policy, argv):
+        from .kernels import Augment
+        from .model import LeNet
+
+        self.args, self.argv, self.policy = args, argv, policy
+        self.config, self.out, self.meta = run["config"], run["out"], run["meta"]
+        B = self.B = args.batch_size
+        self.model = LeNet(max_batch=max(B, args.eval_batch_size), policy=policy, seed=args.seed,
+                           momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
+                           label_smoothing=args.label_smoothing, ema_decay=args.ema, cuda_graph=args.cuda_graph,
+                           fused=args.fused, plan_cache=args.plan_cache)
+        self.start_epoch, self.start_step, self.iteration, self.history, self.running = 0, 0, 0, [], 0.0
+        if self.meta is not None:
+            meta = self.meta
+            self.model.load_flat(run["params"], run["velocity"], meta.get("ema"))
+            self.start_epoch, self.iteration, self.history = meta["epoch"], meta["iteration"], meta["history"]
+            self.start_step, self.running = meta.get("step", 0), meta.get("running_loss", 0.0)
+        cfg, stream = self.config, self.model.stream
+        self.train = data.GpuDataset(*run["train"], cfg["mean"], cfg["std"], stream)
+        self.test = data.GpuDataset(*run["test"], cfg["mean"], cfg["std"], stream)
+        self.augment = Augment(args.shift, args.flip, args.seed)
+        self.steps = math.ceil(self.train.size / B)
+        self.total_iters = self.steps * args.epochs
+        self.sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma,
+                              warmup=round(args.warmup_epochs * self.steps))
+        # Plan every batch size the run will use now, so the search stays out of the epochs.
+        train, test, E = self.train, self.test, args.eval_batch_size
+        for n in {B if train.size >= B else train.size, train.size - (self.steps - 1) * B, min(E, test.size),
+                  test.size % E or E}:
+            self.model.plan(n)
+        self.written: set = set()
+        self.checkpoint_path = self.out / "checkpoint.npz" if self.out else None
+        self.plotter = self.writer = None
+        self.clock = {"start-up": 0.0, "training": 0.0, "evaluation": 0.0, "writing": 0.0}
+        self.t_begin = self.last_plot = 0.0   # set by open_outputs, when the loop begins
+        self.reached = None
+
+    @staticmethod
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.t_begin
+
+    def announce(self, gpu: str, root) -> None:
+        args, cfg = self.args, self.config
+        recipe = ["nesterov" if args.nesterov else "", f"label smoothing {args.label_smoothing:g}" if
+                  args.label_smoothing else "", f"warm-up {args.warmup_epochs:g} epochs" if args.warmup_epochs else "",
+                  f"ema {args.ema:g}" if args.ema else "", f"shift {args.shift}" if args.shift else "",
+                  "flip" if args.flip else "", "test-time mirror" if args.tta else ""]
+        self.say(f"GPU {gpu} | dataset {cfg['dataset']} ({self.train.size} train, {self.test.size} test, {root}) | "
+                 f"policy {self.policy} | cuda graph {'on' if args.cuda_graph else 'off'}"
+                 + (f" | {', '.join(r for r in recipe if r)}" if any(recipe) else ""))
+
+    def open_outputs(self) -> None:
+        """The output folder (emptied of an earlier run with --overwrite), the writer thread and the
+        plotting child (Note [plotting in a child] in lenet/plot.py)."""
+        out = self.out
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            if self.meta is None and self.args.overwrite:
+                for name in RUN_FILES:
+                    (out / name).unlink(missing_ok=True)
+            self.plotter = Plotter(out / "curves.png") if can_plot() else None
+            self.writer = Background()
+        self.clock["start-up"] = startup.process_seconds()   # start-up ends here: the loop begins
+        self.t_begin = time.perf_counter() - self.clock["start-up"]   # the program's start, on perf_counter's scale
+        self.last_plot = time.perf_counter()
+
+    def save_checkpoint(self, epoch_done: int, step: int, running_sum: float, now: bool = False) -> None:
+        """The checkpoint at (epoch_done, step), on the writer thread, or written before returning (``now``)."""
+        if self.out is None:
+            return
+        t = time.perf_counter()
+        params_flat, velocity_flat, ema_flat = self.model.flat_state()   # waits for the step in flight
+        m = {"epoch": epoch_done, "step": step, "iteration": self.iteration, "running_loss": running_sum,
+             "config": self.config, "history": list(self.history)}
+        path = self.checkpoint_path
+        job = (lambda: ckpt.save(path, params_flat, velocity_flat, m, ema_flat))
+        if now:
+            self.writer.wait()
+            job()
+        else:
+            self.writer.submit("checkpoint", job)
+        self.written.add("checkpoint.npz")
+        self.clock["writing"] += time.perf_counter() - t
+
+    def _diverged(self, epoch: int, s: int, mean_loss: float) -> TrainingDiverged:
+        if self.writer is not None:
+            self.writer.wait()
+        has = "checkpoint.npz" in self.written or (self.out and (self.out / "checkpoint.npz").exists())
+        return TrainingDiverged(f"loss became {mean_loss} in epoch {epoch + 1} by step {s + 1}; stopped. "
+                                + (f"The last good checkpoint is {self.checkpoint_path}" if has
+                                   else "No checkpoint was written") + "; try a smaller --lr")
+
+    def epoch(self, epoch: int, sig, ev0, ev1) -> tuple[int | None, float, float]:
+        """The epoch's steps from where the run stands: (an exit status when a signal stopped it, or
+        None; the GPU's seconds for the epoch; the epoch's mean training loss)."""
+        import cupy
+
+        args, model, B, steps = self.args, self.model, self.B, self.steps
+        order = self.train.order(args.seed, epoch)
+        first = self.start_step if epoch == self.start_epoch else 0
+        model.reset_running_loss(self.running if first else 0.0)
+        bar = Progress(self.train.size - first * B, epoch + 1, args.epochs, args.quiet)
+        t0 = time.perf_counter()
+        ev0.record(model.stream)
+        done_imgs = 0
+        report_every = steps if args.quiet else max(1, steps // 20)   # a host sync per report
+        for s in range(first, steps):
+            n = min(B, self.train.size - s * B)
+            model.load_from(self.train, order, s * B, n, lr=self.sched.at(self.iteration, steps, self.total_iters),
+                            augment=self.augment, epoch=epoch)
+            model.step(n)
+            self.iteration += 1
+            done_imgs += n
+            if sig.signum is not None:   # see Note [stopping]
+                bar.close()
+                self.save_checkpoint(epoch, s + 1, model.read_running_loss(), now=True)
+                where = f"epoch {epoch + 1}/{args.epochs}, step {s + 1}/{steps} (iteration {self.iteration})"
+                self.say(f"stopped by {sig.name} at {where}; " + (
+                    f"checkpoint {self.checkpoint_path}; continue with: python -m lenet.train "
+                    f"{' '.join(_resume_args(self.argv))} --resume" if self.out else "no --out, nothing was saved"))
+                return (130 if sig.signum == signal.SIGINT else 143), 0.0, 0.0
+            if args.checkpoint_every and self.iteration % args.checkpoint_every == 0 and s + 1 < steps:
+                self.save_checkpoint(epoch, s + 1, model.read_running_loss())
+            if (s + 1) % report_every == 0 or s + 1 == steps:
+                mean_loss = model.read_running_loss() / (s + 1)   # one sync per report, not per step
+                if not math.isfinite(mean_loss):
+                    bar.close()
+                    raise self._diverged(epoch, s, mean_loss)
+                bar.update(done_imgs, mean_loss, done_imgs / (time.perf_counter() - t0))
+                done_imgs = 0
+        ev1.record(model.stream)
+        ev1.synchronize()
+        seconds = max(cupy.cuda.get_elapsed_time(ev0, ev1) / 1000.0, 1e-9)
+        bar.close()
+        self.clock["training"] += time.perf_counter() - t0
+        return None, seconds, model.read_running_loss() / steps
+
+    def evaluate(self, epoch: int, seconds: float, train_loss: float) -> dict:
+        """The test split's loss and accuracy after the epoch: its record (printed, kept in history)."""
+        args = self.args
+        first = self.start_step if epoch == self.start_epoch else 0
+        t1 = time.perf_counter()
+        test_loss, test_acc = self.model.evaluate(self.test, args.eval_batch_size, tta=args.tta)
+        self.clock["evaluation"] += time.perf_counter() - t1
+        rec = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss, "test_accuracy": test_acc,
+               "images_per_s": (self.steps - first) * self.B / seconds, "seconds": seconds,
+               "lr": self.sched.at(self.iteration - 1, self.steps, self.total_iters), "wall_s": self.wall()}
+        if args.target_accuracy is not None and test_acc >= args.target_accuracy:
+            self.reached = rec["target_reached_s"] = rec["wall_s"]
+        self.history.append(rec)
+        self.say(f"epoch {epoch + 1}/{args.epochs} | train loss {train_loss:.4f} | test loss {test_loss:.4f} | "
+                 f"test acc {100 * test_acc:.2f}% | {seconds:.2f} s | {rec['images_per_s'] / 1e6:.2f} M img/s")
+        return rec
+
+    def record(self, rec: dict, last: bool) -> None:
+        """After an epoch: the checkpoint, the metrics line and (at most every PLOT_SECONDS, and last) the plot."""
+        if not self.out:
+            return
+        self.save_checkpoint(rec["epoch"], 0, 0.0)
+        t = time.perf_counter()
+        line, out = json.dumps(rec), self.out
+        self.writer.submit(f"metrics {rec['epoch']}", lambda: files.append_line(out / "metrics.jsonl", line))
+        self.written.add("metrics.jsonl")
+        if self.plotter is not None and (last or time.perf_counter() - self.last_plot >= PLOT_SECONDS):
+            self.plotter.draw(self.history)
+            self.last_plot = time.perf_counter()
+        self.clock["writing"] += time.perf_counter() - t
+
+    def close_outputs(self) -> str | None:
+        """Wait for the writes and the plots asked for; a note for the last line when curves.png was not written."""
+        if self.writer is not None:
+            t = time.perf_counter()
+            self.writer.close()
+            self.clock["writing"] += time.perf_counter() - t
+        if self.plotter is None:
+            return " (curves.png skipped: matplotlib is not installed)" if self.out else None
+        t = time.perf_counter()
+        err = self.plotter.close()
+        self.clock["writing"] += time.perf_counter() - t
+        if err is None and (self.out / "curves.png").exists():
+            self.written.add("curves.png")
+            return None
+        return f" (curves.png not written: {err or 'no epoch finished'})"
+
+    def report(self, plot_note: str | None) -> None:
+        args, history = self.args, self.history
+        if history:
+            last = history[-1]
+            self.say(f"final | test accuracy {100 * last['test_accuracy']:.2f}% | test loss {last['test_loss']:.4f} | "
+                     f"mean epoch {np.mean([h['seconds'] for h in history]):.2f} s"
+                     + (f" | target not reached ({100 * args.target_accuracy:.2f}%)"
+                        if args.target_accuracy is not None and self.reached is None else ""))
+        total, c = self.wall(), self.clock
+        other = total - sum(c.values())
+        self.say(f"wall clock {total:.2f} s: start-up {c['start-up']:.2f} s, training {c['training']:.2f} s, "
+                 f"evaluation {c['evaluation']:.2f} s, writing {c['writing']:.2f} s, other {other:.2f} s")
+        if self.written:
+            self.say(f"wrote {', '.join(str(self.out / n) for n in RUN_FILES if n in self.written)}{plot_note or ''}")
+
+    def run(self) -> int:
+        """Every epoch left, then the report; the exit status."""
+        import cupy
+
+        args = self.args
+        ev0, ev1 = cupy.cuda.Event(), cupy.cuda.Event()
+        try:
+            with Signals() as sig:
+                for epoch in range(self.start_epoch, args.epochs):
+                    code, seconds, train_loss = self.epoch(epoch, sig, ev0, ev1)
+                    if code is not None:
+                        return code
+                    rec = self.evaluate(epoch, seconds, train_loss)
+                    self.record(rec, last=epoch + 1 == args.epochs or self.reached is not None)
+                    if self.reached is not None:
+                        self.say(f"target accuracy {100 * args.target_accuracy:.2f}% reached at epoch {epoch + 1} "
+                                 f"({100 * rec['test_accuracy']:.2f}%), {self.reached:.2f} s after the program started")
+                        break
+                plot_note = self.close_outputs()
+        except StoppedAtOnce as e:
+            name = Signals.NAMES.get(e.signum, str(e.signum))
+            if self.writer is not None:
+                self.writer.close(timeout=5.0)   # a write in flight finishes (atomic either way)
+            path = self.checkpoint_path
+            print(f"stopped at once by a second {name}; "
+                  + (f"the last good checkpoint is {path}" if self.out and path.exists() else
+                     "no checkpoint was written"), flush=True)
+            return 128 + e.signum
+        self.report(plot_note)
+        return 0
+
+
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
@@ -299,198 +540,16 @@ def main(argv=None) -> int:
     from descriptors import require_gpu
 
     gpu = require_gpu()
-    from .kernels import Augment
-    from .model import LeNet
-
-    config, out, meta = run["config"], run["out"], run["meta"]
-    B = args.batch_size
-    model = LeNet(max_batch=max(B, args.eval_batch_size), policy=policy, seed=args.seed,
-                  momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
-                  label_smoothing=args.label_smoothing, ema_decay=args.ema, cuda_graph=args.cuda_graph,
-                  fused=args.fused, plan_cache=args.plan_cache)
-    start_epoch, start_step, iteration, history, running = 0, 0, 0, [], 0.0
-    if meta is not None:
-        model.load_flat(run["params"], run["velocity"], meta.get("ema"))
-        start_epoch, iteration, history = meta["epoch"], meta["iteration"], meta["history"]
-        start_step, running = meta.get("step", 0), meta.get("running_loss", 0.0)
-    train = data.GpuDataset(*run["train"], config["mean"], config["std"], model.stream)
-    test = data.GpuDataset(*run["test"], config["mean"], config["std"], model.stream)
-    augment = Augment(args.shift, args.flip, args.seed)
-    steps = math.ceil(train.size / B)
-    total_iters = steps * args.epochs
-    sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma,
-                     warmup=round(args.warmup_epochs * steps))
-    # Plan every batch size the run will use now, so the search stays out of the epochs.
-    for n in {B if train.size >= B else train.size, train.size - (steps - 1) * B,
-              min(args.eval_batch_size, test.size), test.size % args.eval_batch_size or args.eval_batch_size}:
-        model.plan(n)
-
-    say = (lambda s: print(s, flush=True))
-    recipe = ["nesterov" if args.nesterov else "", f"label smoothing {args.label_smoothing:g}" if args.label_smoothing
-              else "", f"warm-up {args.warmup_epochs:g} epochs" if args.warmup_epochs else "",
-              f"ema {args.ema:g}" if args.ema else "", f"shift {args.shift}" if args.shift else "",
-              "flip" if args.flip else "", "test-time mirror" if args.tta else ""]
-    say(f"GPU {gpu} | dataset {config['dataset']} ({train.size} train, {test.size} test, {run['root']}) | "
-        f"policy {policy} | cuda graph {'on' if args.cuda_graph else 'off'}"
-        + (f" | {', '.join(r for r in recipe if r)}" if any(recipe) else ""))
-    if meta is not None:
+    trainer = Trainer(args, run, policy, argv)
+    trainer.announce(gpu, run["root"])
+    if trainer.meta is not None:
+        steps, start_step, start_epoch = trainer.steps, trainer.start_step, trainer.start_epoch
         where = f"epoch {start_epoch + 1}, step {start_step}/{steps}" if start_step else f"epoch {start_epoch}"
-        say(f"resumed from {run['resume']} after {where}")
-    if start_epoch >= args.epochs:
-        say(f"nothing to do: the checkpoint is at epoch {start_epoch} of {args.epochs}")
-    written = set()
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        if meta is None and args.overwrite:
-            for name in RUN_FILES:
-                (out / name).unlink(missing_ok=True)
-    checkpoint_path = out / "checkpoint.npz" if out else None
-    plotter = Plotter(out / "curves.png") if out and can_plot() else None   # Note [plotting in a child]
-    writer = Background() if out else None
-    clock = {"start-up": startup.process_seconds(), "training": 0.0, "evaluation": 0.0, "writing": 0.0}
-    t_begin = time.perf_counter() - clock["start-up"]   # the program's start, on perf_counter's scale
-    last_plot = [time.perf_counter()]
-
-    def wall() -> float:
-        return time.perf_counter() - t_begin
-
-    def save_checkpoint(epoch_done: int, step: int, running_sum: float, now: bool = False) -> None:
-        if out is None:
-            return
-        t = time.perf_counter()
-        params_flat, velocity_flat, ema_flat = model.flat_state()   # waits for the step in flight
-        m = {"epoch": epoch_done, "step": step, "iteration": iteration, "running_loss": running_sum,
-             "config": config, "history": list(history)}
-        job = (lambda: ckpt.save(checkpoint_path, params_flat, velocity_flat, m, ema_flat))
-        if now:
-            writer.wait()
-            job()
-        else:
-            writer.submit("checkpoint", job)
-        written.add("checkpoint.npz")
-        clock["writing"] += time.perf_counter() - t
-
-    def submit_plot(force: bool) -> None:
-        if plotter is not None and (force or time.perf_counter() - last_plot[0] >= PLOT_SECONDS):
-            plotter.draw(history)
-            last_plot[0] = time.perf_counter()
-
-    def close_plotter() -> str | None:
-        """Wait for the plots asked for; a note for the last line when curves.png was not written."""
-        if plotter is None:
-            return " (curves.png skipped: matplotlib is not installed)" if out else None
-        t = time.perf_counter()
-        err = plotter.close()
-        clock["writing"] += time.perf_counter() - t
-        if err is None and (out / "curves.png").exists():
-            written.add("curves.png")
-            return None
-        return f" (curves.png not written: {err or 'no epoch finished'})"
-
-    import cupy
-
-    ev0, ev1 = cupy.cuda.Event(), cupy.cuda.Event()
-    reached = None
-    try:
-        with Signals() as sig:
-            for epoch in range(start_epoch, args.epochs):
-                order = train.order(args.seed, epoch)
-                first = start_step if epoch == start_epoch else 0
-                model.reset_running_loss(running if first else 0.0)
-                bar = Progress(train.size - first * B, epoch + 1, args.epochs, args.quiet)
-                t0 = time.perf_counter()
-                ev0.record(model.stream)
-                done_imgs = 0
-                report_every = steps if args.quiet else max(1, steps // 20)   # a host sync per report
-                for s in range(first, steps):
-                    start = s * B
-                    n = min(B, train.size - start)
-                    model.load_from(train, order, start, n, lr=sched.at(iteration, steps, total_iters),
-                                    augment=augment, epoch=epoch)
-                    model.step(n)
-                    iteration += 1
-                    done_imgs += n
-                    if sig.signum is not None:   # see Note [stopping]
-                        bar.close()
-                        save_checkpoint(epoch, s + 1, model.read_running_loss(), now=True)
-                        code = 130 if sig.signum == signal.SIGINT else 143
-                        where = f"epoch {epoch + 1}/{args.epochs}, step {s + 1}/{steps} (iteration {iteration})"
-                        say(f"stopped by {sig.name} at {where}; " + (
-                            f"checkpoint {checkpoint_path}; continue with: python -m lenet.train "
-                            f"{' '.join(_resume_args(argv))} --resume" if out else "no --out, nothing was saved"))
-                        return code
-                    if args.checkpoint_every and iteration % args.checkpoint_every == 0 and s + 1 < steps:
-                        save_checkpoint(epoch, s + 1, model.read_running_loss())
-                    if (s + 1) % report_every == 0 or s + 1 == steps:
-                        mean_loss = model.read_running_loss() / (s + 1)   # one sync per report, not per step
-                        if not math.isfinite(mean_loss):
-                            bar.close()
-                            if writer is not None:
-                                writer.wait()
-                            raise TrainingDiverged(
-                                f"loss became {mean_loss} in epoch {epoch + 1} by step {s + 1}; stopped. "
-                                + (f"The last good checkpoint is {checkpoint_path}" if "checkpoint.npz" in written
-                                   or (out and (out / "checkpoint.npz").exists()) else "No checkpoint was written")
-                                + "; try a smaller --lr")
-                        bar.update(done_imgs, mean_loss, done_imgs / (time.perf_counter() - t0))
-                        done_imgs = 0
-                ev1.record(model.stream)
-                ev1.synchronize()
-                seconds = max(cupy.cuda.get_elapsed_time(ev0, ev1) / 1000.0, 1e-9)
-                bar.close()
-                train_loss = model.read_running_loss() / steps
-                t1 = time.perf_counter()
-                clock["training"] += t1 - t0
-                test_loss, test_acc = model.evaluate(test, args.eval_batch_size, tta=args.tta)
-                clock["evaluation"] += time.perf_counter() - t1
-                rec = {"epoch": epoch + 1, "train_loss": train_loss, "test_loss": test_loss,
-                       "test_accuracy": test_acc, "images_per_s": (steps - first) * B / seconds,
-                       "seconds": seconds, "lr": sched.at(iteration - 1, steps, total_iters), "wall_s": wall()}
-                if args.target_accuracy is not None and test_acc >= args.target_accuracy:
-                    reached = rec["target_reached_s"] = rec["wall_s"]
-                history.append(rec)
-                say(f"epoch {epoch + 1}/{args.epochs} | train loss {train_loss:.4f} | test loss {test_loss:.4f} | "
-                    f"test acc {100 * test_acc:.2f}% | {seconds:.2f} s | {rec['images_per_s'] / 1e6:.2f} M img/s")
-                if out:
-                    last = epoch + 1 == args.epochs or reached is not None
-                    save_checkpoint(epoch + 1, 0, 0.0)
-                    t = time.perf_counter()
-                    line = json.dumps(rec)
-                    writer.submit(f"metrics {epoch + 1}", lambda line=line: files.append_line(out / "metrics.jsonl",
-                                                                                              line))
-                    written.add("metrics.jsonl")
-                    submit_plot(force=last)
-                    clock["writing"] += time.perf_counter() - t
-                if reached is not None:
-                    say(f"target accuracy {100 * args.target_accuracy:.2f}% reached at epoch {epoch + 1} "
-                        f"({100 * test_acc:.2f}%), {reached:.2f} s after the program started")
-                    break
-            if writer is not None:
-                t = time.perf_counter()
-                writer.close()
-                clock["writing"] += time.perf_counter() - t
-            plot_note = close_plotter()
-    except StoppedAtOnce as e:
-        name = Signals.NAMES.get(e.signum, str(e.signum))
-        if writer is not None:
-            writer.close(timeout=5.0)   # a write in flight finishes (atomic either way)
-        print(f"stopped at once by a second {name}; "
-              + (f"the last good checkpoint is {checkpoint_path}" if out and checkpoint_path.exists()
-                 else "no checkpoint was written"), flush=True)
-        return 128 + e.signum
-    if history:
-        last = history[-1]
-        say(f"final | test accuracy {100 * last['test_accuracy']:.2f}% | test loss {last['test_loss']:.4f} | "
-            f"mean epoch {np.mean([h['seconds'] for h in history]):.2f} s"
-            + (f" | target not reached ({100 * args.target_accuracy:.2f}%)"
-               if args.target_accuracy is not None and reached is None else ""))
-    total = wall()
-    other = total - sum(clock.values())
-    say(f"wall clock {total:.2f} s: start-up {clock['start-up']:.2f} s, training {clock['training']:.2f} s, "
-        f"evaluation {clock['evaluation']:.2f} s, writing {clock['writing']:.2f} s, other {other:.2f} s")
-    if written:
-        say(f"wrote {', '.join(str(out / n) for n in RUN_FILES if n in written)}{plot_note or ''}")
-    return 0
+        trainer.say(f"resumed from {run['resume']} after {where}")
+    if trainer.start_epoch >= args.epochs:
+        trainer.say(f"nothing to do: the checkpoint is at epoch {trainer.start_epoch} of {args.epochs}")
+    trainer.open_outputs()
+    return trainer.run()
 
 
 def _resume_args(argv) -> list[str]:
