@@ -17,15 +17,19 @@ SGD_THREADS = 256
 SOURCES = {"head": ("softmax_ce", "head")}
 
 
-def source(name: str) -> str:
-    """The CUDA source module ``name`` is compiled from."""
+def _folder():
+    """This package's folder of kernel sources."""
     # importlib.resources here, not at import: the flag parse imports this module while the start-up
     # thread imports CuPy, and two threads importing importlib.resources met Python's import-deadlock
     # guard (Note [overlapped start-up] in lenet/startup.py).
     from importlib import resources
 
-    folder = resources.files("lenet").joinpath("kernels")
-    return "\n".join(folder.joinpath(f"{part}.cu").read_text() for part in SOURCES.get(name, (name,)))
+    return resources.files("lenet").joinpath("kernels")
+
+
+def source(name: str) -> str:
+    """The CUDA source module ``name`` is compiled from."""
+    return "\n".join(_folder().joinpath(f"{part}.cu").read_text() for part in SOURCES.get(name, (name,)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,10 +37,9 @@ def source_digest() -> str:
     """A digest of every kernel source of this package: stored choices of our kernels name it, so a
     changed kernel is searched and checked again (Note [checking a stage] in lenet/stages/check.py)."""
     import hashlib
-    from importlib import resources
 
     h = hashlib.blake2b(digest_size=8)
-    for f in sorted(resources.files("lenet").joinpath("kernels").iterdir(), key=lambda f: f.name):
+    for f in sorted(_folder().iterdir(), key=lambda f: f.name):
         if f.name.endswith(".cu"):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()

@@ -57,6 +57,20 @@ class SideStream:
         self._done = cupy.cuda.Event(disable_timing=True)
         self._pending = False
 
+    @staticmethod
+    def fits(blocks: int) -> bool:
+        """Whether a grid of ``blocks`` leaves the SMs room for the main stream's work: the rule above."""
+        from ..kernels import sm_count
+
+        return blocks <= sm_count()
+
+    def joined(self, fn):
+        """fn, then the join: what a step waits for (how a candidate that forks is timed)."""
+        def run():
+            fn()
+            self.join()
+        return run
+
     def run(self, fn) -> None:
         self._fork.record(self.main)
         self.stream.wait_event(self._fork)

@@ -36,7 +36,7 @@ from descriptors.timing import time_forward_backward
 from .. import params as P
 from ..blas import LtMatmul, LtUnavailable
 from ..kernels import SoftmaxCE, kernel, sm_count, source_digest
-from .loss import LossTensors
+from .loss import LossTensors, SoftmaxCrossEntropy
 
 HEAD_GROUPS = (1, 2, 4, 8)       # the forward's images per block iteration (at most 8)
 HEAD_PER = (256, 1024, 4096, 16384)   # the weight gradients' images per block (a range)
@@ -91,17 +91,18 @@ class FullyConnected:
         self.name, self.t, self.loss = "fc", tensors, loss
         self._part = None   # our backward's partial-sum rows, made on first use
         self._sce = None    # our forward's loss sums, one per block
-        self._timing = None   # the loss's totals while candidates are timed (made on first use)
+        self._timing = None   # the loss while candidates are timed: (LossTensors, SoftmaxCrossEntropy), made once
 
-    def _timing_loss(self) -> LossTensors:
-        """The loss's tensors with its device totals (loss, correct, running) swapped for scratch ones:
-        timing a candidate runs a training forward, which must not touch the model's totals (an
-        evaluation may be planning a batch size in the middle of its sums)."""
+    def _timing_loss(self, stream) -> tuple[LossTensors, SoftmaxCrossEntropy]:
+        """The loss with its device totals (loss, correct, running) swapped for scratch ones: timing a
+        candidate runs a training forward, which must not touch the model's totals (an evaluation may
+        be planning a batch size in the middle of its sums)."""
         if self._timing is None:
             import cupy
 
-            self._timing = replace(self.loss, loss=cupy.zeros(1, cupy.float32), correct=cupy.zeros(1, cupy.int32),
-                                   running=cupy.zeros(1, cupy.float32))
+            t = replace(self.loss, loss=cupy.zeros(1, cupy.float32), correct=cupy.zeros(1, cupy.int32),
+                        running=cupy.zeros(1, cupy.float32))
+            self._timing = (t, SoftmaxCrossEntropy(t, stream))
         return self._timing
 
     def plan(self, ctx, n: int, loss):
@@ -121,12 +122,10 @@ class FullyConnected:
             return self._ours(ctx, n, int(hit["group"]), int(hit["per"]), ms=hit.get("ms"))
         if hit is not None and hit.get("engine") == "libraries" and pol.engine != ENGINES["ours"].name:
             return PlannedFullyConnected(self.t, ctx, n, loss)
-        from .loss import SoftmaxCrossEntropy
-
-        timing = self._timing_loss()
+        timing, timing_op = self._timing_loss(ctx.stream)
         libs = None
         if pol.engine != ENGINES["ours"].name:   # timed with the scratch totals, then given the real loss
-            libs = PlannedFullyConnected(self.t, ctx, n, SoftmaxCrossEntropy(timing, ctx.stream).plan(n))
+            libs = PlannedFullyConnected(self.t, ctx, n, timing_op.plan(n))
         cands = candidates(n, pol.choice("fwd") == "heuristic")
         reproducible = pol.deterministic and pol.choice("fwd") == "heuristic"
         best = None
@@ -281,6 +280,7 @@ class OursHead:
         rargs = (part, t.grads, t.grads, np.int32(ranges), np.int32(self.WIDTH), np.int32(0))
         rgrid = -(-self.WIDTH // 32)
         stream, side = self.stream, ctx.side
+        beside = side.fits(120 * ranges)   # decided here, not at every call (Note [side stream])
 
         def forward():
             with stream:
@@ -295,8 +295,8 @@ class OursHead:
             if ranges > 1:
                 red((rgrid,), (256,), rargs)
 
-        def backward():   # beside the stage backwards while one range leaves SMs idle (Note [side stream])
-            if ranges * 120 <= sm_count():
+        def backward():   # beside the stage backwards while the grid leaves SMs idle
+            if beside:
                 side.run(gradients)
             else:
                 with stream:
@@ -307,10 +307,8 @@ class OursHead:
     @staticmethod
     def time_plan(plan, ctx) -> float:
         """ms of a training step's head: the forward with the loss, then the backward (and its side work)."""
-        def backward():
-            plan.backward()
-            ctx.side.join()
-        return sum(time_forward_backward(plan.forward_loss, backward, ctx.stream, graph=ctx.captured))
+        return sum(time_forward_backward(plan.forward_loss, ctx.side.joined(plan.backward), ctx.stream,
+                                         graph=ctx.captured))
 
     def time(self, ctx) -> float:
         self.ms = self.time_plan(self, ctx)

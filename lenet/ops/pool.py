@@ -24,8 +24,8 @@ def _time_at(search, handle, pool, chw: tuple, c: int, captured: bool) -> float 
         return None
     mode = pool.read()["mode"]
     key = ("pool", handle.device_id, chw, c, mode, captured)
-    _times = search.memo
-    if key not in _times:
+    memo = search.memo
+    if key not in memo:
         import cupy
 
         ch, hh, ww = chw
@@ -38,8 +38,8 @@ def _time_at(search, handle, pool, chw: tuple, c: int, captured: bool) -> float 
         def run():
             pool.forward(handle, xd, x, yd, y)
             pool.backward(handle, yd, y, yd, dy, xd, x, xd, dx)
-        _times[key] = time_launcher(run, handle.stream, graph=captured)
-    return _times[key]
+        memo[key] = time_launcher(run, handle.stream, graph=captured)
+    return memo[key]
 
 
 def _choose(search, handle, pool, chw: tuple, n: int, sizes: list, captured: bool) -> tuple[int, float | None]:

@@ -44,14 +44,6 @@ def warm(engine: str) -> None:
             e.warm()
 
 
-def _joined(backward, side):
-    """``backward`` and the side stream's work it left (Note [side stream]): what a step waits for."""
-    def run():
-        backward()
-        side.join()
-    return run
-
-
 class PlannedStage:
     """A stage at one batch size: the winning engine's plan, and every engine's measured time."""
 
@@ -120,7 +112,7 @@ class Stage:
                 failed[e.name] = str(err)
                 continue
             ctx.workspace.reserve(plan.workspace_bytes)   # may re-allocate: see Note [re-capture]
-            times[e.name] = sum(time_forward_backward(plan.forward, _joined(plan.backward, ctx.side),
+            times[e.name] = sum(time_forward_backward(plan.forward, ctx.side.joined(plan.backward),
                                                       ctx.handle.stream, graph=ctx.captured))
             plans.append(plan)
             if reproducible:

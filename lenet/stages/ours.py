@@ -5,8 +5,8 @@ Candidates are launch shapes: the forward's images per block iteration and its b
 backward's blocks per SM. ``heuristic`` takes the first of each list (a rule: no timing),
 ``exhaustive`` times them all, each as the step runs it. Every candidate is checked against cuDNN's
 exact result before it may run (Note [checking a stage] in lenet/stages/check.py), once per
-model (its search's memo). Our kernels are exact float32 (FMA, no TF32) and deterministic: a fixed launch shape sums
-the gradients in a fixed order (Note [stage backward through the argmax] in the kernel file).
+model (its search's memo). Our kernels are exact float32 (FMA, no TF32) and deterministic: a fixed
+launch shape sums the gradients in a fixed order (Note [stage backward through the argmax] in the kernel file).
 """
 
 from __future__ import annotations
@@ -294,14 +294,10 @@ class OursStage:
 
         def bwd_of(c):
             # The reduction goes to the side stream only while the backward leaves SMs idle (Note [side stream]).
-            side = ctx.side if c.grid(n) <= _sms() else None
+            side = ctx.side if ctx.side.fits(c.grid(n)) else None
             run = backward_launcher(ks, c, n, handle.stream, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx,
                                     side)
-
-            def timed():   # what the step waits for before its update: the side stream's part too
-                run()
-                ctx.side.join()
-            return run, timed
+            return run, ctx.side.joined(run)
 
         if stored is not None:   # checked when it was stored (Note [checking a stage])
             fwd, bwd = Forward(*stored["fwd"]), Backward(*stored["bwd"])
