@@ -88,6 +88,8 @@ __device__ __forceinline__ void sce_finish(float loss, int hits, float* __restri
     *ticket = 0u;
 }
 
+// blockDim.x = SCE_THREADS; thread t of block b owns rows b * 256 + t, then every gridDim.x * 256 after
+// it; shared sv, sc (256 each) hold the block's sums (block_sum), `last` whether this block adds them all.
 extern "C" __global__ void __launch_bounds__(SCE_THREADS)
 softmax_ce_kernel(const float* __restrict__ logits,
                   const float* __restrict__ logits2,    // may be null: z = logits
