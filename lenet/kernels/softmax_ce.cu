@@ -89,7 +89,7 @@ __device__ __forceinline__ void sce_finish(float loss, int hits, float* __restri
 }
 
 // blockDim.x = SCE_THREADS; thread t of block b owns rows b * 256 + t, then every gridDim.x * 256 after
-// it; shared sv, sc (256 each) hold the block's sums (block_sum), `last` whether this block adds them all.
+// it; shared sv, sc (256 each) hold the block's sums (block_sum); sce_finish's `last` says whether it adds them all.
 extern "C" __global__ void __launch_bounds__(SCE_THREADS)
 softmax_ce_kernel(const float* __restrict__ logits,
                   const float* __restrict__ logits2,    // may be null: z = logits
