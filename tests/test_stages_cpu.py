@@ -165,3 +165,58 @@ def test_launch_grids(monkeypatch):
     assert ours.Forward(2, 8).grid(1) == 1 and ours.Forward(2, 8).grid(7) == 4 and ours.Forward(1, 8).grid(10**6) == 1056
     assert ours.Backward(4).grid(1) == 1 and ours.Backward(4, 1).grid(64) == 64 and ours.Backward(16).grid(10**6) == 2112
     assert ours.parse_name("fused-bwd-v2-g4") == ours.Backward(4, 1) and ours.parse_name("fft") is None
+
+
+def _kernel_bodies(text: str) -> dict[str, str]:
+    """name -> body of every function in a CUDA source (brace-matched)."""
+    import re
+
+    out = {}
+    for m in re.finditer(r"\b(\w+)(?:<[^>]*>)?\s*\([^;{()]*\)\s*\{", text):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        out.setdefault(m.group(1), text[m.end():i - 1])
+    return out
+
+
+def test_every_kernel_launched_programmatically_waits_first():
+    """Note [programmatic launch]: a kernel of the modules lenet.kernels.launch.Launch starts begins with
+    griddep_entry() (itself, or the device function it is a wrapper of): nothing before the wait."""
+    import re
+
+    from lenet import kernels
+
+    first = lambda body: body.strip().split(";")[0].strip()   # noqa: E731
+    checked = 0
+    folder = resources.files("lenet").joinpath("kernels")
+    for module in ("stage", "head", "sgd"):   # the kernels of these files are launched by Launch
+        assert kernels.source(module).startswith(folder.joinpath("griddep.cu").read_text())
+        text = folder.joinpath(f"{module}.cu").read_text()
+        bodies = _kernel_bodies(text)
+        for name in re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", text):
+            stmt = first(bodies[name])
+            callee = re.match(r"(\w+)(?:<[^>]*>)?\(", stmt)
+            ok = stmt == "griddep_entry()" or (callee is not None and first(bodies[callee.group(1)]) == "griddep_entry()")
+            assert ok, f"{module}: {name} does not begin with griddep_entry()"
+            checked += 1
+    assert checked >= 9
+
+
+def test_launch_packs_arrays_and_numpy_scalars_and_refuses_the_rest():
+    import ctypes
+
+    import numpy as np
+
+    from lenet.kernels.launch import _packed
+
+    class Array:   # what Launch reads of a CuPy array: its device pointer
+        class data:
+            ptr = 0x7F0000001000
+    values, pointers = _packed((Array(), np.int32(-3), np.float32(0.5), np.uint64(7)))
+    assert [type(v) for v in values] == [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_uint64]
+    assert [v.value for v in values] == [0x7F0000001000, -3, 0.5, 7]
+    assert [pointers[i] for i in range(4)] == [ctypes.addressof(v) for v in values]
+    with pytest.raises(TypeError, match="kernel argument of type int: pass a CuPy array or a numpy scalar"):
+        _packed((3,))

@@ -13,8 +13,10 @@ SGD_THREADS = 256
 
 
 # What each module is compiled from, in order, where that is more than its own file: the head's
-# forward runs the loss's per-row math (softmax_ce.cu's device functions).
+# forward runs the loss's per-row math (softmax_ce.cu's device functions). Every module begins with
+# PRELUDE (griddep_entry(), Note [programmatic launch] in lenet/kernels/launch.py).
 SOURCES = {"head": ("softmax_ce", "head")}
+PRELUDE = "griddep"
 
 
 def _folder():
@@ -29,7 +31,8 @@ def _folder():
 
 def source(name: str) -> str:
     """The CUDA source module ``name`` is compiled from."""
-    return "\n".join(_folder().joinpath(f"{part}.cu").read_text() for part in SOURCES.get(name, (name,)))
+    parts = (PRELUDE, *SOURCES.get(name, (name,)))
+    return "\n".join(_folder().joinpath(f"{part}.cu").read_text() for part in parts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,15 +100,18 @@ class SoftmaxCE:
             np.float32(label_smoothing)))
 
 
-def sgd_update(params, grads, velocity, lr_dev, momentum: float, weight_decay: float, nesterov: bool = False,
-               ema=None, ema_decay: float = 0.0) -> None:
-    """params -= lr * (momentum-smoothed grads + weight_decay * params), in one launch; Nesterov
-    momentum when asked; and ema += (1 - ema_decay) * (params - ema) when ema is given."""
+def sgd_update(stream, params, grads, velocity, lr_dev, momentum: float, weight_decay: float, nesterov: bool = False,
+               ema=None, ema_decay: float = 0.0):
+    """A launch (lenet.kernels.launch.Launch) on ``stream`` of: params -= lr * (momentum-smoothed grads +
+    weight_decay * params), Nesterov momentum when asked; and ema += (1 - ema_decay) * (params - ema)
+    when ema is given."""
+    from .launch import Launch
+
     n = params.size
     blocks = max(1, min(1024, (n + SGD_THREADS - 1) // SGD_THREADS))
-    kernel("sgd", "sgd_kernel")((blocks,), (SGD_THREADS,), (
+    return Launch(kernel("sgd", "sgd_kernel"), (blocks,), (SGD_THREADS,), (
         params, grads, velocity, lr_dev, np.float32(momentum), np.float32(weight_decay), np.int32(bool(nesterov)),
-        np.uint64(ema.data.ptr if ema is not None else 0), np.float32(1.0 - ema_decay), np.int32(n)))
+        np.uint64(ema.data.ptr if ema is not None else 0), np.float32(1.0 - ema_decay), np.int32(n)), stream)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,7 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
                     int* __restrict__ correct, float* __restrict__ partial_loss, int* __restrict__ partial_correct,
                     unsigned int* __restrict__ ticket, float* __restrict__ running, float grad_scale,
                     float loss_scale, float eps, float* __restrict__ dh1, float* __restrict__ dp2) {
+  griddep_entry();
   __shared__ float sw2[H_OUT * H_HID];
   __shared__ __align__(16) float sp[H_MAXG * H_IN];
   __shared__ float sh[H_MAXG * H_HID];
@@ -191,6 +192,7 @@ extern "C" __global__ void __launch_bounds__(H_THREADS)
 head_weights_kernel(const float* __restrict__ p2, const float* __restrict__ h1, const float* __restrict__ dh1,
                     const float* __restrict__ dlogits, float* __restrict__ part, int width, int off_b1, int off_w2,
                     int off_b2, int N, int per) {
+  griddep_entry();
   const int t = threadIdx.x, j = blockIdx.x;
   const int n0 = blockIdx.y * per, n1 = min(N, n0 + per);
   float* row = part + (size_t)blockIdx.y * width;

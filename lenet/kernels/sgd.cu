@@ -11,6 +11,7 @@ extern "C" __global__ void sgd_kernel(float* __restrict__ p, const float* __rest
                                       float* __restrict__ v, const float* __restrict__ lr,
                                       float momentum, float weight_decay, int nesterov,
                                       float* __restrict__ ema, float ema_weight, int n) {
+    griddep_entry();
     const float rate = lr[0];
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         float d = g[i] + weight_decay * p[i];

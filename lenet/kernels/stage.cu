@@ -41,6 +41,7 @@ __device__ __forceinline__ float relu_keep_nan(float v) { return (v > 0.f || v !
 extern "C" __global__ void __launch_bounds__(576)
 stage1_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                       float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+  griddep_entry();
   extern __shared__ float sx[];
   __shared__ float sw[150];
   __shared__ float sb[6];
@@ -91,6 +92,7 @@ stage1_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
 extern "C" __global__ void __launch_bounds__(512)
 stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                       float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+  griddep_entry();
   extern __shared__ float smem[];
   float* sw = smem;
   float* sx = smem + S2_WEIGHTS;
@@ -150,6 +152,7 @@ extern "C" __global__ void __launch_bounds__(S1B_THREADS)
 stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restrict__ arg,
                        const float* __restrict__ dp, float* __restrict__ part, float* __restrict__ dw,
                        float* __restrict__ db, int N) {
+  griddep_entry();
   __shared__ float sx[S1_IMAGE];
   __shared__ float sg[S1_POOLED];
   __shared__ int so[S1_POOLED];
@@ -245,6 +248,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
                                                 const unsigned char* __restrict__ arg, const float* __restrict__ dp,
                                                 float* __restrict__ dx, float* __restrict__ part,
                                                 float* __restrict__ dw, float* __restrict__ db, int N) {
+  griddep_entry();
   constexpr int THREADS = 160 * KS, KN = 16 / KS;
   constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
   __shared__ float sw[S2_WEIGHTS];
@@ -402,6 +406,7 @@ stage2_backward_split4_kernel(const float* __restrict__ x, const float* __restri
 extern "C" __global__ void __launch_bounds__(256)
 stage_reduce_kernel(const float* __restrict__ part, float* __restrict__ dw, float* __restrict__ db,
                     int rows, int mw, int mb) {
+  griddep_entry();
   __shared__ float sums[8][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = mw + mb;
   const int i = blockIdx.x * 32 + lane;

@@ -36,6 +36,7 @@ from descriptors.timing import time_forward_backward
 from .. import params as P
 from ..blas import LtMatmul, LtUnavailable
 from ..kernels import SoftmaxCE, kernel, sm_count, source_digest
+from ..kernels.launch import Launch
 from .loss import LossTensors, SoftmaxCrossEntropy
 
 HEAD_GROUPS = (1, 2, 4, 8)       # the forward's images per block iteration (at most 8)
@@ -281,27 +282,22 @@ class OursHead:
         rgrid = -(-self.WIDTH // 32)
         stream, side = self.stream, ctx.side
         beside = side.fits(120 * ranges)   # decided here, not at every call (Note [side stream])
-
-        def forward():
-            with stream:
-                fwd((fgrid,), (256,), plain)
-
-        def forward_loss():
-            with stream:
-                fwd((fgrid,), (256,), training)
+        on = side.stream if beside else stream
+        weights_, reduced = Launch(wts, (120, ranges), (256,), wargs, on), Launch(red, (rgrid,), (256,), rargs, on)
 
         def gradients():
-            wts((120, ranges), (256,), wargs)
+            weights_()
             if ranges > 1:
-                red((rgrid,), (256,), rargs)
+                reduced()
 
         def backward():   # beside the stage backwards while the grid leaves SMs idle
             if beside:
                 side.run(gradients)
             else:
-                with stream:
-                    gradients()
-        self.forward, self.forward_loss, self.backward = forward, forward_loss, backward
+                gradients()
+        self.forward = Launch(fwd, (fgrid,), (256,), plain, stream)
+        self.forward_loss = Launch(fwd, (fgrid,), (256,), training, stream)
+        self.backward = backward
         self.ms = None
 
     @staticmethod

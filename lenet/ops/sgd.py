@@ -16,11 +16,11 @@ class SGD:
         self.stream, self.params, self.grads, self.velocity, self.lr, self.ema = stream, params, grads, velocity, lr, ema
         self.momentum, self.weight_decay = float(momentum), float(weight_decay)
         self.nesterov, self.ema_decay = bool(nesterov), ema_decay
+        self._launch = sgd_update(stream, params, grads, velocity, lr, self.momentum, self.weight_decay,
+                                  self.nesterov, ema, ema_decay or 0.0)
 
     def __call__(self) -> None:
-        with self.stream:
-            sgd_update(self.params, self.grads, self.velocity, self.lr, self.momentum, self.weight_decay,
-                       self.nesterov, self.ema, self.ema_decay or 0.0)
+        self._launch()
 
     def describe(self) -> list[dict]:
         what = ("nesterov " if self.nesterov else "") + ("+ ema" if self.ema_decay else "")

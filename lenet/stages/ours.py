@@ -21,6 +21,7 @@ from descriptors.algorithms import AlgorithmNotSupportedError, Direction
 from descriptors.timing import time_launcher
 
 from ..kernels import kernel
+from ..kernels.launch import Launch
 from ..kernels import sm_count as _sms
 from . import check
 
@@ -105,14 +106,8 @@ def pins(name: str) -> tuple[str, ...]:
 
 def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg):
     """A zero-argument launch of the stage's forward on the first n images, on ``stream``."""
-    fn, grid = kernel("stage", ks.forward), cand.grid(n)
-    threads, smem = ks.fwd_threads * cand.images, ks.fwd_smem(cand.images)
-    args = (x, w, b, y, arg, np.int32(n))
-
-    def run():
-        with stream:
-            fn((grid,), (threads,), args, shared_mem=smem)
-    return run
+    grid, threads, smem = cand.grid(n), ks.fwd_threads * cand.images, ks.fwd_smem(cand.images)
+    return Launch(kernel("stage", ks.forward), (grid,), (threads,), (x, w, b, y, arg, np.int32(n)), stream, smem)
 
 
 def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
@@ -127,17 +122,16 @@ def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, a
     args = ((x, arg, dy, part, dw, db, np.int32(n)) if dx is None else
             (x, w, arg, dy, dx, part, dw, db, np.int32(n)))
     red = (part, dw, db, np.int32(grid), np.int32(ks.mw), np.int32(ks.mb))
-    red_grid = -(-ks.width // 32)
-
-    def summed():
-        reduce((red_grid,), (256,), red)
+    backward = Launch(fn, (grid,), (threads,), args, stream)
+    if grid == 1:
+        return backward
+    summed = Launch(reduce, (-(-ks.width // 32),), (256,), red, stream if side is None else side.stream)
 
     def run():
-        with stream:
-            fn((grid,), (threads,), args)
-            if grid > 1 and side is None:
-                summed()
-        if grid > 1 and side is not None:
+        backward()
+        if side is None:
+            summed()
+        else:
             side.run(summed)
     return run
 

@@ -1,0 +1,94 @@
+"""One launch of a kernel of ours, prepared once and started by a call, with programmatic dependent
+launch where the GPU has it.
+
+Note [programmatic launch]: at small batches the step is a chain of dependent kernels of a few
+microseconds each, and each link costs the next kernel's launch: its grid is scheduled only once the
+kernel before it has finished. With programmatic dependent launch (sm_90 and later; cuLaunchKernelEx
+with the programmatic-stream-serialization attribute), the next kernel is scheduled while the one
+before it still runs, and its blocks wait at griddepcontrol.wait until that kernel has finished and
+its writes are visible (lenet/kernels/griddep.cu: griddep_entry(), the first statement of every
+kernel launched here, so nothing a kernel does moves before the wait). Inside a captured step the
+launch becomes a programmatic edge of the CUDA graph. Measured on an H100 (scripts/probes/pdl.py): a
+chain of one-block kernels in a CUDA graph takes 0.33-0.44 us less per dependent launch, 64-block
+kernels 0.26-0.60 us. The rule is structural: a kernel launched here must begin with
+griddep_entry() (tests/test_stages_cpu.py reads the sources for it); a kernel that did not could
+run beside the one before it. Where the previous work on the stream is not a kernel (an event the
+side stream joins, a copy) or not one of ours (cuBLAS, cuDNN), the launch waits for it as a plain
+launch does. Written by hand over cuda-python's cuLaunchKernelEx: CuPy's kernel call takes no
+launch attributes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+
+# numpy scalar type -> the ctypes type cuLaunchKernelEx reads the argument as
+_SCALARS = {np.int32: ctypes.c_int32, np.uint32: ctypes.c_uint32, np.int64: ctypes.c_int64,
+            np.uint64: ctypes.c_uint64, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
+
+
+@functools.lru_cache(maxsize=None)
+def programmatic(device_id: int) -> bool:
+    """Whether GPU ``device_id`` takes programmatic dependent launch (compute capability 9.0 or later)."""
+    import cupy
+
+    return int(cupy.cuda.Device(device_id).compute_capability) >= 90
+
+
+def _packed(args) -> tuple[list, object]:
+    """The arguments as ctypes values and the void* array cuLaunchKernelEx reads them through."""
+    values = []
+    for a in args:
+        if hasattr(a, "data") and hasattr(a.data, "ptr"):     # a CuPy array: its device pointer
+            values.append(ctypes.c_void_p(a.data.ptr))
+        elif type(a) in _SCALARS:
+            values.append(_SCALARS[type(a)](a.item()))
+        else:
+            raise TypeError(f"kernel argument of type {type(a).__name__}: pass a CuPy array or a numpy scalar "
+                            f"({', '.join(t.__name__ for t in _SCALARS)})")
+    pointers = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
+    return values, pointers
+
+
+class Launch:
+    """``fn`` (a cupy.RawKernel of ours, beginning with griddep_entry()) on ``grid`` blocks of ``block``
+    threads with ``shared_mem`` bytes of dynamic shared memory and ``args``, on ``stream``; each call
+    launches it once (Note [programmatic launch]). The arrays among ``args`` must outlive it."""
+
+    __slots__ = ("_launch", "_ok", "_config", "_fn", "_params", "_keep")
+
+    def __init__(self, fn, grid, block, args, stream, shared_mem: int = 0):
+        from cuda.bindings import driver
+
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        block = tuple(block) + (1,) * (3 - len(block))
+        config = driver.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = (int(v) for v in grid)
+        config.blockDimX, config.blockDimY, config.blockDimZ = (int(v) for v in block)
+        if shared_mem > 48 * 1024:
+            raise ValueError(f"{shared_mem} bytes of dynamic shared memory: at most 48 KiB without an opt-in")
+        config.sharedMemBytes = int(shared_mem)
+        config.hStream = driver.CUstream(stream.ptr)
+        attrs = []
+        import cupy
+
+        if programmatic(cupy.cuda.Device().id):   # the current device: the stream's
+            a = driver.CUlaunchAttribute()
+            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
+        config.attrs = attrs
+        config.numAttrs = len(attrs)
+        values, pointers = _packed(args)
+        self._launch, self._ok = driver.cuLaunchKernelEx, driver.CUresult.CUDA_SUCCESS
+        self._config, self._fn = config, driver.CUfunction(fn.kernel.ptr)
+        self._params = ctypes.addressof(pointers)
+        self._keep = (values, pointers, tuple(args), attrs)
+
+    def __call__(self) -> None:
+        err, = self._launch(self._config, self._fn, self._params, 0)
+        if err != self._ok:
+            raise RuntimeError(f"kernel launch failed: {err.name}")
