@@ -34,6 +34,9 @@ def main():
     ap.add_argument("--torch", action="store_true", help="profile PyTorch's step instead (float32, no TF32)")
     ap.add_argument("--deterministic", action="store_true",
                     help="reproducible choices: no timing decides (fewest kernels: for compute-sanitizer)")
+    ap.add_argument("--plan-cache", action="store_true",
+                    help="build from the stored choices (an earlier train_step's), so a profiler sees what the "
+                         "program chose, not a search that the profiler's serialized launches timed")
     args = ap.parse_args()
     if args.torch:
         return torch_steps(args)
@@ -44,7 +47,7 @@ def main():
 
     m = LeNet(max_batch=args.batch, policy=AlgoPolicy.parse(args.algo, engine=args.engine,
                                                             deterministic=args.deterministic),
-              cuda_graph=True, fused=not args.no_fused)
+              cuda_graph=True, fused=not args.no_fused, plan_cache=args.plan_cache)
     m.load_batch(x, y)
     for _ in range(5):
         m.step(args.batch, 0.01)
