@@ -29,6 +29,31 @@ import numpy as np
 _SCALARS = {np.int32: ctypes.c_int32, np.uint32: ctypes.c_uint32, np.int64: ctypes.c_int64,
             np.uint64: ctypes.c_uint64, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
 
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6   # CUlaunchAttributeID (cuda.h)
+
+
+class _Attribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union (an int at its start here)."""
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int),
+                ("rest", ctypes.c_char * 60)]
+
+
+class _Config(ctypes.Structure):
+    """CUlaunchConfig."""
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_Attribute)), ("numAttrs", ctypes.c_uint)]
+
+
+@functools.lru_cache(maxsize=None)
+def _driver_launch():
+    """The driver's cuLaunchKernelEx (libcuda, which CuPy has loaded already)."""
+    fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
+    fn.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
 
 @functools.lru_cache(maxsize=None)
 def programmatic(device_id: int) -> bool:
@@ -58,37 +83,26 @@ class Launch:
     threads with ``shared_mem`` bytes of dynamic shared memory and ``args``, on ``stream``; each call
     launches it once (Note [programmatic launch]). The arrays among ``args`` must outlive it."""
 
-    __slots__ = ("_launch", "_ok", "_config", "_fn", "_params", "_keep")
+    __slots__ = ("_launch", "_config", "_fn", "_params", "_keep")
 
     def __init__(self, fn, grid, block, args, stream, shared_mem: int = 0):
-        from cuda.bindings import driver
-
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        block = tuple(block) + (1,) * (3 - len(block))
-        config = driver.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = (int(v) for v in grid)
-        config.blockDimX, config.blockDimY, config.blockDimZ = (int(v) for v in block)
-        if shared_mem > 48 * 1024:
-            raise ValueError(f"{shared_mem} bytes of dynamic shared memory: at most 48 KiB without an opt-in")
-        config.sharedMemBytes = int(shared_mem)
-        config.hStream = driver.CUstream(stream.ptr)
-        attrs = []
         import cupy
 
-        if programmatic(cupy.cuda.Device().id):   # the current device: the stream's
-            a = driver.CUlaunchAttribute()
-            a.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            a.value.programmaticStreamSerializationAllowed = 1
-            attrs.append(a)
-        config.attrs = attrs
-        config.numAttrs = len(attrs)
+        if shared_mem > 48 * 1024:
+            raise ValueError(f"{shared_mem} bytes of dynamic shared memory: at most 48 KiB without an opt-in")
+        grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
+        block = tuple(int(v) for v in block) + (1,) * (3 - len(block))
+        attrs = (_Attribute * 1)()
+        attrs[0].id, attrs[0].value = _PROGRAMMATIC_STREAM_SERIALIZATION, 1
+        on = programmatic(cupy.cuda.Device().id)   # the current device: the stream's
+        self._config = _Config(*grid, *block, int(shared_mem), stream.ptr, attrs, 1 if on else 0)
+        self._fn = ctypes.c_void_p(fn.kernel.ptr)
         values, pointers = _packed(args)
-        self._launch, self._ok = driver.cuLaunchKernelEx, driver.CUresult.CUDA_SUCCESS
-        self._config, self._fn = config, driver.CUfunction(fn.kernel.ptr)
         self._params = ctypes.addressof(pointers)
+        self._launch = _driver_launch()
         self._keep = (values, pointers, tuple(args), attrs)
 
     def __call__(self) -> None:
-        err, = self._launch(self._config, self._fn, self._params, 0)
-        if err != self._ok:
-            raise RuntimeError(f"kernel launch failed: {err.name}")
+        err = self._launch(ctypes.byref(self._config), self._fn, self._params, None)
+        if err:
+            raise RuntimeError(f"kernel launch failed: CUDA driver error {err}")
