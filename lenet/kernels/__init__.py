@@ -108,7 +108,7 @@ def sgd_update(stream, params, grads, velocity, lr_dev, momentum: float, weight_
     from .launch import Launch
 
     n = params.size
-    blocks = max(1, min(1024, (n + SGD_THREADS - 1) // SGD_THREADS))
+    blocks = max(1, min(sm_count(), (n + SGD_THREADS - 1) // SGD_THREADS))   # one wave: Note [programmatic launch]
     return Launch(kernel("sgd", "sgd_kernel"), (blocks,), (SGD_THREADS,), (
         params, grads, velocity, lr_dev, np.float32(momentum), np.float32(weight_decay), np.int32(bool(nesterov)),
         np.uint64(ema.data.ptr if ema is not None else 0), np.float32(1.0 - ema_decay), np.int32(n)), stream)

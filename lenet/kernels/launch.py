@@ -10,12 +10,17 @@ its writes are visible (lenet/kernels/griddep.cu: griddep_entry(), the first sta
 kernel launched here, so nothing a kernel does moves before the wait). Inside a captured step the
 launch becomes a programmatic edge of the CUDA graph. Measured on an H100 (scripts/probes/pdl.py): a
 chain of one-block kernels in a CUDA graph takes 0.33-0.44 us less per dependent launch, 64-block
-kernels 0.26-0.60 us. The rule is structural: a kernel launched here must begin with
+kernels 0.26-0.60 us. Only for a grid that fits in one wave of the SMs, though: at batch 8192, where
+our stage kernels run several waves, launching every kernel programmatically took the step from
+831-835 to 844-845 us, where batch 1 went from 40.1-40.4 to 38.5-38.6 (scripts/bench.py, ours auto,
+the two trees in turn on one H100). The rule is structural: a kernel launched here must begin with
 griddep_entry() (tests/test_stages_cpu.py reads the sources for it); a kernel that did not could
 run beside the one before it. Where the previous work on the stream is not a kernel (an event the
 side stream joins, a copy) or not one of ours (cuBLAS, cuDNN), the launch waits for it as a plain
-launch does. Written by hand over cuda-python's cuLaunchKernelEx: CuPy's kernel call takes no
-launch attributes.
+launch does. Written by hand over the driver's cuLaunchKernelEx, called through ctypes: CuPy's kernel
+call takes no launch attributes, and cuda-python's driver module resolves every driver entry point as
+it loads (34 cuGetProcAddress calls this driver answers "invalid value", each an error under
+compute-sanitizer's memcheck) and would add its import to the start-up.
 """
 
 from __future__ import annotations
@@ -56,11 +61,13 @@ def _driver_launch():
 
 
 @functools.lru_cache(maxsize=None)
-def programmatic(device_id: int) -> bool:
-    """Whether GPU ``device_id`` takes programmatic dependent launch (compute capability 9.0 or later)."""
+def programmatic(device_id: int) -> int:
+    """The largest grid GPU ``device_id`` launches programmatically: one wave of its SMs (Note
+    [programmatic launch]), or 0 before compute capability 9.0 (no programmatic dependent launch)."""
     import cupy
 
-    return int(cupy.cuda.Device(device_id).compute_capability) >= 90
+    d = cupy.cuda.Device(device_id)
+    return int(d.attributes["MultiProcessorCount"]) if int(d.compute_capability) >= 90 else 0
 
 
 def _packed(args) -> tuple[list, object]:
@@ -94,7 +101,7 @@ class Launch:
         block = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         attrs = (_Attribute * 1)()
         attrs[0].id, attrs[0].value = _PROGRAMMATIC_STREAM_SERIALIZATION, 1
-        on = programmatic(cupy.cuda.Device().id)   # the current device: the stream's
+        on = grid[0] * grid[1] * grid[2] <= programmatic(cupy.cuda.Device().id)   # the stream's device
         self._config = _Config(*grid, *block, int(shared_mem), stream.ptr, attrs, 1 if on else 0)
         self._fn = ctypes.c_void_p(fn.kernel.ptr)
         values, pointers = _packed(args)
