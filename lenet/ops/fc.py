@@ -37,7 +37,6 @@ from .. import params as P
 from ..blas import LtMatmul, LtUnavailable
 from ..kernels import SoftmaxCE, kernel, sm_count, source_digest
 from ..kernels.launch import Launch
-from ..stages.ours import REDUCE_THREADS
 from .loss import LossTensors, SoftmaxCrossEntropy
 
 HEAD_GROUPS = (1, 2, 4, 8)       # the forward's images per block iteration (at most 8)
@@ -284,7 +283,7 @@ class OursHead:
         stream, side = self.stream, ctx.side
         beside = side.fits(120 * ranges)   # decided here, not at every call (Note [side stream])
         on = side.stream if beside else stream
-        weights_, reduced = Launch(wts, (120, ranges), (256,), wargs, on), Launch(red, (rgrid,), (REDUCE_THREADS,), rargs, on)
+        weights_, reduced = Launch(wts, (120, ranges), (256,), wargs, on), Launch(red, (rgrid,), (256,), rargs, on)
 
         def gradients():
             weights_()

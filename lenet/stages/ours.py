@@ -27,7 +27,6 @@ from . import check
 
 BACKWARD_BLOCKS_PER_SM = (4, 2, 8, 16)   # the first is the heuristic's (scripts/probes/stage_kernels.py)
 FORWARD_BLOCKS_PER_SM = (8, 4, 16)
-REDUCE_THREADS = 1024   # stage_reduce_kernel's block: 32 warps share a block's 32 columns' rows
 
 
 @dataclass(frozen=True)
@@ -126,7 +125,7 @@ def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, a
     backward = Launch(fn, (grid,), (threads,), args, stream)
     if grid == 1:
         return backward
-    summed = Launch(reduce, (-(-ks.width // 32),), (REDUCE_THREADS,), red, stream if side is None else side.stream)
+    summed = Launch(reduce, (-(-ks.width // 32),), (256,), red, stream if side is None else side.stream)
 
     def run():
         backward()
