@@ -100,7 +100,7 @@ class SoftmaxCE:
             np.float32(label_smoothing)))
 
 
-def sgd_update(stream, params, grads, velocity, lr_dev, momentum: float, weight_decay: float, nesterov: bool = False,
+def sgd_launch(stream, params, grads, velocity, lr_dev, momentum: float, weight_decay: float, nesterov: bool = False,
                ema=None, ema_decay: float = 0.0):
     """A launch (lenet.kernels.launch.Launch) on ``stream`` of: params -= lr * (momentum-smoothed grads +
     weight_decay * params), Nesterov momentum when asked; and ema += (1 - ema_decay) * (params - ema)

@@ -61,7 +61,7 @@ def _driver_launch():
 
 
 @functools.lru_cache(maxsize=None)
-def programmatic(device_id: int) -> int:
+def programmatic_grid_limit(device_id: int) -> int:
     """The largest grid GPU ``device_id`` launches programmatically: one wave of its SMs (Note
     [programmatic launch]), or 0 before compute capability 9.0 (no programmatic dependent launch)."""
     import cupy
@@ -101,15 +101,16 @@ class Launch:
         block = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         attrs = (_Attribute * 1)()
         attrs[0].id, attrs[0].value = _PROGRAMMATIC_STREAM_SERIALIZATION, 1
-        on = grid[0] * grid[1] * grid[2] <= programmatic(cupy.cuda.Device().id)   # the stream's device
-        self._config = _Config(*grid, *block, int(shared_mem), stream.ptr, attrs, 1 if on else 0)
+        on = grid[0] * grid[1] * grid[2] <= programmatic_grid_limit(cupy.cuda.Device().id)   # the stream's device
+        config = _Config(*grid, *block, int(shared_mem), stream.ptr, attrs, 1 if on else 0)
+        self._config = ctypes.byref(config)   # made once: a call allocates nothing
         self._fn = ctypes.c_void_p(fn.kernel.ptr)
         values, pointers = _packed(args)
         self._params = ctypes.addressof(pointers)
         self._launch = _driver_launch()
-        self._keep = (values, pointers, tuple(args), attrs)
+        self._keep = (config, values, pointers, tuple(args), attrs)
 
     def __call__(self) -> None:
-        err = self._launch(ctypes.byref(self._config), self._fn, self._params, None)
+        err = self._launch(self._config, self._fn, self._params, None)
         if err:
             raise RuntimeError(f"kernel launch failed: CUDA driver error {err}")

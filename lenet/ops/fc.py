@@ -283,11 +283,12 @@ class OursHead:
         stream, side = self.stream, ctx.side
         beside = side.fits(120 * ranges)   # decided here, not at every call (Note [side stream])
         on = side.stream if beside else stream
-        weights_, reduced = Launch(wts, (120, ranges), (256,), wargs, on), Launch(red, (rgrid,), (256,), rargs, on)
+        weights_ = Launch(wts, (120, ranges), (256,), wargs, on)
+        reduced = Launch(red, (rgrid,), (256,), rargs, on) if ranges > 1 else None   # one range: no partial rows
 
         def gradients():
             weights_()
-            if ranges > 1:
+            if reduced is not None:
                 reduced()
 
         def backward():   # beside the stage backwards while the grid leaves SMs idle

@@ -3,7 +3,7 @@ which also moves the weights' exponential moving average when the model keeps on
 
 from __future__ import annotations
 
-from ..kernels import sgd_update
+from ..kernels import sgd_launch
 
 
 class SGD:
@@ -16,7 +16,7 @@ class SGD:
         self.stream, self.params, self.grads, self.velocity, self.lr, self.ema = stream, params, grads, velocity, lr, ema
         self.momentum, self.weight_decay = float(momentum), float(weight_decay)
         self.nesterov, self.ema_decay = bool(nesterov), ema_decay
-        self._launch = sgd_update(stream, params, grads, velocity, lr, self.momentum, self.weight_decay,
+        self._launch = sgd_launch(stream, params, grads, velocity, lr, self.momentum, self.weight_decay,
                                   self.nesterov, ema, ema_decay or 0.0)
 
     def __call__(self) -> None:
