@@ -13,7 +13,7 @@ chain of one-block kernels in a CUDA graph takes 0.33-0.44 us less per dependent
 kernels 0.26-0.60 us. Only for a grid that fits in one wave of the SMs, though: at batch 8192, where
 our stage kernels run several waves, launching every kernel programmatically took the step from
 831-835 to 844-845 us, where batch 1 went from 40.1-40.4 to 38.5-38.6 (scripts/bench.py, ours auto,
-the two trees in turn on one H100). The rule is structural: a kernel launched here must begin with
+the two trees in turn on one H100, both with a 32-warp stage_reduce_kernel since reverted). The rule is structural: a kernel launched here must begin with
 griddep_entry() (tests/test_stages_cpu.py reads the sources for it); a kernel that did not could
 run beside the one before it. Where the previous work on the stream is not a kernel (an event the
 side stream joins, a copy) or not one of ours (cuBLAS, cuDNN), the launch waits for it as a plain
