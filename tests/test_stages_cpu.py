@@ -62,7 +62,7 @@ def test_candidates_are_named_and_the_heuristic_takes_the_first():
     engine = ENGINES["ours"]
     fwd, bwd = engine.candidates(CONV2, AlgoPolicy.parse("exhaustive"))
     names = [c.name for c in fwd + bwd]
-    assert len(set(names)) == len(names) and "fused-fwd-i1-g8" in names and "fused-bwd-v2-g4" in names
+    assert len(set(names)) == len(names) and "fused-fwd-v1-i1-g8" in names and "fused-bwd-v2-g4" in names
     hf, hb = engine.candidates(CONV2, AlgoPolicy())
     assert hf == fwd[:1] and hb == bwd[:1]
 
@@ -115,27 +115,27 @@ def test_train_step_draws_a_batch_larger_than_the_split_with_replacement(dataset
 
 def test_our_candidates_can_be_pinned_by_the_names_train_step_prints():
     engine = ENGINES["ours"]
-    p = AlgoPolicy.parse("fused-fwd-i2-g8")
-    assert (p.fwd, p.bwd_data, p.bwd_filter) == ("fused-fwd-i2-g8", "heuristic", "heuristic")
+    p = AlgoPolicy.parse("fused-fwd-v1-i2-g8")
+    assert (p.fwd, p.bwd_data, p.bwd_filter) == ("fused-fwd-v1-i2-g8", "heuristic", "heuristic")
     p = AlgoPolicy.parse("fused-bwd-v2-g16", engine="ours")
     assert (p.fwd, p.bwd_data, p.bwd_filter) == ("heuristic", "fused-bwd-v2-g16", "fused-bwd-v2-g16")
     fwd, bwd = engine.candidates(CONV2, p)
-    assert [c.name for c in fwd] == ["fused-fwd-i1-g8"] and [c.name for c in bwd] == ["fused-bwd-v2-g16"]
+    assert [c.name for c in fwd] == ["fused-fwd-v1-i1-g8"] and [c.name for c in bwd] == ["fused-bwd-v2-g16"]
     auto = AlgoPolicy.parse("fused-bwd-v2-g16")
     assert engine.refuses(CONV2, ctx(auto)) is None
     assert "--algo names fused-bwd-v2-g16, not a cuDNN algorithm" in ENGINES["cudnn"].refuses(CONV2, ctx(auto))
     with pytest.raises(AlgorithmNotSupportedError, match="stage conv1 has no candidate fused-bwd-v2-g16"):
         engine.candidates(CONV1, p)   # stage 1's backward has one version
-    p = AlgoPolicy.parse("fwd=fused-fwd-i4-g16,bwd-filter=fused-bwd-v1-g2")
+    p = AlgoPolicy.parse("fwd=fused-fwd-v1-i4-g16,bwd-filter=fused-bwd-v1-g2")
     fwd, bwd = engine.candidates(CONV1, p)
-    assert [c.name for c in fwd + bwd] == ["fused-fwd-i4-g16", "fused-bwd-v1-g2"]
+    assert [c.name for c in fwd + bwd] == ["fused-fwd-v1-i4-g16", "fused-bwd-v1-g2"]
 
 
 @pytest.mark.parametrize("spec,kw,needle", [
-    ("bwd-filter=fused-fwd-i1-g8", {}, "is a candidate of engine ours for fwd, not bwd-filter"),
-    ("fused-fwd-i1-g8", {"engine": "legacy"}, "names a candidate of engine ours, but the engine is legacy"),
-    ("fwd=fused-fwd-i1-g8,bwd-filter=algo_1", {}, "names candidates of cuDNN and ours"),
-    ("fused-fwd-x1-g8", {}, "unknown algorithm 'fused-fwd-x1-g8'"),
+    ("bwd-filter=fused-fwd-v1-i1-g8", {}, "is a candidate of engine ours for fwd, not bwd-filter"),
+    ("fused-fwd-v1-i1-g8", {"engine": "legacy"}, "names a candidate of engine ours, but the engine is legacy"),
+    ("fwd=fused-fwd-v1-i1-g8,bwd-filter=algo_1", {}, "names candidates of cuDNN and ours"),
+    ("fused-fwd-v1-x1-g8", {}, "unknown algorithm 'fused-fwd-v1-x1-g8'"),
 ])
 def test_a_wrong_pin_is_one_line(spec, kw, needle):
     with pytest.raises(ValueError) as e:
@@ -165,6 +165,27 @@ def test_launch_grids(monkeypatch):
     assert ours.Forward(2, 8).grid(1) == 1 and ours.Forward(2, 8).grid(7) == 4 and ours.Forward(1, 8).grid(10**6) == 1056
     assert ours.Backward(4).grid(1) == 1 and ours.Backward(4, 1).grid(64) == 64 and ours.Backward(16).grid(10**6) == 2112
     assert ours.parse_name("fused-bwd-v2-g4") == ours.Backward(4, 1) and ours.parse_name("fft") is None
+    assert ours.parse_name("fused-fwd-v2-i4-g16") == ours.Forward(4, 16, 1)
+    assert ours.parse_name("fused-fwd-i4-g16") is None   # a forward's name carries its version
+
+
+def test_stage2_offers_both_forward_versions_and_stage1_one():
+    engine = ENGINES["ours"]
+    names = [c.name for c in engine.candidates(CONV2, AlgoPolicy.parse("exhaustive"))[0]]
+    assert "fused-fwd-v1-i1-g8" in names and "fused-fwd-v2-i8-g4" in names and "fused-fwd-v2-i1-g8" not in names
+    with pytest.raises(AlgorithmNotSupportedError, match="stage conv1 has no candidate fused-fwd-v2-i4-g8"):
+        engine.candidates(CONV1, AlgoPolicy.parse("fused-fwd-v2-i4-g8"))
+    assert [c.name for c in engine.candidates(CONV2, AlgoPolicy.parse("fused-fwd-v2-i4-g8"))[0]] == ["fused-fwd-v2-i4-g8"]
+
+
+def test_the_heuristic_forward_depends_on_the_batch(monkeypatch):
+    monkeypatch.setattr(ours, "_sms", lambda: 132)
+    engine, h = ENGINES["ours"], AlgoPolicy()
+    assert [c.name for c in engine.candidates(CONV2, h, 791)[0]] == ["fused-fwd-v1-i1-g8"]
+    assert [c.name for c in engine.candidates(CONV2, h, 792)[0]] == ["fused-fwd-v2-i4-g8"]
+    assert [c.name for c in engine.candidates(CONV1, h, 8192)[0]] == ["fused-fwd-v1-i1-g8"]   # one version
+    every = engine.candidates(CONV2, AlgoPolicy.parse("exhaustive"), 8192)[0]
+    assert sorted(every, key=str) == sorted(engine.candidates(CONV2, AlgoPolicy.parse("exhaustive"))[0], key=str)
 
 
 def _kernel_bodies(text: str) -> dict[str, str]:
@@ -195,7 +216,7 @@ def test_every_kernel_launched_programmatically_waits_first():
         assert kernels.source(module).startswith(folder.joinpath("griddep.cu").read_text())
         text = folder.joinpath(f"{module}.cu").read_text()
         bodies = _kernel_bodies(text)
-        for name in re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)", text):
+        for name in re.findall(r"__global__\s+void\s+(?:__(?:launch_bounds|maxnreg)__\([^)]*\)\s+)?(\w+)", text):
             stmt = first(bodies[name])
             callee = re.match(r"(\w+)(?:<[^>]*>)?\(", stmt)
             ok = stmt == "griddep_entry()" or (callee is not None and first(bodies[callee.group(1)]) == "griddep_entry()")

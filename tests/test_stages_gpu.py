@@ -52,7 +52,7 @@ def test_kernels_against_float64(torch_ref, n):
         dy = torch.randn((n, *spec.y), device=dev, generator=gen)
         c64, p64, arg64, tie = _float64_stage(torch, spec, x, w, b)
         cx, cw, cb = (cupy.asarray(t.contiguous()) for t in (x, w, b))
-        for cand in [ours.Forward(i, g) for g in ours.FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]:
+        for cand in ks.forward_candidates():
             y = cupy.full((n, *spec.y), cupy.nan, cupy.float32)
             arg = cupy.full((n, *spec.y), 255, cupy.uint8)
             ours.forward_launcher(ks, cand, n, stream, cx, cw, cb, y, arg)()
@@ -77,7 +77,7 @@ def test_kernels_against_float64(torch_ref, n):
         gx = grads[0] * (x > 0) if spec.dx else None
         gw, gb = grads[-2], grads[-1]
         cdy, carg = cupy.asarray(dym.contiguous()), cupy.asarray(arg64.contiguous())
-        for cand in [ours.Backward(g, v) for v in range(len(ks.backward)) for g in ours.BACKWARD_BLOCKS_PER_SM]:
+        for cand in ks.backward_candidates():
             part = cupy.empty((cand.grid(n), ks.width), cupy.float32)
             dw, db = cupy.full(spec.w, cupy.nan, cupy.float32), cupy.full(spec.w[0], cupy.nan, cupy.float32)
             dx = cupy.full((n, *spec.x), cupy.nan, cupy.float32) if spec.dx else None

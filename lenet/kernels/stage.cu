@@ -137,29 +137,114 @@ stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
   }
 }
 
+// Stage 2 forward, tiled over output channels: blockDim.x = 64 * imgs, thread t works on image slot
+// t / 64 at pooled position (pi, pj) = (t % 16 / 4, t % 4) for the 4 output channels
+// k = 4 kg + 0..3, kg = t % 64 / 16: 16 conv outputs in registers. Per input channel and filter row
+// a thread loads the next input row (3 aligned 8-byte loads; the row before stays in registers) and
+// 5 float4s of weights (the 4 channels' taps, one address per 16 lanes: a broadcast), then does 80
+// multiply-adds: the one-output-per-thread kernel above does 20 per 17 loads and waits on shared
+// memory, this one on its multiply-adds.
+// Shared (dynamic): swt (2400) the weights as [c][r][s][k] (k innermost, 16-byte aligned groups of
+// 4), then sx (imgs * 864) the group's images.
+extern "C" __global__ void __launch_bounds__(512)
+stage2_forward_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                            float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+  griddep_entry();
+  extern __shared__ float4 smem4[];
+  float* swt = reinterpret_cast<float*>(smem4);
+  float* sx = swt + S2_WEIGHTS;
+  const int t = threadIdx.x, imgs = blockDim.x / 64, slot = t / 64, u = t % 64;
+  const int kg = u >> 4, pi = (u >> 2) & 3, pj = u & 3;
+  for (int i = t; i < S2_WEIGHTS; i += blockDim.x) swt[(i % 150) * 16 + i / 150] = w[i];
+  float bias[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) bias[q] = b[4 * kg + q];
+  for (int n0 = blockIdx.x * imgs; n0 < N; n0 += gridDim.x * imgs) {
+    __syncthreads();
+    const int count = min(imgs, N - n0);
+    for (int i = t; i < count * S2_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n0 * S2_IMAGE + i];
+    __syncthreads();
+    if (slot >= count) continue;
+    float a00[4], a01[4], a10[4], a11[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) a00[q] = a01[q] = a10[q] = a11[q] = bias[q];
+    for (int c = 0; c < 6; ++c) {
+      const float2* xc = reinterpret_cast<const float2*>(sx + slot * S2_IMAGE + c * 144 + (2 * pi) * 12 + 2 * pj);
+      const float4* wc = reinterpret_cast<const float4*>(swt) + c * 100 + kg;   // (c, r, s) at wc[(r * 5 + s) * 4]
+      float x0[6], x1[6];
+#pragma unroll
+      for (int h = 0; h < 3; ++h) { const float2 v = xc[h]; x0[2 * h] = v.x; x0[2 * h + 1] = v.y; }
+#pragma unroll
+      for (int r = 0; r < 5; ++r) {
+#pragma unroll
+        for (int h = 0; h < 3; ++h) { const float2 v = xc[(r + 1) * 6 + h]; x1[2 * h] = v.x; x1[2 * h + 1] = v.y; }
+#pragma unroll
+        for (int s = 0; s < 5; ++s) {
+          const float4 wv = wc[(r * 5 + s) * 4];
+          const float wq[4] = {wv.x, wv.y, wv.z, wv.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            a00[q] = fmaf(x0[s], wq[q], a00[q]);
+            a01[q] = fmaf(x0[s + 1], wq[q], a01[q]);
+            a10[q] = fmaf(x1[s], wq[q], a10[q]);
+            a11[q] = fmaf(x1[s + 1], wq[q], a11[q]);
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < 6; ++s) x0[s] = x1[s];
+      }
+    }
+    const size_t out = (size_t)(n0 + slot) * S2_POOLED + (4 * kg) * 16 + pi * 4 + pj;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float best = a00[q];
+      int qa = 0;
+      if (a01[q] > best) { best = a01[q]; qa = 1; }
+      if (a10[q] > best) { best = a10[q]; qa = 2; }
+      if (a11[q] > best) { best = a11[q]; qa = 3; }
+      p[out + q * 16] = relu_keep_nan(best);
+      arg[out + q * 16] = (unsigned char)qa;
+    }
+  }
+}
+
 // Stage 1 backward: the weight and bias gradients (nothing needs conv1's data gradient).
-// blockDim.x = 160, one image per block iteration: thread t < 150 owns weight (k, r, s) =
-// (t / 25, t % 25 / 5, t % 5); 150 <= t < 156 the bias of channel t - 150; each sums its images in
-// registers and writes its block's row part[blockIdx.x * 156 + t] (dw 150, then db 6).
-// Shared: sx (784) the image; sg (864) the pooled gradient; so (864) each window's argmax as an
-// offset y * 28 + x into the image (Note [stage backward through the argmax]). The next image's
-// inputs are loaded into registers while this one is computed (Note [prefetch]). (One 8-byte pair
-// per window instead of sg and so measured 148 us against 112 at batch 8192: kept apart.)
-#define S1B_THREADS 160
-#define S1B_X 5   // ceil(784 / 160)
-#define S1B_G 6   // ceil(864 / 160)
+// blockDim.x = 192, one warp per output channel k = t / 32, one image per block iteration: lane
+// l < 25 owns weight (k, r, s) = (k, l / 5, l % 5), lane 25 the bias of channel k (in step with the
+// others, reading 1 for x); each sums its images in registers and writes its block's row
+// part[blockIdx.x * 156 + i] (dw 150, then db 6).
+// Shared: sx (28 x S1_RS) the image, row y at y * S1_RS; sgo (864) each window's pooled gradient
+// and its argmax as an offset y * S1_RS + x into sx, in one 8-byte record (Note [stage backward
+// through the argmax]). The next image's inputs are loaded into registers while this one is
+// computed (Note [prefetch]).
+// A warp's step reads one record (the same for every lane: one wavefront) and one word of sx per
+// lane at that record's offset plus the lane's tap r * S1_RS + s: with S1_RS = 45 (13 mod 32) the 25
+// taps fall in 25 banks, one wavefront (Note [shared-memory banks]). The earlier layout (160 threads,
+// tap t, 28-float rows, two channels per warp at two offsets, gradient and offset in two arrays)
+// took about 4.5 wavefronts per step.
+#define S1B_THREADS 192
+#define S1B_X 5   // ceil(784 / 192)
+#define S1B_G 5   // ceil(864 / 192)
+#ifndef S1_RS
+#define S1_RS 45
+#endif
 extern "C" __global__ void __launch_bounds__(S1B_THREADS)
 stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restrict__ arg,
                        const float* __restrict__ dp, float* __restrict__ part, float* __restrict__ dw,
                        float* __restrict__ db, int N) {
   griddep_entry();
-  __shared__ float sx[S1_IMAGE];
-  __shared__ float sg[S1_POOLED];
-  __shared__ int so[S1_POOLED];
-  const int t = threadIdx.x;
-  const int k = t / 25, tap = (t % 25 / 5) * 28 + t % 5;
+  __shared__ float sx[28 * S1_RS];
+  __shared__ float2 sgo[S1_POOLED];
+  const int t = threadIdx.x, k = t >> 5, lane = t & 31;
+  const bool bias = lane >= 25;   // lane 25 sums the gradient alone (lanes 26..31 idle along)
+  const int tap = bias ? 0 : (lane / 5) * S1_RS + lane % 5;
   float nx[S1B_X], ng[S1B_G];
-  int nq[S1B_G];
+  int nq[S1B_G], sxi[S1B_X];   // sxi: where the image's element t + 192 j goes in sx
+#pragma unroll
+  for (int j = 0; j < S1B_X; ++j) {
+    const int i = t + S1B_THREADS * j;
+    sxi[j] = (i / 28) * S1_RS + i % 28;
+  }
   auto fetch = [&](int n) {
 #pragma unroll
     for (int j = 0; j < S1B_X; ++j) {
@@ -179,35 +264,36 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
 #pragma unroll
     for (int j = 0; j < S1B_X; ++j) {
       const int i = t + S1B_THREADS * j;
-      if (i < S1_IMAGE) sx[i] = nx[j];
+      if (i < S1_IMAGE) sx[sxi[j]] = nx[j];
     }
 #pragma unroll
     for (int j = 0; j < S1B_G; ++j) {
       const int i = t + S1B_THREADS * j;
       if (i < S1_POOLED) {
         const int q = nq[j], pos = i % 144;
-        so[i] = (2 * (pos / 12) + (q >> 1)) * 28 + 2 * (pos % 12) + (q & 1);
-        sg[i] = ng[j];
+        const int off = (2 * (pos / 12) + (q >> 1)) * S1_RS + 2 * (pos % 12) + (q & 1);
+        sgo[i] = make_float2(ng[j], __int_as_float(off));
       }
     }
     __syncthreads();
     if (n + gridDim.x < N) fetch(n + gridDim.x);
+    const float2* g = sgo + k * 144;
     float a = 0.f;
-    if (t < 150) {
-      const float* g = sg + k * 144;
-      const int* off = so + k * 144;
 #pragma unroll 8
-      for (int i = 0; i < 144; ++i) a = fmaf(g[i], sx[off[i] + tap], a);
-    } else if (t < 156) {
-      const float* g = sg + (t - 150) * 144;
-      for (int i = 0; i < 144; ++i) a += g[i];
+    for (int i = 0; i < 144; ++i) {   // every lane in step: the bias lane reads lane 0's word (a broadcast)
+      const float2 v = g[i];
+      const float xv = sx[__float_as_int(v.y) + tap];
+      a = fmaf(v.x, bias ? 1.f : xv, a);
     }
     acc += a;
   }
-  if (gridDim.x == 1) {   // the block's sums are the gradients
-    if (t < 150) dw[t] = acc; else if (t < 156) db[t - 150] = acc;
-  } else if (t < 156) {
-    part[(size_t)blockIdx.x * 156 + t] = acc;
+  const int col = lane < 25 ? k * 25 + lane : 150 + k;   // this lane's column: dw, then db
+  if (lane < 26) {
+    if (gridDim.x == 1) {   // the block's sums are the gradients
+      if (lane < 25) dw[col] = acc; else db[k] = acc;
+    } else {
+      part[(size_t)blockIdx.x * 156 + col] = acc;
+    }
   }
 }
 
@@ -217,9 +303,9 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
 // 16 / KS of the output channels (k), so one image's work is done by KS times the threads in about
 // 1 / KS of the time (small batches, where the grid leaves SMs idle; the search times them all).
 // One image per block iteration.
-//   Weight gradient: thread t < 150 KS owns filter tap (c, r, s) = (u / 25, u % 25 / 5, u % 5),
-//   u = t % 150, for the 16 / KS channels k of its part h = t / 150: sums in registers, each over
-//   the channel's 16 pooled positions.
+//   Weight gradient: thread t < 150 KS owns filter tap u = (c, r, s) = (u / 25, u % 25 / 5, u % 5),
+//   u = s2b_taps.u[t % 150] (Note [shared-memory banks]), for the 16 / KS channels k of its part
+//   h = t / 150: sums in registers, each over the channel's 16 pooled positions.
 //   Bias gradient: thread t < 16 owns channel t.
 //   Data gradient: thread t < 144 KS owns input position (yy, xx) = (u / 12, u % 12), u = t % 144,
 //   all 6 channels, over the channels k of its part h = t / 144: for each k, the 3 x 3 windows
@@ -230,18 +316,58 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
 //   order, before the mask.
 // Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16), or,
 // for a grid of one block, dw and db themselves.
-// Shared: sw (2400) weights; sx (864) the image; sgo (256) each window's pooled gradient and its
-// argmax as an offset y * 12 + x into a 12 x 12 input plane, in one 8-byte pair; syx (256) the
-// argmax's row and column in the 8 x 8 conv output, as y << 8 | x (Note [stage backward through the
-// argmax]); sdx ((KS - 1) x 6 x 144) the other parts' data-gradient sums. The next image's inputs
-// are loaded into registers while this one is computed (Note [prefetch]).
+// Shared: sw (2400) weights; sx (6 x S2_CS) the image, channel c's row y at c * S2_CS + y * S2_RS
+// (Note [shared-memory banks]); sgo (256) each window's record: its pooled gradient, and its argmax
+// packed as (y * S2_RS + x) | y << 16 | x << 24 for the weight gradient's offset into a channel
+// plane and the data gradient's row and column (Note [stage backward through the argmax]);
+// sdx ((KS - 1) x 6 x 144) the other parts' data-gradient sums. The next image's inputs are loaded
+// into registers while this one is computed (Note [prefetch]).
+//
+// Note [shared-memory banks]: this kernel is bound by shared-memory wavefronts (a warp's load takes
+// one per distinct bank word it touches more than once per bank; per image about 14 per weight-gradient
+// step across the 5 warps and 8 per data-gradient visit, against a few multiply-adds each). A warp
+// of weight-gradient threads reads sx at one argmax offset (uniform) plus each lane's tap, so its
+// lanes conflict where two taps share a bank: with 12-float rows and 144-float planes the 5 warps
+// took 14 wavefronts per step. With rows of S2_RS = 13 and planes of S2_CS = 159 floats every bank
+// holds 4 or 5 of the 150 taps, and s2b_taps orders the taps so that the first 4 warps take one tap
+// of every bank and the fifth the rest: 5 wavefronts, the least 150 lanes can take. The data
+// gradient reads one record per visit (the gradient and the argmax in one 8-byte load, where it read
+// two) and its 6 weights, whose 25 taps per channel lie in 25 consecutive words: conflict-free.
 #ifndef S2B_MIN_BLOCKS
 #define S2B_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to (scripts/probes/stage_kernels.py)
 #endif
 #ifndef S2B_K_UNROLL
 #define S2B_K_UNROLL 2     // output channels per unrolled step of the data gradient (the same probe)
 #endif
+#ifndef S2_RS
+#define S2_RS 13           // sx's row stride in floats (Note [shared-memory banks])
+#endif
+#ifndef S2_CS
+#define S2_CS 159          // sx's channel stride in floats, at least 12 * S2_RS
+#endif
 constexpr int s2b_k_unroll = S2B_K_UNROLL;   // #pragma unroll takes a constant, not a macro
+
+constexpr int s2_bank(int u) { return ((u / 25) * S2_CS + (u % 25 / 5) * S2_RS + u % 5) & 31; }
+
+// The weight gradient's taps in thread order (Note [shared-memory banks]): warp j < 4 takes the j-th
+// tap of each bank in bank order, warp 4 every later one. Every tap appears once whatever the
+// strides; they only decide how many wavefronts a warp's load takes.
+struct TapOrder {
+  unsigned char u[150];
+  constexpr TapOrder() : u() {
+    int n = 0;
+    for (int j = 0; j < 5; ++j)
+      for (int b = 0; b < 32; ++b) {
+        int seen = 0;
+        for (int v = 0; v < 150; ++v)
+          if (s2_bank(v) == b) {
+            if (j < 4 ? seen == j : seen >= 4) u[n++] = (unsigned char)v;
+            ++seen;
+          }
+      }
+  }
+};
+__constant__ TapOrder s2b_taps = TapOrder();
 
 template <int KS>
 __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, const float* __restrict__ w,
@@ -252,14 +378,13 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
   constexpr int THREADS = 160 * KS, KN = 16 / KS;
   constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
   __shared__ float sw[S2_WEIGHTS];
-  __shared__ float sx[S2_IMAGE];
+  __shared__ float sx[6 * S2_CS];
   __shared__ float2 sgo[S2_POOLED];
-  __shared__ int syx[S2_POOLED];
   __shared__ float sdx[KS > 1 ? (KS - 1) * 6 * 144 : 1];
   const int t = threadIdx.x;
   for (int i = t; i < S2_WEIGHTS; i += THREADS) sw[i] = w[i];
-  const int wu = t % 150, wk0 = (t / 150) * KN;                   // weight gradient: tap, first k
-  const int tap = (wu / 25) * 144 + (wu % 25 / 5) * 12 + wu % 5;
+  const int wu = s2b_taps.u[t % 150], wk0 = (t / 150) * KN;       // weight gradient: tap, first k
+  const int tap = (wu / 25) * S2_CS + (wu % 25 / 5) * S2_RS + wu % 5;
   const bool wown = t < 150 * KS;
   float acc[KN];
 #pragma unroll
@@ -278,7 +403,12 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
     wmask |= ok ? 1 << v : 0;
   }
   float nx[NX], ng[NG];
-  int nq[NG];
+  int nq[NG], sxi[NX];   // sxi: where the image's element t + THREADS j goes in sx
+#pragma unroll
+  for (int j = 0; j < NX; ++j) {
+    const int i = t + THREADS * j, c = i / 144, yx = i % 144;
+    sxi[j] = c * S2_CS + (yx / 12) * S2_RS + yx % 12;
+  }
   auto fetch = [&](int n) {
 #pragma unroll
     for (int j = 0; j < NX; ++j) {
@@ -297,7 +427,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
 #pragma unroll
     for (int j = 0; j < NX; ++j) {
       const int i = t + THREADS * j;
-      if (i < S2_IMAGE) sx[i] = nx[j];
+      if (i < S2_IMAGE) sx[sxi[j]] = nx[j];
     }
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
@@ -305,8 +435,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
       if (i < S2_POOLED) {
         const int pos = i & 15, q = nq[j];
         const int y = 2 * (pos >> 2) + (q >> 1), xc = 2 * (pos & 3) + (q & 1);
-        sgo[i] = make_float2(ng[j], __int_as_float(y * 12 + xc));
-        syx[i] = y << 8 | xc;
+        sgo[i] = make_float2(ng[j], __int_as_float((y * S2_RS + xc) | y << 16 | xc << 24));
       }
     }
     __syncthreads();
@@ -319,16 +448,16 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
           const float2 v = sgo[(wk0 + k) * 16 + i];
-          a = fmaf(v.x, sx[__float_as_int(v.y) + tap], a);
+          a = fmaf(v.x, sx[(__float_as_int(v.y) & 0xffff) + tap], a);
         }
         acc[k] += a;
       }
     }
 #endif
-    if (t < 16) {
+    if (t < 16) {   // lane t starts at window t: the 16 lanes' records lie in 16 distinct bank pairs
       float a = 0.f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) a += sgo[t * 16 + i].x;
+      for (int i = 0; i < 16; ++i) a += sgo[t * 16 + ((i + t) & 15)].x;
       bacc += a;
     }
     float a[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -338,10 +467,11 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
       for (int kk = 0; kk < KN; ++kk)
 #pragma unroll
         for (int v = 0; v < 9; ++v) {
-          const int k = dk0 + kk, i = k * 16 + woff[v], p = syx[i];
-          const int r = yy - (p >> 8), s = xx - (p & 255);
+          const int k = dk0 + kk;
+          const float2 rec = sgo[k * 16 + woff[v]];
+          const int p = __float_as_int(rec.y), r = yy - ((p >> 16) & 255), s = xx - (p >> 24);
           const bool hit = ((wmask >> v) & 1) && (unsigned)r < 5u && (unsigned)s < 5u;
-          const float g = hit ? sgo[i].x : 0.f;
+          const float g = hit ? rec.x : 0.f;
           const float* wk = sw + k * 150 + (hit ? r * 5 + s : 0);
 #pragma unroll
           for (int c = 0; c < 6; ++c) a[c] = fmaf(g, wk[c * 25], a[c]);
@@ -362,7 +492,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
         float v = a[c];
 #pragma unroll
         for (int h = 1; h < KS; ++h) v += sdx[(h - 1) * S2_IMAGE + o];
-        dx[(size_t)n * S2_IMAGE + o] = sx[o] > 0.f ? v : 0.f;
+        dx[(size_t)n * S2_IMAGE + o] = sx[c * S2_CS + yy * S2_RS + xx] > 0.f ? v : 0.f;
       }
     }
   }
@@ -390,7 +520,13 @@ stage2_backward_split_kernel(const float* __restrict__ x, const float* __restric
   stage2_backward<2>(x, w, arg, dp, dx, part, dw, db, N);
 }
 
-extern "C" __global__ void __launch_bounds__(640)
+// Note [registers of the split kernel]: 640 threads at 72 registers take 46 K of an SM's 64 K
+// registers, and leave room for a block of the head's weight-gradient kernel, which runs beside the
+// stages' backward on the side stream (Note [side stream] in lenet/ops/context.py). Left to ptxas,
+// __launch_bounds__(640, 1) took 96 registers: the whole register file, so at batch 128 (a grid of
+// 128 blocks) the side stream waited, and the step took 69.7 us against 62.6. __launch_bounds__(640)
+// alone took 48 registers and spilled.
+extern "C" __global__ void __maxnreg__(72)
 stage2_backward_split4_kernel(const float* __restrict__ x, const float* __restrict__ w,
                               const unsigned char* __restrict__ arg, const float* __restrict__ dp,
                               float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,

@@ -27,33 +27,53 @@ from . import check
 
 BACKWARD_BLOCKS_PER_SM = (4, 2, 8, 16)   # the first is the heuristic's (scripts/probes/stage_kernels.py)
 FORWARD_BLOCKS_PER_SM = (8, 4, 16)
+# From this many images per SM on, the heuristic takes a stage's large-batch forward version first.
+# scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best v1 against best v2: 6.9 / 10.5 us
+# at 256 images, 9.2 / 15.8 at 512, 16.1 / 12.5 at 1024, 28.5 / 19.1 at 2048, 103.6 / 75.7 at 8192.
+LARGE_BATCH_PER_SM = 6
 
 
 @dataclass(frozen=True)
 class Kernels:
-    """The kernels of one stage shape: names, threads per image and per block, partial-sum widths."""
+    """The kernels of one stage shape: names, threads, shared memory, partial-sum widths."""
 
-    forward: str
-    backward: tuple            # the backward's versions: (kernel, threads per block), the heuristic's first
-    fwd_threads: int           # threads per image of the forward
-    fwd_images: tuple          # images per forward block iteration (the first is the heuristic's)
-    fwd_smem: object           # images -> dynamic shared memory bytes of the forward
+    forward: tuple             # the forward's versions: (kernel, threads per image, images per block iteration)
+    backward: tuple            # the backward's versions: (kernel, threads per block)
+    fwd_smem: object           # images -> dynamic shared memory bytes of the forward (every version)
     mw: int                    # weight-gradient columns of a block's partial row
     mb: int                    # bias-gradient columns
+    large_fwd: int = 0         # the forward version the heuristic takes at large batches (LARGE_BATCH_PER_SM)
 
     @property
     def width(self) -> int:
         return self.mw + self.mb
 
+    def forward_candidates(self, n: int | None = None) -> list:
+        """Every forward launch shape, the heuristic's first: for a batch of n >= LARGE_BATCH_PER_SM
+        images per SM, those of version ``large_fwd`` come first."""
+        cands = [Forward(i, g, v) for v, (_, _, images) in enumerate(self.forward)
+                 for g in FORWARD_BLOCKS_PER_SM for i in images]
+        if n is not None and n >= LARGE_BATCH_PER_SM * _sms():
+            cands.sort(key=lambda c: c.version != self.large_fwd)   # stable: each version's order stays
+        return cands
 
-# Keyed by (x, w, dx) of a StageSpec: LeNet's two stages.
+    def backward_candidates(self) -> list:
+        """Every backward launch shape, the heuristic's first."""
+        return [Backward(g, v) for v in range(len(self.backward)) for g in BACKWARD_BLOCKS_PER_SM]
+
+
+# Keyed by (x, w, dx) of a StageSpec: LeNet's two stages. Stage 2's forward: one conv output per
+# thread (v1) or 4 output channels per thread (v2, stage2_forward_tiled_kernel).
 KERNELS = {
-    ((1, 28, 28), (6, 1, 5, 5), False): Kernels("stage1_forward_kernel", (("stage1_backward_kernel", 160),), 144,
-                                                (1, 2, 4), lambda i: 4 * 784 * i, 150, 6),
-    ((6, 12, 12), (16, 6, 5, 5), True): Kernels("stage2_forward_kernel", (("stage2_backward_kernel", 160),
-                                                                        ("stage2_backward_split_kernel", 320),
-                                                                        ("stage2_backward_split4_kernel", 640)), 256,
-                                                (1, 2), lambda i: 4 * (2400 + 864 * i), 2400, 16),
+    ((1, 28, 28), (6, 1, 5, 5), False): Kernels((("stage1_forward_kernel", 144, (1, 2, 4)),),
+                                                (("stage1_backward_kernel", 192),),
+                                                lambda i: 4 * 784 * i, 150, 6),
+    ((6, 12, 12), (16, 6, 5, 5), True): Kernels((("stage2_forward_kernel", 256, (1, 2)),
+                                                 ("stage2_forward_tiled_kernel", 64, (4, 8))),
+                                                (("stage2_backward_kernel", 160),
+                                                 ("stage2_backward_split_kernel", 320),
+                                                 ("stage2_backward_split4_kernel", 640)),
+                                                lambda i: 4 * (2400 + 864 * i), 2400, 16, large_fwd=1),
 }
 
 
@@ -61,10 +81,11 @@ KERNELS = {
 class Forward:
     images: int       # per block iteration
     per_sm: int       # blocks per SM (the grid is at most per_sm * SMs, and at most what the batch needs)
+    version: int = 0  # index into Kernels.forward
 
     @property
     def name(self) -> str:
-        return f"fused-fwd-i{self.images}-g{self.per_sm}"
+        return f"fused-fwd-v{self.version + 1}-i{self.images}-g{self.per_sm}"
 
     def grid(self, n: int) -> int:
         return max(1, min(-(-n // self.images), self.per_sm * _sms()))
@@ -84,7 +105,7 @@ class Backward:
 
 
 # Our candidates' names, as train_step prints them and --algo takes them (Note [pinned candidates]).
-_NAME = re.compile(r"fused-(fwd)-i(\d+)-g(\d+)|fused-(bwd)-v(\d+)-g(\d+)")
+_NAME = re.compile(r"fused-(fwd)-v(\d+)-i(\d+)-g(\d+)|fused-(bwd)-v(\d+)-g(\d+)")
 
 
 def parse_name(name: str):
@@ -93,8 +114,8 @@ def parse_name(name: str):
     if m is None:
         return None
     if m.group(1):
-        return Forward(int(m.group(2)), int(m.group(3)))
-    return Backward(int(m.group(6)), int(m.group(5)) - 1)
+        return Forward(int(m.group(3)), int(m.group(4)), int(m.group(2)) - 1)
+    return Backward(int(m.group(7)), int(m.group(6)) - 1)
 
 
 def pins(name: str) -> tuple[str, ...]:
@@ -106,8 +127,9 @@ def pins(name: str) -> tuple[str, ...]:
 
 def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg):
     """A zero-argument launch of the stage's forward on the first n images, on ``stream``."""
-    grid, threads, smem = cand.grid(n), ks.fwd_threads * cand.images, ks.fwd_smem(cand.images)
-    return Launch(kernel("stage", ks.forward), (grid,), (threads,), (x, w, b, y, arg, np.int32(n)), stream, smem)
+    name, per_image, _ = ks.forward[cand.version]
+    grid, threads, smem = cand.grid(n), per_image * cand.images, ks.fwd_smem(cand.images)
+    return Launch(kernel("stage", name), (grid,), (threads,), (x, w, b, y, arg, np.int32(n)), stream, smem)
 
 
 def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
@@ -158,16 +180,16 @@ class OursPlan:
         ]
 
     def choice(self) -> dict:
-        return {"fwd": [self.fwd.images, self.fwd.per_sm], "bwd": [self.bwd.per_sm, self.bwd.version],
+        return {"fwd": [self.fwd.images, self.fwd.per_sm, self.fwd.version], "bwd": [self.bwd.per_sm, self.bwd.version],
                 "errors": self.errors}
 
 
 class OursStage:
     """Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
-    ``fused-fwd-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both
+    ``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both
     backward directions of the policy). A pinned candidate still passes the check against cuDNN's
-    exact result; one a stage does not offer (``fused-bwd-v2-...``, ``fused-bwd-v3-...``: only conv2's
-    backward has a second and third version) is an error naming those it has.
+    exact result; one a stage does not offer (``fused-fwd-v2-...``, ``fused-bwd-v2-...``,
+    ``fused-bwd-v3-...``: only conv2 has more than one version) is an error naming those it has.
     """
 
     name = "ours"
@@ -180,7 +202,7 @@ class OursStage:
     def warm(self) -> None:
         """Compile the kernels (or load them from CuPy's cache)."""
         for ks in KERNELS.values():
-            kernel("stage", ks.forward)
+            kernel("stage", ks.forward[0][0])
 
     def refuses(self, spec, ctx) -> str | None:
         p = ctx.policy
@@ -197,12 +219,11 @@ class OursStage:
             return f"no kernel of ours for x {spec.x}, w {spec.w}"
         return None
 
-    def candidates(self, spec, policy) -> tuple[list[Forward], list[Backward]]:
-        """(forward candidates, backward candidates) for the stage under ``policy``: the first of each
-        (heuristic), all (exhaustive), or the one --algo names (Note [pinned candidates])."""
+    def candidates(self, spec, policy, n: int | None = None) -> tuple[list[Forward], list[Backward]]:
+        """(forward candidates, backward candidates) for the stage under ``policy`` at batch n: the
+        first of each (heuristic), all (exhaustive), or the one --algo names (Note [pinned candidates])."""
         ks = KERNELS[(spec.x, spec.w, spec.dx)]
-        fwd = [Forward(i, g) for g in FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]
-        bwd = [Backward(g, v) for v in range(len(ks.backward)) for g in BACKWARD_BLOCKS_PER_SM]
+        fwd, bwd = ks.forward_candidates(n), ks.backward_candidates()
         out = []
         for cands, directions in ((fwd, ("fwd",)), (bwd, ("bwd-filter", "bwd-data"))):
             named = {policy.choice(d) for d in directions if policy.fixed(d)}
@@ -225,7 +246,8 @@ class OursStage:
     @staticmethod
     def _offered(ks: Kernels, cand) -> bool:
         if isinstance(cand, Forward):
-            return cand.images in ks.fwd_images and cand.per_sm >= 1
+            return (0 <= cand.version < len(ks.forward) and cand.images in ks.forward[cand.version][2]
+                    and cand.per_sm >= 1)
         return 0 <= cand.version < len(ks.backward) and cand.per_sm >= 1
 
     # ---------------------------------------------------------------- the check
@@ -299,7 +321,7 @@ class OursStage:
                 raise ValueError(f"stored candidates {fwd.name}, {bwd.name} do not exist")
             errors = stored.get("errors") if isinstance(stored.get("errors"), dict) else {}
             return OursPlan(spec, n, fwd, bwd, fwd_of(fwd)[0], bwd_of(bwd)[0], errors, {})
-        fwds, bwds = self.candidates(spec, ctx.policy)
+        fwds, bwds = self.candidates(spec, ctx.policy, n)
         errors, times, chosen = {}, {}, {}
         for d, cands, launcher in (("fwd", fwds, fwd_of), ("bwd", bwds, bwd_of)):
             best, dropped = None, []

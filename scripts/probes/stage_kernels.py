@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from importlib import resources
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -31,7 +30,9 @@ def main() -> int:
     from descriptors.timing import time_launcher
     from lenet.stages import ours
 
-    src = resources.files("lenet").joinpath("kernels", "stage.cu").read_text()
+    from lenet import kernels
+
+    src = kernels.source("stage")   # with the prelude every module begins with
     stream = cupy.cuda.Stream(non_blocking=True)
     rng = cupy.random.default_rng(0)
     rows = []
@@ -43,29 +44,29 @@ def main() -> int:
         try:
             for n in args.batch:
                 for ks in ours.KERNELS.values():
-                    c_in = 784 if ks.forward.startswith("stage1") else 864
-                    k_out = 864 if ks.forward.startswith("stage1") else 256
+                    first = ks.forward[0][0].startswith("stage1")
+                    c_in, k_out = (784, 864) if first else (864, 256)
                     x = cupy.maximum(rng.standard_normal((n, c_in), dtype=cupy.float32), 0)
                     w = rng.standard_normal(ks.mw, dtype=cupy.float32) * 0.2
                     b = rng.standard_normal(ks.mb, dtype=cupy.float32) * 0.1
                     y = cupy.empty((n, k_out), cupy.float32)
                     arg = cupy.empty((n, k_out), cupy.uint8)
                     dy = rng.standard_normal((n, k_out), dtype=cupy.float32)
-                    dx = cupy.empty_like(x) if ks.forward.startswith("stage2") else None
+                    dx = None if first else cupy.empty_like(x)
                     dw, db = cupy.empty(ks.mw, cupy.float32), cupy.empty(ks.mb, cupy.float32)
                     part = cupy.empty((max(ours.BACKWARD_BLOCKS_PER_SM) * ours._sms(), ks.width), cupy.float32)
-                    first = len(rows)
-                    for cand in [ours.Forward(i, g) for g in ours.FORWARD_BLOCKS_PER_SM for i in ks.fwd_images]:
+                    start = len(rows)
+                    for cand in ks.forward_candidates():
                         run = ours.forward_launcher(ks, cand, n, stream, x, w, b, y, arg)
                         ms = time_launcher(run, stream)
-                        rows.append({"define": define, "kernel": ks.forward, "shape": cand.name, "n": n,
+                        rows.append({"define": define, "kernel": ks.forward[cand.version][0], "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
-                    for cand in [ours.Backward(g, v) for v in range(len(ks.backward)) for g in ours.BACKWARD_BLOCKS_PER_SM]:
+                    for cand in ks.backward_candidates():
                         run = ours.backward_launcher(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
                         ms = time_launcher(run, stream)
-                        rows.append({"define": define, "kernel": ks.backward, "shape": cand.name, "n": n,
+                        rows.append({"define": define, "kernel": ks.backward[cand.version][0], "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
-                    for r in rows[first:]:
+                    for r in rows[start:]:
                         print(f"{r['define'] or '-':<22} {r['kernel']:<24} {r['shape']:<20} n={r['n']:<6} "
                               f"{r['us']:9.1f} us {r['ns_per_image']:8.2f} ns/img", flush=True)
         finally:
