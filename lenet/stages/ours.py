@@ -270,17 +270,20 @@ class OursStage:
         ks = KERNELS[(spec.x, spec.w, spec.dx)]
         ref = self._reference(memo, handle, spec)
         m = ref.x.shape[0]
+
+        def full(shape, value, dtype=np.float32):   # uploaded: no fill kernel to compile (Note [no generic kernels in the check])
+            return cupy.asarray(np.full(shape, value, dtype))
         with handle.stream:
             if isinstance(cand, Forward):
-                y = cupy.full(ref.y.shape, cupy.nan, cupy.float32)
-                arg = cupy.full(ref.arg.shape, 255, cupy.uint8)
+                y = full(ref.y.shape, np.nan)
+                arg = full(ref.arg.shape, 255, np.uint8)
                 forward_launcher(ks, cand, m, handle.stream, ref.x, ref.w, ref.b, y, arg)()
                 result = check.check_forward(ref, y, arg)
             else:
                 part = cupy.empty((cand.grid(m), ks.width), cupy.float32)
-                dw = cupy.full(spec.w, cupy.nan, cupy.float32)
-                db = cupy.full(spec.w[0], cupy.nan, cupy.float32)
-                dx = cupy.full(ref.x.shape, cupy.nan, cupy.float32) if spec.dx else None
+                dw = full(spec.w, np.nan)
+                db = full(spec.w[0], np.nan)
+                dx = full(ref.x.shape, np.nan) if spec.dx else None
                 backward_launcher(ks, cand, m, handle.stream, part, ref.x, ref.w, ref.arg, ref.dy, dw, db, dx)()
                 err, why = check.check_backward(ref, dw, db, dx)
                 result = (err, 0, why)
