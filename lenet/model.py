@@ -17,6 +17,7 @@ in a CUDA graph and replay it (``cuda_graph=True``).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -51,14 +52,24 @@ def check_batch(x, y, max_batch: int) -> int:
         raise ValueError(f"labels must be integers, got dtype {y.dtype}")
     if not np.issubdtype(np.dtype(x.dtype), np.floating):
         raise ValueError(f"images must be floating point, got dtype {x.dtype}")
-    mod = type(x).__module__.split(".")[0]
-    xp = np if mod == "numpy" else __import__("cupy")
-    lo, hi = int(xp.min(y)), int(xp.max(y))
+    on_gpu = type(x).__module__.split(".")[0] != "numpy"
+    labels = y.get() if hasattr(y, "get") else np.asarray(y)   # n integers: read on the host
+    lo, hi = int(labels.min()), int(labels.max())
     if lo < 0 or hi >= CLASSES:
         raise ValueError(f"labels must be in [0, {CLASSES}), got values from {lo} to {hi}")
-    if not bool(xp.isfinite(x).all()):
+    if int(_nonfinite()(x)) if on_gpu else not bool(np.isfinite(x).all()):
         raise ValueError("images contain NaN or infinite values")
     return n
+
+
+@functools.lru_cache(maxsize=None)
+def _nonfinite():
+    """A CuPy reduction counting the non-finite values of an array. Note [no generic kernels in the
+    check] in lenet/stages/check.py: CuPy's own isfinite(x).all() and min/max reduce through CUB,
+    each a module NVRTC compiles for 2-3 s on a first run; this one compiles in ~0.1 s."""
+    import cupy
+
+    return cupy.ReductionKernel("T x", "int64 y", "isfinite(x) ? 0 : 1", "a + b", "y = a", "0", "lenet_nonfinite")
 
 
 # Bytes per image of max_batch that a model allocates: its buffers (input, labels, pooled outputs and
