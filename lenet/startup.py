@@ -211,9 +211,11 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     """In order: locate libcudnn through cuda.pathfinder and hand its path to the driver's
     thread; import CuPy and the cuBLAS and cuBLASLt bindings; once the driver's thread has the
     context, start the CUDA runtime; then call ``engine()``, which waits until the program has
-    parsed its flags and returns the engine's name. Only then import our libcudnn wrappers
+    parsed its flags and returns the engine's name. Our kernels every engine uses start compiling
+    (or loading from CuPy's cache) on threads of their own as soon as the runtime is up (Note [first
+    run] in lenet/kernels/__init__.py). Only then import our libcudnn wrappers
     (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Then
-    record the GPU's status (require_gpu() finds it cached), compile the stage engines' kernels,
+    record the GPU's status (require_gpu() finds it cached), start the stage engines' kernels,
     and, where the engine may use the graph API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread
     (Note [cuDNN's first call]) and build and drop one tiny graph with one plan."""
     global _cudnn_path
@@ -232,13 +234,19 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     blas.binding("cublas")
     blas.binding("cublasLt")
     mark("preload thread: CuPy, cuBLAS bindings imported")
+    runtime = False
     if driver is not None:
         _context_up.wait()
         try:
             cupy.cuda.runtime.free(0)
+            runtime = True
             mark("preload thread: CUDA runtime started")
         except cupy.cuda.runtime.CUDARuntimeError:   # no GPU: require_gpu() says so, in its turn
             pass
+    if runtime:   # Note [first run] in lenet/kernels/__init__.py: compiled beside the rest of the start-up
+        from . import kernels
+
+        kernels.prefetch(kernels.COMMON_MODULES)
     name = engine()
     from descriptors import Handle
     from descriptors.graph import ConvGraph, available
@@ -252,8 +260,8 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     mark("preload thread: descriptors, lenet.model imported")
     up = driver is not None and gpu_status()[0]
     if up:
-        stages.warm(name)   # our kernels compiled (or loaded from CuPy's cache) before the model needs them
-        mark("preload thread: stage kernels ready")
+        stages.warm(name)   # our stage kernels compiling (or loading from CuPy's cache) on threads of their own
+        mark("preload thread: stage kernels started")
     if not uses_frontend(name) or not available()[0]:   # imports the frontend (once: cached)
         return
     mark("preload thread: frontend imported")

@@ -1,4 +1,4 @@
-"""Our fused stage kernels (lenet/kernels/stage.cu) against PyTorch in float64, every launch shape
+"""Our fused stage kernels (lenet/kernels/stage*.cu) against PyTorch in float64, every launch shape
 at several batch sizes; the check the search runs on them; the whole step on --engine ours and auto
 against PyTorch; bit-identical reruns with --deterministic."""
 

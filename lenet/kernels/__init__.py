@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,10 +14,21 @@ SCE_MAX_BLOCKS = 64    # partial sums buffer size
 SGD_THREADS = 256
 
 
-# What each module is compiled from, in order, where that is more than its own file: the head's
-# forward runs the loss's per-row math (softmax_ce.cu's device functions). Every module begins with
-# PRELUDE (griddep_entry(), Note [programmatic launch] in lenet/kernels/launch.py).
-SOURCES = {"head": ("softmax_ce", "head")}
+# What each module is compiled from, in order, where that is more than its own file, and the macros
+# it is compiled with: the head's forward runs the loss's per-row math (softmax_ce.cu's device
+# functions); each stage module begins with what the stage kernels share; stage2_backward.cu holds
+# one template and compiles one version per module. Every module begins with PRELUDE
+# (griddep_entry(), Note [programmatic launch] in lenet/kernels/launch.py).
+STAGE_MODULES = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward",
+                 "stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage_reduce")
+SOURCES = {"head": ("softmax_ce", "head"),
+           **{m: ("stage_common", m) for m in STAGE_MODULES},
+           **{m: ("stage_common", "stage2_backward") for m in STAGE_MODULES if m.startswith("stage2_backward")}}
+DEFINES = {"stage2_backward": ("S2B_KS=1",), "stage2_backward_split": ("S2B_KS=2",),
+           "stage2_backward_split4": ("S2B_KS=4",)}
+# The modules every program may launch, whatever its engine (stage_reduce: the head's kernels sum
+# their partial rows with it too).
+COMMON_MODULES = ("head", "softmax_ce", "sgd", "data", "stage_reduce")
 PRELUDE = "griddep"
 
 
@@ -30,9 +43,14 @@ def _folder():
 
 
 def source(name: str) -> str:
-    """The CUDA source module ``name`` is compiled from."""
+    """The CUDA source module ``name`` is compiled from (its macros: ``options(name)``)."""
     parts = (PRELUDE, *SOURCES.get(name, (name,)))
     return "\n".join(_folder().joinpath(f"{part}.cu").read_text() for part in parts)
+
+
+def options(name: str) -> tuple[str, ...]:
+    """NVRTC's options for module ``name``."""
+    return ("-std=c++17", *(f"-D{d}" for d in DEFINES.get(name, ())))
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,14 +63,58 @@ def source_digest() -> str:
     for f in sorted(_folder().iterdir(), key=lambda f: f.name):
         if f.name.endswith(".cu"):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
+    h.update(repr(sorted(DEFINES.items())).encode())
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
-def _module(name: str):
-    import cupy
+# Note [first run]: NVRTC compiles each module of ours on a program's first run on a machine (CuPy
+# keeps the result in its kernel cache, $CUPY_CACHE_DIR or ~/.cupy/kernel_cache, for later runs).
+# One module of every stage kernel took 4.9 s on an H100 machine, the head's 1.9 s, one after the
+# other on the way to the first step. NVRTC lets go of the GIL while it compiles, so the programs'
+# start-up thread hands every module it will need to ``prefetch`` as soon as CuPy is imported and
+# the context is up (lenet/startup.py), and each compiles on a thread of its own beside the rest of
+# the start-up; ``kernel`` then waits for the one it asks for, if it is not ready yet. The stage
+# kernels are one module each, and stage 2's backward one per version, so the longest compile, not
+# their sum, is what a first run waits for.
+_lock = threading.Lock()
+_modules: dict = {}   # name -> concurrent.futures.Future of its compiled cupy.RawModule
 
-    return cupy.RawModule(code=source(name), options=("-std=c++17",))
+
+def prefetch(names) -> None:
+    """Start compiling (or loading from CuPy's cache) these modules now, each on a thread of its
+    own, for the current device; ``kernel`` finds them ready, or waits for them."""
+    for name in names:
+        _future(name)
+
+
+def _future(name: str):
+    with _lock:
+        fut = _modules.get(name)
+        if fut is None:
+            import cupy
+
+            fut = _modules[name] = Future()
+            device = cupy.cuda.runtime.getDevice()
+            threading.Thread(target=_build, args=(fut, name, device), name=f"lenet-nvrtc-{name}",
+                             daemon=True).start()
+    return fut
+
+
+def _build(fut, name: str, device: int) -> None:
+    try:
+        import cupy
+
+        with cupy.cuda.Device(device):
+            mod = cupy.RawModule(code=source(name), options=options(name))
+            mod.compile()
+        fut.set_result(mod)
+    except BaseException as e:   # noqa: BLE001 (raised again on the thread that asks for the module)
+        fut.set_exception(e)
+
+
+def _module(name: str):
+    """The compiled module ``name``: compiled now, or by ``prefetch``'s thread (waited for)."""
+    return _future(name).result()
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,7 +7,7 @@ planned once per batch size over every stage engine.
 
 The engines, one file each, listed once in ENGINES below (the order is the order of preference
 where timing decides nothing):
-    ours.py   our fused kernels (lenet/kernels/stage.cu), checked against cuDNN's exact result
+    ours.py   our fused kernels (lenet/kernels/stage*.cu), checked against cuDNN's exact result
     cudnn.py  cuDNN's convolutions (descriptor API or graph API, descriptors/search.py) + cuDNN pooling
 
 Note [stage engines]: what a stage's forward leaves for its backward differs by engine (cuDNN's
@@ -38,7 +38,7 @@ for _name, _engine in ENGINES.items():   # --engine NAME runs that engine alone;
 
 
 def warm(engine: str) -> None:
-    """Ready the kernels of every stage engine that --engine ``engine`` lets compete."""
+    """Start readying the kernels of every stage engine that --engine ``engine`` lets compete."""
     for e in ENGINES.values():
         if e.serves(engine):
             e.warm()

@@ -1,5 +1,6 @@
-"""Our stage engine: each direction of a stage fused into one kernel of lenet/kernels/stage.cu (the
-backward plus one reduction of the per-block weight and bias gradients).
+"""Our stage engine: each direction of a stage fused into one kernel of lenet/kernels/stage*.cu (the
+backward plus one reduction of the per-block weight and bias gradients), each kernel a module of its
+own (compiled in parallel on a first run: Note [first run] in lenet/kernels/__init__.py).
 
 Candidates are launch shapes: the forward's images per block iteration and its blocks per SM, the
 backward's blocks per SM. ``heuristic`` takes the first of each list (a rule: no timing),
@@ -20,7 +21,7 @@ import numpy as np
 from descriptors.algorithms import AlgorithmNotSupportedError, Direction
 from descriptors.timing import time_launcher
 
-from ..kernels import kernel
+from ..kernels import kernel, prefetch
 from ..kernels.launch import Launch
 from ..kernels import sm_count as _sms
 from . import check
@@ -37,8 +38,8 @@ LARGE_BATCH_PER_SM = 6
 class Kernels:
     """The kernels of one stage shape: names, threads, shared memory, partial-sum widths."""
 
-    forward: tuple             # the forward's versions: (kernel, threads per image, images per block iteration)
-    backward: tuple            # the backward's versions: (kernel, threads per block)
+    forward: tuple             # the forward's versions: (module, threads per image, images per block iteration)
+    backward: tuple            # the backward's versions: (module, threads per block)
     fwd_smem: object           # images -> dynamic shared memory bytes of the forward (every version)
     mw: int                    # weight-gradient columns of a block's partial row
     mb: int                    # bias-gradient columns
@@ -63,16 +64,17 @@ class Kernels:
 
 
 # Keyed by (x, w, dx) of a StageSpec: LeNet's two stages. Stage 2's forward: one conv output per
-# thread (v1) or 4 output channels per thread (v2, stage2_forward_tiled_kernel).
+# thread (v1) or 4 output channels per thread (v2, stage2_forward_tiled). Each version is a module of
+# lenet.kernels holding one kernel, its name the module's plus "_kernel" (``function``).
 KERNELS = {
-    ((1, 28, 28), (6, 1, 5, 5), False): Kernels((("stage1_forward_kernel", 144, (1, 2, 4)),),
-                                                (("stage1_backward_kernel", 192),),
+    ((1, 28, 28), (6, 1, 5, 5), False): Kernels((("stage1_forward", 144, (1, 2, 4)),),
+                                                (("stage1_backward", 192),),
                                                 lambda i: 4 * 784 * i, 150, 6),
-    ((6, 12, 12), (16, 6, 5, 5), True): Kernels((("stage2_forward_kernel", 256, (1, 2)),
-                                                 ("stage2_forward_tiled_kernel", 64, (4, 8))),
-                                                (("stage2_backward_kernel", 160),
-                                                 ("stage2_backward_split_kernel", 320),
-                                                 ("stage2_backward_split4_kernel", 640)),
+    ((6, 12, 12), (16, 6, 5, 5), True): Kernels((("stage2_forward", 256, (1, 2)),
+                                                 ("stage2_forward_tiled", 64, (4, 8))),
+                                                (("stage2_backward", 160),
+                                                 ("stage2_backward_split", 320),
+                                                 ("stage2_backward_split4", 640)),
                                                 lambda i: 4 * (2400 + 864 * i), 2400, 16, large_fwd=1),
 }
 
@@ -125,11 +127,22 @@ def pins(name: str) -> tuple[str, ...]:
     return () if c is None else ("fwd",) if isinstance(c, Forward) else ("bwd-data", "bwd-filter")
 
 
+def function(module: str):
+    """The kernel of one of our stage modules (each holds one, named after it)."""
+    return kernel(module, f"{module}_kernel")
+
+
+def modules() -> tuple[str, ...]:
+    """Every module our stage engine may launch."""
+    return tuple(dict.fromkeys([v[0] for ks in KERNELS.values() for v in ks.forward + ks.backward]
+                               + ["stage_reduce"]))
+
+
 def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg):
     """A zero-argument launch of the stage's forward on the first n images, on ``stream``."""
-    name, per_image, _ = ks.forward[cand.version]
+    module, per_image, _ = ks.forward[cand.version]
     grid, threads, smem = cand.grid(n), per_image * cand.images, ks.fwd_smem(cand.images)
-    return Launch(kernel("stage", name), (grid,), (threads,), (x, w, b, y, arg, np.int32(n)), stream, smem)
+    return Launch(function(module), (grid,), (threads,), (x, w, b, y, arg, np.int32(n)), stream, smem)
 
 
 def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
@@ -137,8 +150,8 @@ def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, a
     """A zero-argument launch of the stage's backward on ``stream``, then the reduction of its partial
     sums: on ``side`` (a lenet.ops.context.SideStream, Note [side stream]) when given, else on
     ``stream``. A grid of one block writes dw and db itself, and no reduction runs."""
-    name, threads = ks.backward[cand.version]
-    fn, reduce, grid = kernel("stage", name), kernel("stage", "stage_reduce_kernel"), cand.grid(n)
+    module, threads = ks.backward[cand.version]
+    fn, reduce, grid = function(module), function("stage_reduce"), cand.grid(n)
     if part.shape[0] < grid:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid}")
     args = ((x, arg, dy, part, dw, db, np.int32(n)) if dx is None else
@@ -200,9 +213,9 @@ class OursStage:
         return engine in ("auto", self.name)
 
     def warm(self) -> None:
-        """Compile the kernels (or load them from CuPy's cache)."""
-        for ks in KERNELS.values():
-            kernel("stage", ks.forward[0][0])
+        """Start compiling the kernels (or loading them from CuPy's cache) on threads of their own
+        (Note [first run] in lenet/kernels/__init__.py)."""
+        prefetch(modules())
 
     def refuses(self, spec, ctx) -> str | None:
         p = ctx.policy
