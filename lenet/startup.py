@@ -211,10 +211,10 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     """In order: locate libcudnn through cuda.pathfinder and hand its path to the driver's
     thread; import CuPy and the cuBLAS and cuBLASLt bindings; once the driver's thread has the
     context, start the CUDA runtime; then call ``engine()``, which waits until the program has
-    parsed its flags and returns the engine's name. Our kernels every engine uses start compiling
-    (or loading from CuPy's cache) on threads of their own as soon as the runtime is up (Note [first
-    run] in lenet/kernels/__init__.py). Only then import our libcudnn wrappers
-    (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Then
+    parsed its flags and returns the engine's name. Only then import our libcudnn wrappers
+    (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Our
+    kernels every engine uses, and the search's, start compiling (or loading from CuPy's cache) on
+    threads of their own then (Note [first run] in descriptors/modules.py). Then
     record the GPU's status (require_gpu() finds it cached), start the stage engines' kernels,
     and, where the engine may use the graph API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread
     (Note [cuDNN's first call]) and build and drop one tiny graph with one plan."""
@@ -243,10 +243,6 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
             mark("preload thread: CUDA runtime started")
         except cupy.cuda.runtime.CUDARuntimeError:   # no GPU: require_gpu() says so, in its turn
             pass
-    if runtime:   # Note [first run] in lenet/kernels/__init__.py: compiled beside the rest of the start-up
-        from . import kernels
-
-        kernels.prefetch(kernels.COMMON_MODULES)
     name = engine()
     from descriptors import Handle
     from descriptors.graph import ConvGraph, available
@@ -254,6 +250,13 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
 
     from descriptors.engines import uses_frontend
 
+    if runtime:   # Note [first run] in descriptors/modules.py: compiled beside the rest of the start-up
+        from descriptors import search
+
+        from . import kernels
+
+        kernels.prefetch(kernels.COMMON_MODULES)
+        search.prefetch()
     importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
     stages = importlib.import_module(f"{__package__}.stages")
 

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
     import cupy
 
-    from .model import LeNet
+    from .model import LeNet, fill
 
     model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph,
                   fused=args.fused, plan_cache=args.plan_cache)
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
             model.step(n, args.lr)
         model.load_state_dict(before)
         with stream:
-            model.velocity.fill(0)
+            fill(model.velocity, 0)
 
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times, first_grads, first_loss = [], None, None

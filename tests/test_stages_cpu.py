@@ -252,7 +252,7 @@ def test_launch_packs_arrays_and_numpy_scalars_and_refuses_the_rest():
 def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu():
     """Each module (a stage kernel, one version of stage 2's backward, the head...) is a whole
     translation unit: NVRTC compiles it alone, for an H100 (sm_90), on a machine with no GPU at all, and
-    each holds the kernels its launcher asks for (Note [first run] in lenet/kernels/__init__.py)."""
+    each holds the kernels its launcher asks for (Note [first run] in descriptors/modules.py)."""
     nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
     from lenet import kernels
 

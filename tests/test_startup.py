@@ -161,7 +161,7 @@ def _cache_kernels(folder: Path) -> dict:
 @pytest.mark.gpu
 def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path):
     """python -m lenet.train_step with every cache empty (a fresh machine: Note [first run] in
-    lenet/kernels/__init__.py) completes and leaves CuPy's kernel cache holding our modules and
+    descriptors/modules.py) completes and leaves CuPy's kernel cache holding our modules and
     nothing else (no generic CuPy kernel on the way to the step), and our plans, datasets and
     bytecode under $XDG_CACHE_HOME/lenet; a second run finds everything and compiles nothing."""
     from lenet import kernels

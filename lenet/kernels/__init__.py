@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import threading
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,49 +65,17 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-# Note [first run]: NVRTC compiles each module of ours on a program's first run on a machine (CuPy
-# keeps the result in its kernel cache, $CUPY_CACHE_DIR or ~/.cupy/kernel_cache, for later runs).
-# One module of every stage kernel took 4.9 s on an H100 machine, the head's 1.9 s, one after the
-# other on the way to the first step. NVRTC lets go of the GIL while it compiles, so the programs'
-# start-up thread hands every module it will need to ``prefetch`` as soon as CuPy is imported and
-# the context is up (lenet/startup.py), and each compiles on a thread of its own beside the rest of
-# the start-up; ``kernel`` then waits for the one it asks for, if it is not ready yet. The stage
-# kernels are one module each, and stage 2's backward one per version, so the longest compile, not
-# their sum, is what a first run waits for.
-_lock = threading.Lock()
-_modules: dict = {}   # name -> concurrent.futures.Future of its compiled cupy.RawModule
-
-
 def prefetch(names) -> None:
     """Start compiling (or loading from CuPy's cache) these modules now, each on a thread of its
-    own, for the current device; ``kernel`` finds them ready, or waits for them."""
+    own (Note [first run] in descriptors/modules.py); ``kernel`` finds them ready, or waits."""
     for name in names:
         _future(name)
 
 
 def _future(name: str):
-    with _lock:
-        fut = _modules.get(name)
-        if fut is None:
-            import cupy
+    from descriptors import modules
 
-            fut = _modules[name] = Future()
-            device = cupy.cuda.runtime.getDevice()
-            threading.Thread(target=_build, args=(fut, name, device), name=f"lenet-nvrtc-{name}",
-                             daemon=True).start()
-    return fut
-
-
-def _build(fut, name: str, device: int) -> None:
-    try:
-        import cupy
-
-        with cupy.cuda.Device(device):
-            mod = cupy.RawModule(code=source(name), options=options(name))
-            mod.compile()
-        fut.set_result(mod)
-    except BaseException as e:   # noqa: BLE001 (raised again on the thread that asks for the module)
-        fut.set_exception(e)
+    return modules.prefetch(f"lenet.{name}", functools.partial(source, name), options(name))
 
 
 def _module(name: str):
@@ -212,3 +178,16 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
         np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0),
         np.int32(a.shift), np.int32(2 if a.mirror else int(bool(a.flip))), np.uint32(a.seed & 0xFFFFFFFF),
         np.uint32(epoch & 0xFFFFFFFF)))
+
+
+def count_nonfinite(x) -> int:
+    """How many values of device array ``x`` are NaN or infinite (as float32: what the model trains
+    on), counted by data.cu's kernel on CuPy's current stream; waits for it."""
+    import cupy
+
+    xf = cupy.ascontiguousarray(x, dtype=cupy.float32).ravel()
+    count = cupy.zeros(1, dtype=cupy.uint64)
+    threads = 256
+    blocks = max(1, min(1024, -(-xf.size // threads)))
+    kernel("data", "count_nonfinite_kernel")((blocks,), (threads,), (xf, np.int64(xf.size), count))
+    return int(count.get()[0])

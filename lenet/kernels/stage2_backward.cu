@@ -208,7 +208,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
 
 // Each module of this file compiles one version (S2B_KS, set by lenet/kernels/__init__.py): three
 // modules compile in parallel in a third of the time one module of all three took (Note [first run]
-// in lenet/kernels/__init__.py).
+// in descriptors/modules.py).
 #if S2B_KS == 1
 extern "C" __global__ void __launch_bounds__(160, S2B_MIN_BLOCKS)
 stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,

@@ -1,6 +1,6 @@
 """Our stage engine: each direction of a stage fused into one kernel of lenet/kernels/stage*.cu (the
 backward plus one reduction of the per-block weight and bias gradients), each kernel a module of its
-own (compiled in parallel on a first run: Note [first run] in lenet/kernels/__init__.py).
+own (compiled in parallel on a first run: Note [first run] in descriptors/modules.py).
 
 Candidates are launch shapes: the forward's images per block iteration and its blocks per SM, the
 backward's blocks per SM. ``heuristic`` takes the first of each list (a rule: no timing),
@@ -214,7 +214,7 @@ class OursStage:
 
     def warm(self) -> None:
         """Start compiling the kernels (or loading them from CuPy's cache) on threads of their own
-        (Note [first run] in lenet/kernels/__init__.py)."""
+        (Note [first run] in descriptors/modules.py)."""
         prefetch(modules())
 
     def refuses(self, spec, ctx) -> str | None:

@@ -16,7 +16,7 @@ With --cold the child runs as a first run on a fresh machine does: every cache i
 pointed at empty folders (CuPy's kernel cache, $XDG_CACHE_HOME and with it our plans, datasets and
 bytecode), removed afterwards (--keep keeps them). The timeline then shows each of our modules'
 compile beside the rest, and the kernels NVRTC built for CuPy's own functions are listed from its
-cache folder, with the time each was written (Note [first run] in lenet/kernels/__init__.py).
+cache folder, with the time each was written (Note [first run] in descriptors/modules.py).
 """
 
 from __future__ import annotations
@@ -91,16 +91,27 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     startup.start_context = timed_context
     from lenet import kernels
 
-    build = kernels._build
+    prefetch = kernels.prefetch
 
-    def timed_build(fut, name, device):   # each module of ours, compiled or loaded from CuPy's cache
-        t0 = at()
-        try:
-            return build(fut, name, device)
-        finally:
-            events.append((f"module {name} (nvrtc or cache)", t0, at()))
+    def timed_prefetch(names):   # descriptors is imported by now: time each module's compile (or cache load)
+        from descriptors import modules
 
-    kernels._build = timed_build
+        if not hasattr(modules._build, "timed"):
+            build = modules._build
+
+            def timed_build(fut, source, options, device):
+                t0 = at()
+                try:
+                    return build(fut, source, options, device)
+                finally:
+                    key = next((k for k, f in list(modules._modules.items()) if f is fut), "?")
+                    events.append((f"module {key} (nvrtc or cache)", t0, at()))
+
+            timed_build.timed = True
+            modules._build = timed_build
+        return prefetch(names)
+
+    kernels.prefetch = timed_prefetch
     startup.begin()
     starting = startup.starting
 
