@@ -164,7 +164,7 @@ def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path)
     descriptors/modules.py) completes and leaves CuPy's kernel cache holding our modules and
     nothing else (no generic CuPy kernel on the way to the step), and our plans, datasets and
     bytecode under $XDG_CACHE_HOME/lenet; a second run finds everything and compiles nothing."""
-    from lenet import kernels
+    from lenet.stages import ours as ours_stage
 
     cupy_cache, xdg = tmp_path / "cupy", tmp_path / "xdg"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LENET_") and k != "PYTHONPYCACHEPREFIX"}
@@ -178,8 +178,11 @@ def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path)
         return _cache_kernels(cupy_cache)
 
     first = train_step()
+    # The heuristic's stage kernels (the split backward versions compile when a search times them)
+    # and every module the programs may launch, the search's distance among them.
     ours = {"head": "head_forward_kernel", "softmax_ce": "softmax_ce_kernel", "sgd": "sgd_kernel",
-            "data": "gather_batch_kernel", **{m: f"{m}_kernel" for m in kernels.STAGE_MODULES}}
+            "data": "gather_batch_kernel", "distance": "distance_kernel",
+            **{m: f"{m}_kernel" for m in ours_stage.heuristic_modules()}}
     held = set().union(*first.values())
     assert all(k in held for k in ours.values()), sorted(set(ours.values()) - held)
     generic = {f: names for f, names in first.items() if not names & set(ours.values())}

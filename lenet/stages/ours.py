@@ -138,6 +138,14 @@ def modules() -> tuple[str, ...]:
                                + ["stage_reduce"]))
 
 
+def heuristic_modules() -> tuple[str, ...]:
+    """The modules of the candidates the heuristic takes first, at any batch size (each stage's first
+    forward version and its large-batch one, its first backward version), and the reduction."""
+    return tuple(dict.fromkeys([m for ks in KERNELS.values()
+                                for m in (ks.forward[0][0], ks.forward[ks.large_fwd][0], ks.backward[0][0])]
+                               + ["stage_reduce"]))
+
+
 def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg):
     """A zero-argument launch of the stage's forward on the first n images, on ``stream``."""
     module, per_image, _ = ks.forward[cand.version]
@@ -213,9 +221,11 @@ class OursStage:
         return engine in ("auto", self.name)
 
     def warm(self) -> None:
-        """Start compiling the kernels (or loading them from CuPy's cache) on threads of their own
-        (Note [first run] in descriptors/modules.py)."""
-        prefetch(modules())
+        """Start compiling the kernels the heuristic runs (or loading them from CuPy's cache) on
+        threads of their own (Note [first run] in descriptors/modules.py); the rest compile when a
+        plan asks for them: the split backward versions, which only a search times, would share
+        the CPU with the compiles a first step waits for."""
+        prefetch(heuristic_modules())
 
     def refuses(self, spec, ctx) -> str | None:
         p = ctx.policy
@@ -338,6 +348,7 @@ class OursStage:
             errors = stored.get("errors") if isinstance(stored.get("errors"), dict) else {}
             return OursPlan(spec, n, fwd, bwd, fwd_of(fwd)[0], bwd_of(bwd)[0], errors, {})
         fwds, bwds = self.candidates(spec, ctx.policy, n)
+        prefetch({ks.forward[c.version][0] for c in fwds} | {ks.backward[c.version][0] for c in bwds})   # at once
         errors, times, chosen = {}, {}, {}
         for d, cands, launcher in (("fwd", fwds, fwd_of), ("bwd", bwds, bwd_of)):
             best, dropped = None, []
