@@ -37,11 +37,12 @@ for _name, _engine in ENGINES.items():   # --engine NAME runs that engine alone;
         register_engine(_name, getattr(_engine, "pins", None))
 
 
-def warm(engine: str) -> None:
-    """Start readying the kernels of every stage engine that --engine ``engine`` lets compete."""
+def warm(engine: str, batch: int | None = None) -> None:
+    """Start readying the kernels of every stage engine that --engine ``engine`` lets compete, for
+    batches of ``batch`` images when it is known."""
     for e in ENGINES.values():
         if e.serves(engine):
-            e.warm()
+            e.warm(batch)
 
 
 class PlannedStage:

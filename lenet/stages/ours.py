@@ -32,6 +32,11 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 # scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best v1 against best v2: 6.9 / 10.5 us
 # at 256 images, 9.2 / 15.8 at 512, 16.1 / 12.5 at 1024, 28.5 / 19.1 at 2048, 103.6 / 75.7 at 8192.
 LARGE_BATCH_PER_SM = 6
+# Up to this many images per SM, the heuristic takes a stage's small-batch backward version first.
+# scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best v1 / v2 / v3: 14.0 / 10.6 / 9.7 us
+# at 64 images, 17.1 / 17.3 / 10.3 at 128, 27.0 / 25.1 / 28.3 at 512. (v3 also compiles in about a
+# third of v1's time, which a first run waits for: Note [first run] in descriptors/modules.py.)
+SMALL_BATCH_PER_SM = 2
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class Kernels:
     mw: int                    # weight-gradient columns of a block's partial row
     mb: int                    # bias-gradient columns
     large_fwd: int = 0         # the forward version the heuristic takes at large batches (LARGE_BATCH_PER_SM)
+    small_bwd: int = 0         # the backward version the heuristic takes at small batches (SMALL_BATCH_PER_SM)
 
     @property
     def width(self) -> int:
@@ -58,9 +64,13 @@ class Kernels:
             cands.sort(key=lambda c: c.version != self.large_fwd)   # stable: each version's order stays
         return cands
 
-    def backward_candidates(self) -> list:
-        """Every backward launch shape, the heuristic's first."""
-        return [Backward(g, v) for v in range(len(self.backward)) for g in BACKWARD_BLOCKS_PER_SM]
+    def backward_candidates(self, n: int | None = None) -> list:
+        """Every backward launch shape, the heuristic's first: for a batch of n <= SMALL_BATCH_PER_SM
+        images per SM, those of version ``small_bwd`` come first."""
+        cands = [Backward(g, v) for v in range(len(self.backward)) for g in BACKWARD_BLOCKS_PER_SM]
+        if n is not None and n <= SMALL_BATCH_PER_SM * _sms():
+            cands.sort(key=lambda c: c.version != self.small_bwd)   # stable: each version's order stays
+        return cands
 
 
 # Keyed by (x, w, dx) of a StageSpec: LeNet's two stages. Stage 2's forward: one conv output per
@@ -75,7 +85,7 @@ KERNELS = {
                                                 (("stage2_backward", 160),
                                                  ("stage2_backward_split", 320),
                                                  ("stage2_backward_split4", 640)),
-                                                lambda i: 4 * (2400 + 864 * i), 2400, 16, large_fwd=1),
+                                                lambda i: 4 * (2400 + 864 * i), 2400, 16, large_fwd=1, small_bwd=2),
 }
 
 
@@ -138,12 +148,16 @@ def modules() -> tuple[str, ...]:
                                + ["stage_reduce"]))
 
 
-def heuristic_modules() -> tuple[str, ...]:
-    """The modules of the candidates the heuristic takes first, at any batch size (each stage's first
-    forward version and its large-batch one, its first backward version), and the reduction."""
-    return tuple(dict.fromkeys([m for ks in KERNELS.values()
-                                for m in (ks.forward[0][0], ks.forward[ks.large_fwd][0], ks.backward[0][0])]
-                               + ["stage_reduce"]))
+def heuristic_modules(n: int | None = None) -> tuple[str, ...]:
+    """The modules of the candidates the heuristic takes first: each stage's forward versions for
+    small and large batches (small modules), its backward version for a batch of n (without n, for
+    any batch), and the reduction."""
+    out = []
+    for ks in KERNELS.values():
+        out += [ks.forward[0][0], ks.forward[ks.large_fwd][0]]
+        out += ([ks.backward[ks.backward_candidates(n)[0].version][0]] if n is not None else
+                [ks.backward[0][0], ks.backward[ks.small_bwd][0]])
+    return tuple(dict.fromkeys(out + ["stage_reduce"]))
 
 
 def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg):
@@ -220,12 +234,12 @@ class OursStage:
         """Whether --engine ``engine`` lets this engine compete."""
         return engine in ("auto", self.name)
 
-    def warm(self) -> None:
-        """Start compiling the kernels the heuristic runs (or loading them from CuPy's cache) on
-        threads of their own (Note [first run] in descriptors/modules.py); the rest compile when a
-        plan asks for them: the split backward versions, which only a search times, would share
-        the CPU with the compiles a first step waits for."""
-        prefetch(heuristic_modules())
+    def warm(self, batch: int | None = None) -> None:
+        """Start compiling the kernels the heuristic runs at ``batch`` images (or loading them from
+        CuPy's cache) on threads of their own (Note [first run] in descriptors/modules.py); the rest
+        compile when a plan asks for them: versions only a search times would share the CPU with
+        the compiles a first step waits for."""
+        prefetch(heuristic_modules(batch))
 
     def refuses(self, spec, ctx) -> str | None:
         p = ctx.policy
@@ -246,7 +260,7 @@ class OursStage:
         """(forward candidates, backward candidates) for the stage under ``policy`` at batch n: the
         first of each (heuristic), all (exhaustive), or the one --algo names (Note [pinned candidates])."""
         ks = KERNELS[(spec.x, spec.w, spec.dx)]
-        fwd, bwd = ks.forward_candidates(n), ks.backward_candidates()
+        fwd, bwd = ks.forward_candidates(n), ks.backward_candidates(n)
         out = []
         for cands, directions in ((fwd, ("fwd",)), (bwd, ("bwd-filter", "bwd-data"))):
             named = {policy.choice(d) for d in directions if policy.fixed(d)}
