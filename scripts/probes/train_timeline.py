@@ -116,9 +116,9 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     starting = startup.starting
 
     @contextlib.contextmanager
-    def timed_starting(engine):
+    def timed_starting(engine, batch=None):
         t0 = at()
-        with starting(engine):
+        with starting(engine, batch):
             yield
             events.append(("main thread: prepare (data, checks)", t0, at()))
             t1 = at()
