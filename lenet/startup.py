@@ -263,7 +263,7 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     mark("preload thread: descriptors, lenet.model imported")
     up = driver is not None and gpu_status()[0]
     if up:
-        stages.warm(name, _preload.batch if _preload is not None else None)   # compiling on threads of their own
+        stages.warm(name, _preload.batches if _preload is not None else None)   # compiling on threads of their own
         mark("preload thread: stage kernels started")
     if not uses_frontend(name) or not available()[0]:   # imports the frontend (once: cached)
         return
@@ -281,7 +281,7 @@ class _Preload:
 
     def __init__(self):
         self.engine: str | None = None
-        self.batch: int | None = None   # the training batch size, when the program has one
+        self.batches: tuple = ()   # the batch sizes the program will plan, when it knows them
         self.engine_known = threading.Event()
         self.thread = threading.Thread(target=self._run, name="lenet-imports", daemon=True)
 
@@ -326,15 +326,17 @@ def started_early() -> bool:
 
 
 @contextlib.contextmanager
-def starting(engine: str, batch: int | None = None):
+def starting(engine: str, batches=()):
     """``with starting(args.engine): ...``: start the GPU's driver and context and cuDNN's set-up,
     and import what a model planned for ``engine`` loads (``preload``), on threads while the
     block runs (reading and checking a dataset, say), unless start_gpu() started them already;
     wait for both when the block ends. A ValueError from the block in a program that called
     start_gpu() (a bad --data-dir, say) goes to cli.run without waiting: it reports the error in
-    one line and leaves through os._exit, threads and all."""
+    one line and leaves through os._exit, threads and all. ``batches``: the batch sizes the
+    program will plan (a training step's, an evaluation's), so the stage kernels the heuristic
+    runs at them compile first (Note [first run] in descriptors/modules.py)."""
     pre = _start_preload()
-    pre.engine, pre.batch = engine, batch
+    pre.engine, pre.batches = engine, tuple(batches)
     pre.engine_known.set()
     wait = True
     try:

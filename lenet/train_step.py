@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     policy = cli.policy_from(args)
     if args.dump:
         files.check_output_file(args.dump, "--dump")
-    with startup.starting(args.engine, args.batch_size):   # Note [overlapped start-up]
+    with startup.starting(args.engine, (args.batch_size,)):   # Note [overlapped start-up]
         x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
 

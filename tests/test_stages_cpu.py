@@ -94,7 +94,7 @@ def test_a_fixed_cudnn_name_with_engine_ours_is_refused_in_one_line():
 def test_warm_asks_only_the_engines_the_flag_lets_compete(monkeypatch):
     called = []
     for e in ENGINES.values():
-        monkeypatch.setattr(e, "warm", lambda batch=None, e=e: called.append(e.name))
+        monkeypatch.setattr(e, "warm", lambda batches=None, e=e: called.append(e.name))
     stages.warm("legacy")
     assert called == ["cudnn"]
     called.clear()
@@ -278,5 +278,5 @@ def test_the_heuristic_takes_the_small_batch_backward_at_small_batches(monkeypat
     assert ks.backward_candidates(64)[0] == ours.Backward(4, 2) and ks.backward_candidates(264)[0].version == 2
     assert ks.backward_candidates(265)[0] == ours.Backward(4, 0) == ks.backward_candidates()[0]
     assert set(ks.backward_candidates(64)) == set(ks.backward_candidates(8192))   # the same set, reordered
-    assert "stage2_backward_split4" in ours.heuristic_modules(64) and "stage2_backward" not in ours.heuristic_modules(64)
-    assert "stage2_backward" in ours.heuristic_modules(8192) and "stage2_backward_split" not in ours.heuristic_modules()
+    assert "stage2_backward_split4" in ours.heuristic_modules([64]) and "stage2_backward" not in ours.heuristic_modules([64])
+    assert "stage2_backward" in ours.heuristic_modules([128, 1000]) and "stage2_backward_split" not in ours.heuristic_modules()

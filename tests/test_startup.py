@@ -182,7 +182,7 @@ def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path)
     # and every module the programs may launch, the search's distance among them.
     ours = {"head": "head_forward_kernel", "softmax_ce": "softmax_ce_kernel", "sgd": "sgd_kernel",
             "data": "gather_batch_kernel", "distance": "distance_kernel",
-            **{m: f"{m}_kernel" for m in ours_stage.heuristic_modules(64)}}
+            **{m: f"{m}_kernel" for m in ours_stage.heuristic_modules([64])}}
     held = set().union(*first.values())
     assert all(k in held for k in ours.values()), sorted(set(ours.values()) - held)
     generic = {f: names for f, names in first.items() if not names & set(ours.values())}

@@ -37,12 +37,12 @@ for _name, _engine in ENGINES.items():   # --engine NAME runs that engine alone;
         register_engine(_name, getattr(_engine, "pins", None))
 
 
-def warm(engine: str, batch: int | None = None) -> None:
+def warm(engine: str, batches=None) -> None:
     """Start readying the kernels of every stage engine that --engine ``engine`` lets compete, for
-    batches of ``batch`` images when it is known."""
+    these batch sizes when they are known."""
     for e in ENGINES.values():
         if e.serves(engine):
-            e.warm(batch)
+            e.warm(batches)
 
 
 class PlannedStage:

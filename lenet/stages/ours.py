@@ -148,14 +148,14 @@ def modules() -> tuple[str, ...]:
                                + ["stage_reduce"]))
 
 
-def heuristic_modules(n: int | None = None) -> tuple[str, ...]:
+def heuristic_modules(batches=None) -> tuple[str, ...]:
     """The modules of the candidates the heuristic takes first: each stage's forward versions for
-    small and large batches (small modules), its backward version for a batch of n (without n, for
-    any batch), and the reduction."""
+    small and large batches (small modules), its backward versions for these batch sizes (without
+    them, for any batch), and the reduction."""
     out = []
     for ks in KERNELS.values():
         out += [ks.forward[0][0], ks.forward[ks.large_fwd][0]]
-        out += ([ks.backward[ks.backward_candidates(n)[0].version][0]] if n is not None else
+        out += ([ks.backward[ks.backward_candidates(n)[0].version][0] for n in batches] if batches else
                 [ks.backward[0][0], ks.backward[ks.small_bwd][0]])
     return tuple(dict.fromkeys(out + ["stage_reduce"]))
 
@@ -234,12 +234,12 @@ class OursStage:
         """Whether --engine ``engine`` lets this engine compete."""
         return engine in ("auto", self.name)
 
-    def warm(self, batch: int | None = None) -> None:
-        """Start compiling the kernels the heuristic runs at ``batch`` images (or loading them from
+    def warm(self, batches=None) -> None:
+        """Start compiling the kernels the heuristic runs at these batch sizes (or loading them from
         CuPy's cache) on threads of their own (Note [first run] in descriptors/modules.py); the rest
         compile when a plan asks for them: versions only a search times would share the CPU with
         the compiles a first step waits for."""
-        prefetch(heuristic_modules(batch))
+        prefetch(heuristic_modules(batches))
 
     def refuses(self, spec, ctx) -> str | None:
         p = ctx.policy

@@ -116,9 +116,9 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     starting = startup.starting
 
     @contextlib.contextmanager
-    def timed_starting(engine, batch=None):
+    def timed_starting(engine, batches=()):
         t0 = at()
-        with starting(engine, batch):
+        with starting(engine, batches):
             yield
             events.append(("main thread: prepare (data, checks)", t0, at()))
             t1 = at()
