@@ -46,7 +46,6 @@ the policy, fusion and capture. A stored choice that no longer fits is searched 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 
@@ -160,6 +159,8 @@ def _operands(spec: ConvSpec) -> dict:
 
 def reference(handle, spec: ConvSpec, arrays: dict):
     """The exact answer on ``arrays`` (a copy), from the descriptor API in FMA float32."""
+    import cupy
+
     legacy = ENGINES["legacy"]
     exact = AlgoPolicy(engine="legacy")
     cands, _ = legacy.candidates(handle, spec, exact, fused=False)
@@ -170,30 +171,73 @@ def reference(handle, spec: ConvSpec, arrays: dict):
                                          f"{', '.join(by_name) or 'none'}")
     ws = Workspace(by_name[name].workspace_bytes)
     legacy.bind(handle, spec, by_name[name], arrays, ws)()
-    with handle.stream:
-        ref = arrays[spec.output].copy()
+    out = arrays[spec.output]
+    ref = cupy.empty_like(out)
+    with handle.stream:   # a copy, not CuPy's copy kernel (Note [first run] in descriptors/modules.py)
+        ref.data.copy_from_device_async(out.data, out.nbytes)
     handle.stream.synchronize()
     return ref
 
 
-@functools.lru_cache(maxsize=1)
-def _norm_kernels():
-    import cupy
+# The distance's kernel (Note [first run] in descriptors/modules.py: CuPy's reductions of one array
+# go through CUB, a 186 KB module NVRTC took 2-2.5 s over on a first run, one per shape of call).
+# Block b of a grid-stride loop writes sums[2 b] = sum of (out - ref)^2 and sums[2 b + 1] = sum of
+# ref^2 over its share, in float64; the host adds the blocks' sums in order (deterministic).
+_DISTANCE_THREADS, _DISTANCE_BLOCKS = 256, 264
+_DISTANCE_SOURCE = r"""
+extern "C" __global__ void __launch_bounds__(256)
+distance_kernel(const float* __restrict__ out, const float* __restrict__ ref, long long n, double* __restrict__ sums) {
+  __shared__ double sd[256], sr[256];
+  double d = 0.0, r = 0.0;
+  for (long long i = (long long)blockIdx.x * 256 + threadIdx.x; i < n; i += (long long)gridDim.x * 256) {
+    const double o = out[i], e = ref[i];
+    d += (o - e) * (o - e);
+    r += e * e;
+  }
+  sd[threadIdx.x] = d;
+  sr[threadIdx.x] = r;
+  __syncthreads();
+  for (int s = 128; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      sd[threadIdx.x] += sd[threadIdx.x + s];
+      sr[threadIdx.x] += sr[threadIdx.x + s];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    sums[2 * blockIdx.x] = sd[0];
+    sums[2 * blockIdx.x + 1] = sr[0];
+  }
+}
+"""
 
-    sqdiff = cupy.ReductionKernel("float32 a, float32 b", "float64 y", "((double)a - (double)b) * ((double)a - (double)b)",
-                                  "a + b", "y = a", "0", "lenet_sqdiff")
-    sq = cupy.ReductionKernel("float32 a", "float64 y", "(double)a * (double)a", "a + b", "y = a", "0", "lenet_sq")
-    return sqdiff, sq
+
+def prefetch():
+    """Start compiling (or loading from CuPy's cache) the distance's kernel on a thread of its own."""
+    from . import modules
+
+    return modules.prefetch("descriptors.distance", lambda: _DISTANCE_SOURCE, ("-std=c++17",))
 
 
 def distance(out, ref) -> float:
-    """|out - ref| / |ref|, accumulated in float64, in one pass each: no temporary the size of the
-    output (a chunk of 65536 images would need 3.6 GB)."""
+    """|out - ref| / |ref| over two float32 device arrays of one size, accumulated in float64, in one
+    pass: no temporary the size of the output (a chunk of 65536 images would need 3.6 GB). Runs on
+    CuPy's current stream and waits for it."""
     import math
 
-    sqdiff, sq = _norm_kernels()
-    out, ref = out.ravel(), ref.ravel()
-    num, den = math.sqrt(float(sqdiff(out, ref))), math.sqrt(float(sq(ref)))
+    import cupy
+    import numpy as np
+
+    if out.size != ref.size or out.dtype != np.float32 or ref.dtype != np.float32:
+        raise ValueError(f"distance takes two float32 arrays of one size, got {out.dtype} {out.shape} "
+                         f"and {ref.dtype} {ref.shape}")
+    out, ref = cupy.ascontiguousarray(out), cupy.ascontiguousarray(ref)
+    n = out.size
+    blocks = max(1, min(_DISTANCE_BLOCKS, -(-n // _DISTANCE_THREADS)))
+    sums = cupy.empty(2 * blocks, dtype=cupy.float64)
+    prefetch().result().get_function("distance_kernel")((blocks,), (_DISTANCE_THREADS,), (out, ref, np.int64(n), sums))
+    d, r = sums.get().reshape(blocks, 2).sum(axis=0, dtype=np.float64)   # get(): waits for the stream
+    num, den = math.sqrt(d), math.sqrt(r)
     return num / den if den > 0 else num
 
 
@@ -297,7 +341,7 @@ class Search:
             if (choice == "heuristic" and c.engine in done) or (reproducible and timed):
                 continue
             with stream:
-                out.fill(float("nan"))   # an output the candidate does not write cannot pass
+                out.data.memset_async(0xFF, out.nbytes)   # NaN everywhere: an output the candidate does not write cannot pass
             try:
                 run = ENGINES[c.engine].bind(handle, spec, c, arrays, ws)
                 ms = time_launcher(run, stream, graph=captured, cutoff_ms=3 * best if best < math.inf else None)

@@ -26,7 +26,7 @@ from descriptors import ActivationDescriptor, AlgoPolicy, Handle, PoolingDescrip
 
 from . import params as P
 from .blas import Blas, LazyLt, LtMatmul
-from .kernels import MIRROR, gather_batch
+from .kernels import MIRROR, count_nonfinite, gather_batch
 from .ops import SGD, FullyConnected, HeadTensors, LossTensors, SoftmaxCrossEntropy
 from .ops.context import PlanContext, SideStream
 from .runner import Runner
@@ -51,14 +51,44 @@ def check_batch(x, y, max_batch: int) -> int:
         raise ValueError(f"labels must be integers, got dtype {y.dtype}")
     if not np.issubdtype(np.dtype(x.dtype), np.floating):
         raise ValueError(f"images must be floating point, got dtype {x.dtype}")
-    mod = type(x).__module__.split(".")[0]
-    xp = np if mod == "numpy" else __import__("cupy")
-    lo, hi = int(xp.min(y)), int(xp.max(y))
+    on_gpu = type(x).__module__.split(".")[0] != "numpy"
+    # The labels (n integers) are read on the host; a device batch's images are counted by a kernel of
+    # ours: CuPy's min, max and isfinite().all() reduce through CUB, each a module NVRTC compiles for
+    # 2-2.5 s on a first run (Note [first run] in descriptors/modules.py).
+    labels = y.get() if hasattr(y, "get") else np.asarray(y)
+    lo, hi = int(labels.min()), int(labels.max())
     if lo < 0 or hi >= CLASSES:
         raise ValueError(f"labels must be in [0, {CLASSES}), got values from {lo} to {hi}")
-    if not bool(xp.isfinite(x).all()):
+    if count_nonfinite(x) if on_gpu else not bool(np.isfinite(x).all()):
         raise ValueError("images contain NaN or infinite values")
     return n
+
+
+def device_copy(dst, src) -> None:
+    """dst[...] = src on CuPy's current stream as one device-to-device copy: CuPy's own assignment
+    runs a copy kernel, one more NVRTC compile on a first run (Note [first run] in
+    descriptors/modules.py). Both contiguous, of one dtype and size; may be captured in a graph."""
+    if not (dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype and dst.size == src.size):
+        raise ValueError(f"device_copy takes two contiguous arrays of one dtype and size, got {dst.dtype} "
+                         f"{dst.shape} and {src.dtype} {src.shape}")
+    dst.data.copy_from_device_async(src.data, src.nbytes)
+
+
+def _copy_of(a):
+    import cupy
+
+    out = cupy.empty_like(a)
+    device_copy(out, a)
+    return out
+
+
+def fill(a, value) -> None:
+    """a[...] = value on CuPy's current stream without a fill kernel (Note [first run] in
+    descriptors/modules.py): a memset for 0 (which a graph may capture), else an upload."""
+    if value == 0:
+        a.data.memset_async(0, a.nbytes)
+    else:
+        a.set(np.full(a.shape, value, dtype=a.dtype))
 
 
 # Bytes per image of max_batch that a model allocates: its buffers (input, labels, pooled outputs and
@@ -175,14 +205,14 @@ class LeNet:
             self.velocity = cupy.zeros(P.TOTAL, dtype=cupy.float32)   # (TOTAL,)
             # The weights' moving average (evaluation and export use it), and where the live
             # weights wait while an evaluation runs on it.
-            self.ema = self.params.copy() if ema_decay is not None else None   # (TOTAL,) or None
+            self.ema = _copy_of(self.params) if ema_decay is not None else None   # (TOTAL,) or None
             self.params_aside = cupy.empty(P.TOTAL, dtype=cupy.float32) if ema_decay is not None else None
             self.p, self.g = P.views(self.params), P.views(self.grads)
             self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
             self.loss_dev = cupy.zeros(1, dtype=cupy.float32)         # (1,) mean loss of the last forward
             self.correct_dev = cupy.zeros(1, dtype=cupy.int32)        # (1,) right answers in it
             self.running_loss = cupy.zeros(1, dtype=cupy.float32)     # (1,) sum of step losses since reset
-            self.ones = cupy.ones(max(N, 576), dtype=cupy.float32)    # (max(N, 24*24),) for gemv sums
+            self.ones = cupy.asarray(np.ones(max(N, 576), np.float32))   # (max(N, 24*24),) for gemv sums
             rng = cupy.random.default_rng(seed)
             f32 = cupy.float32
             self.buf = {
@@ -330,7 +360,7 @@ class LeNet:
     def reset_running_loss(self, value: float = 0.0) -> None:
         """Set the running sum of step losses (0, or a resumed epoch's sum so far)."""
         with self.stream:
-            self.running_loss.fill(value)
+            fill(self.running_loss, value)
 
     def read_running_loss(self) -> float:
         """Sum of the step losses since the last reset (synchronizes)."""
@@ -342,7 +372,7 @@ class LeNet:
             raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
         if lr != self._lr_host:
             with self.stream:
-                self.lr_dev.fill(lr)
+                fill(self.lr_dev, lr)
             self._lr_host = lr
 
     # ------------------------------------------------------------------ the step
@@ -391,12 +421,12 @@ class LeNet:
         # On the model's stream: a copy on another stream could still be pending when the
         # warm-up run changes the state or the restore reads the copy (a race seen on an H100).
         with self.stream:
-            return [a.copy() for a in self._state()]
+            return [_copy_of(a) for a in self._state()]
 
     def _restore_state(self, saved) -> None:
         with self.stream:
             for a, s in zip(self._state(), saved):
-                a[...] = s
+                device_copy(a, s)
 
     def train_step(self, x, y, lr: float):
         """Load a batch (validated), run one SGD step; returns the device loss before the update."""
@@ -407,8 +437,8 @@ class LeNet:
 
     def evaluate_begin(self) -> None:
         with self.stream:
-            self.loss_dev.fill(0)
-            self.correct_dev.fill(0)
+            fill(self.loss_dev, 0)
+            fill(self.correct_dev, 0)
 
     def evaluate_batch(self, n: int | None = None) -> None:
         """Forward only; adds the batch's summed loss and right answers to the device totals."""
@@ -438,21 +468,21 @@ class LeNet:
             self.evaluate_begin()
             if self.ema is not None:
                 with self.stream:
-                    self.params_aside[...] = self.params
-                    self.params[...] = self.ema
+                    device_copy(self.params_aside, self.params)
+                    device_copy(self.params, self.ema)
             for start, n in zip(range(0, dataset.size, batch), sizes):
                 step = self.plan(n)
                 self.load_from(dataset, dataset.identity, start, n)
                 step.forward()
                 if tta:
                     with self.stream:
-                        self.buf["logits_kept"][:n] = self.buf["logits"][:n]
+                        device_copy(self.buf["logits_kept"][:n], self.buf["logits"][:n])
                     self.load_from(dataset, dataset.identity, start, n, augment=MIRROR)
                     step.forward()
                 step.loss.evaluate(self.buf["logits_kept"][:n] if tta else None)
             if self.ema is not None:
                 with self.stream:
-                    self.params[...] = self.params_aside
+                    device_copy(self.params, self.params_aside)
         # The key holds the dataset: its graph reads the dataset's buffers, which must outlive it.
         self.runner.run(("eval", dataset, batch, bool(tta)), run, self.cuda_graph)
         loss_sum, correct = self.evaluate_end()
@@ -497,10 +527,10 @@ class LeNet:
         if params_flat.shape != (P.TOTAL,) or velocity_flat.shape != (P.TOTAL,):
             raise ValueError(f"flat buffers must be ({P.TOTAL},), got {params_flat.shape}, {velocity_flat.shape}")
         with self.stream:
-            self.params[...] = cupy.asarray(params_flat, dtype=cupy.float32)
-            self.velocity[...] = cupy.asarray(velocity_flat, dtype=cupy.float32)
+            self.params.set(np.asarray(params_flat, np.float32))
+            self.velocity.set(np.asarray(velocity_flat, np.float32))
             if self.ema is not None:
-                self.ema[...] = cupy.asarray(ema_flat if ema_flat is not None else params_flat, dtype=cupy.float32)
+                self.ema.set(np.asarray(ema_flat if ema_flat is not None else params_flat, np.float32))
         self.stream.synchronize()
 
     def eval_state_dict(self) -> dict[str, np.ndarray]:
@@ -516,7 +546,7 @@ class LeNet:
                 for k, v in state.items()}
         flat = P.pack(host)
         with self.stream:
-            self.params[...] = cupy.asarray(flat)
+            self.params.set(np.asarray(flat, np.float32))
             if self.ema is not None:   # new weights: the average starts again from them
-                self.ema[...] = self.params
+                device_copy(self.ema, self.params)
         self.stream.synchronize()

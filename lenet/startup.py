@@ -212,8 +212,10 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     thread; import CuPy and the cuBLAS and cuBLASLt bindings; once the driver's thread has the
     context, start the CUDA runtime; then call ``engine()``, which waits until the program has
     parsed its flags and returns the engine's name. Only then import our libcudnn wrappers
-    (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Then
-    record the GPU's status (require_gpu() finds it cached), compile the stage engines' kernels,
+    (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Our
+    kernels every engine uses, and the search's, start compiling (or loading from CuPy's cache) on
+    threads of their own then (Note [first run] in descriptors/modules.py). Then
+    record the GPU's status (require_gpu() finds it cached), start the stage engines' kernels,
     and, where the engine may use the graph API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread
     (Note [cuDNN's first call]) and build and drop one tiny graph with one plan."""
     global _cudnn_path
@@ -232,10 +234,12 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     blas.binding("cublas")
     blas.binding("cublasLt")
     mark("preload thread: CuPy, cuBLAS bindings imported")
+    runtime = False
     if driver is not None:
         _context_up.wait()
         try:
             cupy.cuda.runtime.free(0)
+            runtime = True
             mark("preload thread: CUDA runtime started")
         except cupy.cuda.runtime.CUDARuntimeError:   # no GPU: require_gpu() says so, in its turn
             pass
@@ -246,14 +250,21 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
 
     from descriptors.engines import uses_frontend
 
+    if runtime:   # Note [first run] in descriptors/modules.py: compiled beside the rest of the start-up
+        from descriptors import search
+
+        from . import kernels
+
+        kernels.prefetch(kernels.COMMON_MODULES)
+        search.prefetch()
     importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
     stages = importlib.import_module(f"{__package__}.stages")
 
     mark("preload thread: descriptors, lenet.model imported")
     up = driver is not None and gpu_status()[0]
     if up:
-        stages.warm(name)   # our kernels compiled (or loaded from CuPy's cache) before the model needs them
-        mark("preload thread: stage kernels ready")
+        stages.warm(name, _preload.batches if _preload is not None else None)   # compiling on threads of their own
+        mark("preload thread: stage kernels started")
     if not uses_frontend(name) or not available()[0]:   # imports the frontend (once: cached)
         return
     mark("preload thread: frontend imported")
@@ -270,6 +281,7 @@ class _Preload:
 
     def __init__(self):
         self.engine: str | None = None
+        self.batches: tuple = ()   # the batch sizes the program will plan, when it knows them
         self.engine_known = threading.Event()
         self.thread = threading.Thread(target=self._run, name="lenet-imports", daemon=True)
 
@@ -314,15 +326,17 @@ def started_early() -> bool:
 
 
 @contextlib.contextmanager
-def starting(engine: str):
+def starting(engine: str, batches=()):
     """``with starting(args.engine): ...``: start the GPU's driver and context and cuDNN's set-up,
     and import what a model planned for ``engine`` loads (``preload``), on threads while the
     block runs (reading and checking a dataset, say), unless start_gpu() started them already;
     wait for both when the block ends. A ValueError from the block in a program that called
     start_gpu() (a bad --data-dir, say) goes to cli.run without waiting: it reports the error in
-    one line and leaves through os._exit, threads and all."""
+    one line and leaves through os._exit, threads and all. ``batches``: the batch sizes the
+    program will plan (a training step's, an evaluation's), so the stage kernels the heuristic
+    runs at them compile first (Note [first run] in descriptors/modules.py)."""
     pre = _start_preload()
-    pre.engine = engine
+    pre.engine, pre.batches = engine, tuple(batches)
     pre.engine_known.set()
     wait = True
     try:

@@ -544,7 +544,7 @@ def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
     plotter = start_plotter(args)   # Note [plotting in a child] in lenet/plot.py
-    with startup.starting(args.engine):   # Note [overlapped start-up]
+    with startup.starting(args.engine, (args.batch_size, args.eval_batch_size)):   # Note [overlapped start-up]
         run = prepare(args)   # everything that needs no GPU, first
     from descriptors import require_gpu
 

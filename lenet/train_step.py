@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     policy = cli.policy_from(args)
     if args.dump:
         files.check_output_file(args.dump, "--dump")
-    with startup.starting(args.engine):   # Note [overlapped start-up]
+    with startup.starting(args.engine, (args.batch_size,)):   # Note [overlapped start-up]
         x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
 
     import cupy
 
-    from .model import LeNet
+    from .model import LeNet, fill
 
     model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph,
                   fused=args.fused, plan_cache=args.plan_cache)
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
             model.step(n, args.lr)
         model.load_state_dict(before)
         with stream:
-            model.velocity.fill(0)
+            fill(model.velocity, 0)
 
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times, first_grads, first_loss = [], None, None

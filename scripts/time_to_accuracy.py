@@ -97,6 +97,9 @@ def main():
     ap.add_argument("--warm", action="store_true",
                     help="run each recipe once per trainer, untimed, first: the timed runs find the plan cache and "
                          "the bytecode cache warm, as a user's second run does")
+    ap.add_argument("--cold", action="store_true",
+                    help="run each timed run as a first run on a fresh machine: every cache it reads (CuPy's kernel "
+                         "cache, $XDG_CACHE_HOME with our plans, datasets and bytecode) an empty folder of its own")
     ap.add_argument("--validation", type=int, metavar="N",
                     help="report accuracy on the last N training images, trained on the rest (choose recipes on "
                          "this, not on the test split)")
@@ -128,7 +131,11 @@ def main():
             accs, walls, lines = [], [], []
             for seed in args.seeds:
                 with tempfile.TemporaryDirectory() as tmp:
-                    wall, out, rc = run(command(who, tmp, seed), env, args.timeout)
+                    run_env = env
+                    if args.cold:   # a first run on a fresh machine (scripts/probes/train_timeline.py --cold)
+                        run_env = {k: v for k, v in env.items() if not k.startswith("LENET_")}
+                        run_env.update(CUPY_CACHE_DIR=f"{tmp}/cache/cupy", XDG_CACHE_HOME=f"{tmp}/cache/xdg")
+                    wall, out, rc = run(command(who, f"{tmp}/out", seed), run_env, args.timeout)
                 if rc != 0:
                     print(f"{name} {who} seed {seed}: exit {rc}\n{out[-2000:]}", flush=True)
                     accs.append(None)

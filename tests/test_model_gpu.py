@@ -292,13 +292,18 @@ def test_evaluation_totals(torch_ref):
     (lambda x, y: (x, y.astype(np.float32)), "labels must be integers"),
     (lambda x, y: (np.concatenate([x, x]), np.concatenate([y, y])), "this model takes 1 to 8"),
 ])
-def test_bad_batches_refused_before_gpu_work(bad, msg):
+@pytest.mark.parametrize("where", ["host", "gpu"])
+def test_bad_batches_refused_before_gpu_work(bad, msg, where):
+    import cupy
+
     from lenet.model import LeNet
     model = LeNet(max_batch=8, seed=0)
-    x, y = batch(8, 0)
+    x, y = bad(*batch(8, 0))
+    if where == "gpu":   # the same checks on device arrays (labels read on the host, a reduction of ours)
+        x, y = cupy.asarray(x), cupy.asarray(y)
     before = model.state_dict()
     with pytest.raises(ValueError, match=msg):
-        model.train_step(*bad(x, y), lr=0.1)
+        model.train_step(x, y, lr=0.1)
     after = model.state_dict()
     assert all(np.array_equal(before[k], after[k]) for k in before), "a refused batch changed the model"
 

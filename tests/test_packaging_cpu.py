@@ -15,7 +15,7 @@ def test_every_package_is_installed():
              for p in (ROOT / top).rglob("__init__.py")}
     assert found == listed, f"packages on disk {sorted(found)} vs listed in pyproject.toml {sorted(listed)}"
     assert "*.cu" in cfg["package-data"]["lenet.kernels"]
-    assert {p.name for p in (ROOT / "lenet" / "kernels").glob("*.cu")} >= {"stage.cu", "head.cu", "softmax_ce.cu"}
+    assert {p.name for p in (ROOT / "lenet" / "kernels").glob("*.cu")} >= {"stage_common.cu", "stage2_backward.cu", "head.cu", "softmax_ce.cu"}
 
 
 def test_the_wheel_builds_without_warnings_and_holds_the_kernels(tmp_path):
@@ -35,7 +35,7 @@ def test_the_wheel_builds_without_warnings_and_holds_the_kernels(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "absent from the `packages` configuration" not in out.stderr + out.stdout, out.stderr
     names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
-    assert {"lenet/kernels/stage.cu", "lenet/kernels/head.cu", "lenet/stages/ours.py"} <= set(names), names
+    assert {"lenet/kernels/stage2_backward.cu", "lenet/kernels/head.cu", "lenet/stages/ours.py"} <= set(names), names
 
 
 def test_gpu_extras_pin_the_graph_frontend():

@@ -54,8 +54,10 @@ def test_our_kernels_cover_lenets_stages_and_nothing_else():
     other = StageSpec("wide", (3, 32, 32), (8, 3, 5, 5))
     assert "no kernel of ours" in ENGINES["ours"].refuses(other, ctx())
     assert set(ours.KERNELS) == {(CONV1.x, CONV1.w, False), (CONV2.x, CONV2.w, True)}
-    for name in ("stage", "head"):
-        assert resources.files("lenet").joinpath("kernels", f"{name}.cu").is_file()
+    from lenet import kernels
+
+    for name in (*ours.modules(), "head"):
+        assert kernels.source(name).count("__global__") >= 1, name
 
 
 def test_candidates_are_named_and_the_heuristic_takes_the_first():
@@ -92,7 +94,7 @@ def test_a_fixed_cudnn_name_with_engine_ours_is_refused_in_one_line():
 def test_warm_asks_only_the_engines_the_flag_lets_compete(monkeypatch):
     called = []
     for e in ENGINES.values():
-        monkeypatch.setattr(e, "warm", lambda e=e: called.append(e.name))
+        monkeypatch.setattr(e, "warm", lambda batches=None, e=e: called.append(e.name))
     stages.warm("legacy")
     assert called == ["cudnn"]
     called.clear()
@@ -212,8 +214,11 @@ def test_every_kernel_launched_programmatically_waits_first():
     first = lambda body: body.strip().split(";")[0].strip()   # noqa: E731
     checked = 0
     folder = resources.files("lenet").joinpath("kernels")
-    for module in ("stage", "head", "sgd"):   # the kernels of these files are launched by Launch
+    files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward", "stage2_backward",
+             "stage_reduce", "head", "sgd")   # the kernels of these files are launched by Launch
+    for module in (*kernels.STAGE_MODULES, "head", "sgd"):
         assert kernels.source(module).startswith(folder.joinpath("griddep.cu").read_text())
+    for module in files:
         text = folder.joinpath(f"{module}.cu").read_text()
         bodies = _kernel_bodies(text)
         for name in re.findall(r"__global__\s+void\s+(?:__(?:launch_bounds|maxnreg)__\([^)]*\)\s+)?(\w+)", text):
@@ -241,3 +246,37 @@ def test_launch_packs_arrays_and_numpy_scalars_and_refuses_the_rest():
     assert [pointers[i] for i in range(4)] == [ctypes.addressof(v) for v in values]
     with pytest.raises(TypeError, match="kernel argument of type int: pass a CuPy array or a numpy scalar"):
         _packed((3,))
+
+
+@pytest.mark.stack
+def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu():
+    """Each module (a stage kernel, one version of stage 2's backward, the head...) is a whole
+    translation unit: NVRTC compiles it alone, for an H100 (sm_90), on a machine with no GPU at all, and
+    each holds the kernels its launcher asks for (Note [first run] in descriptors/modules.py)."""
+    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    from lenet import kernels
+
+    stage_kernels = [f"{m}_kernel".encode() for m in kernels.STAGE_MODULES]
+    for name in dict.fromkeys((*kernels.STAGE_MODULES, *kernels.COMMON_MODULES)):
+        prog = nvrtc.createProgram(kernels.source(name), f"{name}.cu", (), ())
+        try:
+            nvrtc.compileProgram(prog, [*kernels.options(name), "-arch=sm_90", "--device-as-default-execution-space"])
+            cubin = nvrtc.getCUBIN(prog)
+        except nvrtc.NVRTCError:
+            pytest.fail(f"{name}: {nvrtc.getProgramLog(prog)[:2000]}")
+        finally:
+            nvrtc.destroyProgram(prog)
+        held = [k.decode() for k in stage_kernels if b"." + k + b"\0" in cubin]   # the ELF's .text.NAME sections
+        assert held == ([f"{name}_kernel"] if name in kernels.STAGE_MODULES else []), (name, held)
+
+
+def test_the_heuristic_takes_the_small_batch_backward_at_small_batches(monkeypatch):
+    """SMALL_BATCH_PER_SM: up to 2 images per SM, stage 2's backward split over four parts comes first
+    (and is the module a first run compiles for the step); above it, the one-part version."""
+    monkeypatch.setattr(ours, "_sms", lambda: 132)
+    ks = ours.KERNELS[(CONV2.x, CONV2.w, True)]
+    assert ks.backward_candidates(64)[0] == ours.Backward(4, 2) and ks.backward_candidates(264)[0].version == 2
+    assert ks.backward_candidates(265)[0] == ours.Backward(4, 0) == ks.backward_candidates()[0]
+    assert set(ks.backward_candidates(64)) == set(ks.backward_candidates(8192))   # the same set, reordered
+    assert "stage2_backward_split4" in ours.heuristic_modules([64]) and "stage2_backward" not in ours.heuristic_modules([64])
+    assert "stage2_backward" in ours.heuristic_modules([128, 1000]) and "stage2_backward_split" not in ours.heuristic_modules()

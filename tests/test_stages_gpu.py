@@ -1,4 +1,4 @@
-"""Our fused stage kernels (lenet/kernels/stage.cu) against PyTorch in float64, every launch shape
+"""Our fused stage kernels (lenet/kernels/stage*.cu) against PyTorch in float64, every launch shape
 at several batch sizes; the check the search runs on them; the whole step on --engine ours and auto
 against PyTorch; bit-identical reruns with --deterministic."""
 
@@ -107,10 +107,10 @@ def test_the_search_check_passes_ours_and_catches_a_wrong_decision():
             assert why is None and err < 1e-5, (spec.name, cand, err, why)
         ref = engine._reference(memo, h, spec)
         m = ref.x.shape[0]
-        y, arg = cupy.empty_like(ref.y), cupy.empty_like(ref.arg)
+        y, arg = cupy.empty(ref.y.shape, cupy.float32), cupy.empty_like(ref.arg)
         ours.forward_launcher(ks, fwd[0], m, h.stream, ref.x, ref.w, ref.b, y, arg)()
         bad = arg.copy()
-        i = int(cupy.flatnonzero(ref.decided.ravel())[0])
+        i = int(np.flatnonzero(ref.decided.ravel())[0])
         bad.ravel()[i] = (int(bad.ravel()[i]) + 1) % 4
         assert check.check_forward(ref, y, bad)[2] is not None, "a wrong argmax passed the check"
         assert check.check_backward(ref, ref.dw * 1.001, ref.db, ref.dx)[1] is not None, "a wrong dw passed"

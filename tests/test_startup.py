@@ -148,3 +148,45 @@ def test_a_program_started_many_times_never_meets_the_import_lock():
         out = subprocess.run([sys.executable, "-m", "lenet.train_step", "--steps", "0"], env=env,
                              capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Deadlock" not in out.stderr, out.stderr
+
+
+def _cache_kernels(folder: Path) -> dict:
+    """{file in CuPy's kernel cache: the kernel names its binary holds (its ELF's .text.NAME sections)}."""
+    import re
+
+    return {f.name: set(n.decode() for n in re.findall(rb"\.text\.([\w$.]+?)\0", f.read_bytes()))
+            for f in folder.rglob("*") if f.is_file()}
+
+
+@pytest.mark.gpu
+def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path):
+    """python -m lenet.train_step with every cache empty (a fresh machine: Note [first run] in
+    descriptors/modules.py) completes and leaves CuPy's kernel cache holding our modules and
+    nothing else (no generic CuPy kernel on the way to the step), and our plans, datasets and
+    bytecode under $XDG_CACHE_HOME/lenet; a second run finds everything and compiles nothing."""
+    from lenet.stages import ours as ours_stage
+
+    cupy_cache, xdg = tmp_path / "cupy", tmp_path / "xdg"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LENET_") and k != "PYTHONPYCACHEPREFIX"}
+    env.update(CUPY_CACHE_DIR=str(cupy_cache), XDG_CACHE_HOME=str(xdg), PYTHONDONTWRITEBYTECODE="1",
+               PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+    def train_step():
+        out = subprocess.run([sys.executable, "-m", "lenet.train_step", "--batch-size", "64"], env=env,
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return _cache_kernels(cupy_cache)
+
+    first = train_step()
+    # The heuristic's stage kernels (the split backward versions compile when a search times them)
+    # and every module the programs may launch, the search's distance among them.
+    ours = {"head": "head_forward_kernel", "softmax_ce": "softmax_ce_kernel", "sgd": "sgd_kernel",
+            "data": "gather_batch_kernel", "distance": "distance_kernel",
+            **{m: f"{m}_kernel" for m in ours_stage.heuristic_modules([64])}}
+    held = set().union(*first.values())
+    assert all(k in held for k in ours.values()), sorted(set(ours.values()) - held)
+    generic = {f: names for f, names in first.items() if not names & set(ours.values())}
+    assert not generic, f"CuPy's generic kernels compiled on the way to the step: {generic}"
+    assert len(first) == len(ours), sorted(first.values(), key=sorted)
+    assert (xdg / "lenet" / "plans.json").is_file() and any((xdg / "lenet" / "bytecode").rglob("*.pyc"))
+    assert train_step() == first, "a later run compiled again"

@@ -12,10 +12,21 @@ SCE_MAX_BLOCKS = 64    # partial sums buffer size
 SGD_THREADS = 256
 
 
-# What each module is compiled from, in order, where that is more than its own file: the head's
-# forward runs the loss's per-row math (softmax_ce.cu's device functions). Every module begins with
-# PRELUDE (griddep_entry(), Note [programmatic launch] in lenet/kernels/launch.py).
-SOURCES = {"head": ("softmax_ce", "head")}
+# What each module is compiled from, in order, where that is more than its own file, and the macros
+# it is compiled with: the head's forward runs the loss's per-row math (softmax_ce.cu's device
+# functions); each stage module begins with what the stage kernels share; stage2_backward.cu holds
+# one template and compiles one version per module. Every module begins with PRELUDE
+# (griddep_entry(), Note [programmatic launch] in lenet/kernels/launch.py).
+STAGE_MODULES = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward",
+                 "stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage_reduce")
+SOURCES = {"head": ("softmax_ce", "head"),
+           **{m: ("stage_common", m) for m in STAGE_MODULES},
+           **{m: ("stage_common", "stage2_backward") for m in STAGE_MODULES if m.startswith("stage2_backward")}}
+DEFINES = {"stage2_backward": ("S2B_KS=1",), "stage2_backward_split": ("S2B_KS=2",),
+           "stage2_backward_split4": ("S2B_KS=4",)}
+# The modules every program may launch, whatever its engine (stage_reduce: the head's kernels sum
+# their partial rows with it too).
+COMMON_MODULES = ("head", "softmax_ce", "sgd", "data", "stage_reduce")
 PRELUDE = "griddep"
 
 
@@ -30,9 +41,14 @@ def _folder():
 
 
 def source(name: str) -> str:
-    """The CUDA source module ``name`` is compiled from."""
+    """The CUDA source module ``name`` is compiled from (its macros: ``options(name)``)."""
     parts = (PRELUDE, *SOURCES.get(name, (name,)))
     return "\n".join(_folder().joinpath(f"{part}.cu").read_text() for part in parts)
+
+
+def options(name: str) -> tuple[str, ...]:
+    """NVRTC's options for module ``name``."""
+    return ("-std=c++17", *(f"-D{d}" for d in DEFINES.get(name, ())))
 
 
 @functools.lru_cache(maxsize=None)
@@ -45,14 +61,26 @@ def source_digest() -> str:
     for f in sorted(_folder().iterdir(), key=lambda f: f.name):
         if f.name.endswith(".cu"):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
+    h.update(repr(sorted(DEFINES.items())).encode())
     return h.hexdigest()
 
 
-@functools.lru_cache(maxsize=None)
-def _module(name: str):
-    import cupy
+def prefetch(names) -> None:
+    """Start compiling (or loading from CuPy's cache) these modules now, each on a thread of its
+    own (Note [first run] in descriptors/modules.py); ``kernel`` finds them ready, or waits."""
+    for name in names:
+        _future(name)
 
-    return cupy.RawModule(code=source(name), options=("-std=c++17",))
+
+def _future(name: str):
+    from descriptors import modules
+
+    return modules.prefetch(f"lenet.{name}", functools.partial(source, name), options(name))
+
+
+def _module(name: str):
+    """The compiled module ``name``: compiled now, or by ``prefetch``'s thread (waited for)."""
+    return _future(name).result()
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,3 +178,16 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
         np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0),
         np.int32(a.shift), np.int32(2 if a.mirror else int(bool(a.flip))), np.uint32(a.seed & 0xFFFFFFFF),
         np.uint32(epoch & 0xFFFFFFFF)))
+
+
+def count_nonfinite(x) -> int:
+    """How many values of device array ``x`` are NaN or infinite (as float32: what the model trains
+    on), counted by data.cu's kernel on CuPy's current stream; waits for it."""
+    import cupy
+
+    xf = cupy.ascontiguousarray(x, dtype=cupy.float32).ravel()
+    count = cupy.zeros(1, dtype=cupy.uint64)
+    threads = 256
+    blocks = max(1, min(1024, -(-xf.size // threads)))
+    kernel("data", "count_nonfinite_kernel")((blocks,), (threads,), (xf, np.int64(xf.size), count))
+    return int(count.get()[0])

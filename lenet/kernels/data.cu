@@ -51,3 +51,16 @@ extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__
     }
     if (lr_out && blockIdx.x == 0 && threadIdx.x == 0) lr_out[0] = lr;
 }
+
+// count[0] += how many of x[0..n) are NaN or infinite: a check of a batch already on the GPU
+// (lenet/model.py, check_batch), one atomic add per warp that found any (an integer count: the
+// order of the adds does not matter). Any grid and block size, a multiple of 32 threads.
+extern "C" __global__ void count_nonfinite_kernel(const float* __restrict__ x, long long n,
+                                                  unsigned long long* __restrict__ count) {
+  unsigned int c = 0;
+  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+    c += isfinite(x[i]) ? 0u : 1u;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if ((threadIdx.x & 31) == 0 && c) atomicAdd(count, (unsigned long long)c);
+}

@@ -7,7 +7,7 @@ planned once per batch size over every stage engine.
 
 The engines, one file each, listed once in ENGINES below (the order is the order of preference
 where timing decides nothing):
-    ours.py   our fused kernels (lenet/kernels/stage.cu), checked against cuDNN's exact result
+    ours.py   our fused kernels (lenet/kernels/stage*.cu), checked against cuDNN's exact result
     cudnn.py  cuDNN's convolutions (descriptor API or graph API, descriptors/search.py) + cuDNN pooling
 
 Note [stage engines]: what a stage's forward leaves for its backward differs by engine (cuDNN's
@@ -37,11 +37,12 @@ for _name, _engine in ENGINES.items():   # --engine NAME runs that engine alone;
         register_engine(_name, getattr(_engine, "pins", None))
 
 
-def warm(engine: str) -> None:
-    """Ready the kernels of every stage engine that --engine ``engine`` lets compete."""
+def warm(engine: str, batches=None) -> None:
+    """Start readying the kernels of every stage engine that --engine ``engine`` lets compete, for
+    these batch sizes when they are known."""
     for e in ENGINES.values():
         if e.serves(engine):
-            e.warm()
+            e.warm(batches)
 
 
 class PlannedStage:

@@ -94,7 +94,7 @@ class StageEngine(Protocol):
 
     def serves(self, engine: str) -> bool: ...     # whether --engine ``engine`` lets it compete
 
-    def warm(self) -> None: ...                    # compile what it will launch (start-up calls it early)
+    def warm(self, batches=None) -> None: ...      # compile what it will launch at these batch sizes (start-up calls it)
 
     def refuses(self, spec: StageSpec, ctx) -> str | None: ...   # None, or why it cannot run the stage
 

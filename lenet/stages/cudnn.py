@@ -37,7 +37,7 @@ class CudnnStage:
 
         return engine == "auto" or engine in ENGINES
 
-    def warm(self) -> None:
+    def warm(self, batches=None) -> None:
         pass   # cuDNN's one-time set-up is lenet.startup's (Note [cuDNN's first call])
 
     def refuses(self, spec, ctx) -> str | None:

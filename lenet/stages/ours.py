@@ -1,5 +1,6 @@
-"""Our stage engine: each direction of a stage fused into one kernel of lenet/kernels/stage.cu (the
-backward plus one reduction of the per-block weight and bias gradients).
+"""Our stage engine: each direction of a stage fused into one kernel of lenet/kernels/stage*.cu (the
+backward plus one reduction of the per-block weight and bias gradients), each kernel a module of its
+own (compiled in parallel on a first run: Note [first run] in descriptors/modules.py).
 
 Candidates are launch shapes: the forward's images per block iteration and its blocks per SM, the
 backward's blocks per SM. ``heuristic`` takes the first of each list (a rule: no timing),
@@ -20,7 +21,7 @@ import numpy as np
 from descriptors.algorithms import AlgorithmNotSupportedError, Direction
 from descriptors.timing import time_launcher
 
-from ..kernels import kernel
+from ..kernels import kernel, prefetch
 from ..kernels.launch import Launch
 from ..kernels import sm_count as _sms
 from . import check
@@ -31,18 +32,24 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 # scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best v1 against best v2: 6.9 / 10.5 us
 # at 256 images, 9.2 / 15.8 at 512, 16.1 / 12.5 at 1024, 28.5 / 19.1 at 2048, 103.6 / 75.7 at 8192.
 LARGE_BATCH_PER_SM = 6
+# Up to this many images per SM, the heuristic takes a stage's small-batch backward version first.
+# scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best v1 / v2 / v3: 14.0 / 10.6 / 9.7 us
+# at 64 images, 17.1 / 17.3 / 10.3 at 128, 27.0 / 25.1 / 28.3 at 512. (v3 also compiles in about a
+# third of v1's time, which a first run waits for: Note [first run] in descriptors/modules.py.)
+SMALL_BATCH_PER_SM = 2
 
 
 @dataclass(frozen=True)
 class Kernels:
     """The kernels of one stage shape: names, threads, shared memory, partial-sum widths."""
 
-    forward: tuple             # the forward's versions: (kernel, threads per image, images per block iteration)
-    backward: tuple            # the backward's versions: (kernel, threads per block)
+    forward: tuple             # the forward's versions: (module, threads per image, images per block iteration)
+    backward: tuple            # the backward's versions: (module, threads per block)
     fwd_smem: object           # images -> dynamic shared memory bytes of the forward (every version)
     mw: int                    # weight-gradient columns of a block's partial row
     mb: int                    # bias-gradient columns
     large_fwd: int = 0         # the forward version the heuristic takes at large batches (LARGE_BATCH_PER_SM)
+    small_bwd: int = 0         # the backward version the heuristic takes at small batches (SMALL_BATCH_PER_SM)
 
     @property
     def width(self) -> int:
@@ -57,23 +64,28 @@ class Kernels:
             cands.sort(key=lambda c: c.version != self.large_fwd)   # stable: each version's order stays
         return cands
 
-    def backward_candidates(self) -> list:
-        """Every backward launch shape, the heuristic's first."""
-        return [Backward(g, v) for v in range(len(self.backward)) for g in BACKWARD_BLOCKS_PER_SM]
+    def backward_candidates(self, n: int | None = None) -> list:
+        """Every backward launch shape, the heuristic's first: for a batch of n <= SMALL_BATCH_PER_SM
+        images per SM, those of version ``small_bwd`` come first."""
+        cands = [Backward(g, v) for v in range(len(self.backward)) for g in BACKWARD_BLOCKS_PER_SM]
+        if n is not None and n <= SMALL_BATCH_PER_SM * _sms():
+            cands.sort(key=lambda c: c.version != self.small_bwd)   # stable: each version's order stays
+        return cands
 
 
 # Keyed by (x, w, dx) of a StageSpec: LeNet's two stages. Stage 2's forward: one conv output per
-# thread (v1) or 4 output channels per thread (v2, stage2_forward_tiled_kernel).
+# thread (v1) or 4 output channels per thread (v2, stage2_forward_tiled). Each version is a module of
+# lenet.kernels holding one kernel, its name the module's plus "_kernel" (``function``).
 KERNELS = {
-    ((1, 28, 28), (6, 1, 5, 5), False): Kernels((("stage1_forward_kernel", 144, (1, 2, 4)),),
-                                                (("stage1_backward_kernel", 192),),
+    ((1, 28, 28), (6, 1, 5, 5), False): Kernels((("stage1_forward", 144, (1, 2, 4)),),
+                                                (("stage1_backward", 192),),
                                                 lambda i: 4 * 784 * i, 150, 6),
-    ((6, 12, 12), (16, 6, 5, 5), True): Kernels((("stage2_forward_kernel", 256, (1, 2)),
-                                                 ("stage2_forward_tiled_kernel", 64, (4, 8))),
-                                                (("stage2_backward_kernel", 160),
-                                                 ("stage2_backward_split_kernel", 320),
-                                                 ("stage2_backward_split4_kernel", 640)),
-                                                lambda i: 4 * (2400 + 864 * i), 2400, 16, large_fwd=1),
+    ((6, 12, 12), (16, 6, 5, 5), True): Kernels((("stage2_forward", 256, (1, 2)),
+                                                 ("stage2_forward_tiled", 64, (4, 8))),
+                                                (("stage2_backward", 160),
+                                                 ("stage2_backward_split", 320),
+                                                 ("stage2_backward_split4", 640)),
+                                                lambda i: 4 * (2400 + 864 * i), 2400, 16, large_fwd=1, small_bwd=2),
 }
 
 
@@ -125,11 +137,34 @@ def pins(name: str) -> tuple[str, ...]:
     return () if c is None else ("fwd",) if isinstance(c, Forward) else ("bwd-data", "bwd-filter")
 
 
+def function(module: str):
+    """The kernel of one of our stage modules (each holds one, named after it)."""
+    return kernel(module, f"{module}_kernel")
+
+
+def modules() -> tuple[str, ...]:
+    """Every module our stage engine may launch."""
+    return tuple(dict.fromkeys([v[0] for ks in KERNELS.values() for v in ks.forward + ks.backward]
+                               + ["stage_reduce"]))
+
+
+def heuristic_modules(batches=None) -> tuple[str, ...]:
+    """The modules of the candidates the heuristic takes first: each stage's forward versions for
+    small and large batches (small modules), its backward versions for these batch sizes (without
+    them, for any batch), and the reduction."""
+    out = []
+    for ks in KERNELS.values():
+        out += [ks.forward[0][0], ks.forward[ks.large_fwd][0]]
+        out += ([ks.backward[ks.backward_candidates(n)[0].version][0] for n in batches] if batches else
+                [ks.backward[0][0], ks.backward[ks.small_bwd][0]])
+    return tuple(dict.fromkeys(out + ["stage_reduce"]))
+
+
 def forward_launcher(ks: Kernels, cand: Forward, n: int, stream, x, w, b, y, arg):
     """A zero-argument launch of the stage's forward on the first n images, on ``stream``."""
-    name, per_image, _ = ks.forward[cand.version]
+    module, per_image, _ = ks.forward[cand.version]
     grid, threads, smem = cand.grid(n), per_image * cand.images, ks.fwd_smem(cand.images)
-    return Launch(kernel("stage", name), (grid,), (threads,), (x, w, b, y, arg, np.int32(n)), stream, smem)
+    return Launch(function(module), (grid,), (threads,), (x, w, b, y, arg, np.int32(n)), stream, smem)
 
 
 def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
@@ -137,8 +172,8 @@ def backward_launcher(ks: Kernels, cand: Backward, n: int, stream, part, x, w, a
     """A zero-argument launch of the stage's backward on ``stream``, then the reduction of its partial
     sums: on ``side`` (a lenet.ops.context.SideStream, Note [side stream]) when given, else on
     ``stream``. A grid of one block writes dw and db itself, and no reduction runs."""
-    name, threads = ks.backward[cand.version]
-    fn, reduce, grid = kernel("stage", name), kernel("stage", "stage_reduce_kernel"), cand.grid(n)
+    module, threads = ks.backward[cand.version]
+    fn, reduce, grid = function(module), function("stage_reduce"), cand.grid(n)
     if part.shape[0] < grid:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid}")
     args = ((x, arg, dy, part, dw, db, np.int32(n)) if dx is None else
@@ -199,10 +234,12 @@ class OursStage:
         """Whether --engine ``engine`` lets this engine compete."""
         return engine in ("auto", self.name)
 
-    def warm(self) -> None:
-        """Compile the kernels (or load them from CuPy's cache)."""
-        for ks in KERNELS.values():
-            kernel("stage", ks.forward[0][0])
+    def warm(self, batches=None) -> None:
+        """Start compiling the kernels the heuristic runs at these batch sizes (or loading them from
+        CuPy's cache) on threads of their own (Note [first run] in descriptors/modules.py); the rest
+        compile when a plan asks for them: versions only a search times would share the CPU with
+        the compiles a first step waits for."""
+        prefetch(heuristic_modules(batches))
 
     def refuses(self, spec, ctx) -> str | None:
         p = ctx.policy
@@ -223,7 +260,7 @@ class OursStage:
         """(forward candidates, backward candidates) for the stage under ``policy`` at batch n: the
         first of each (heuristic), all (exhaustive), or the one --algo names (Note [pinned candidates])."""
         ks = KERNELS[(spec.x, spec.w, spec.dx)]
-        fwd, bwd = ks.forward_candidates(n), ks.backward_candidates()
+        fwd, bwd = ks.forward_candidates(n), ks.backward_candidates(n)
         out = []
         for cands, directions in ((fwd, ("fwd",)), (bwd, ("bwd-filter", "bwd-data"))):
             named = {policy.choice(d) for d in directions if policy.fixed(d)}
@@ -270,17 +307,20 @@ class OursStage:
         ks = KERNELS[(spec.x, spec.w, spec.dx)]
         ref = self._reference(memo, handle, spec)
         m = ref.x.shape[0]
+
+        def full(shape, value, dtype=np.float32):   # uploaded: no fill kernel to compile (Note [no generic kernels in the check])
+            return cupy.asarray(np.full(shape, value, dtype))
         with handle.stream:
             if isinstance(cand, Forward):
-                y = cupy.full(ref.y.shape, cupy.nan, cupy.float32)
-                arg = cupy.full(ref.arg.shape, 255, cupy.uint8)
+                y = full(ref.y.shape, np.nan)
+                arg = full(ref.arg.shape, 255, np.uint8)
                 forward_launcher(ks, cand, m, handle.stream, ref.x, ref.w, ref.b, y, arg)()
                 result = check.check_forward(ref, y, arg)
             else:
                 part = cupy.empty((cand.grid(m), ks.width), cupy.float32)
-                dw = cupy.full(spec.w, cupy.nan, cupy.float32)
-                db = cupy.full(spec.w[0], cupy.nan, cupy.float32)
-                dx = cupy.full(ref.x.shape, cupy.nan, cupy.float32) if spec.dx else None
+                dw = full(spec.w, np.nan)
+                db = full(spec.w[0], np.nan)
+                dx = full(ref.x.shape, np.nan) if spec.dx else None
                 backward_launcher(ks, cand, m, handle.stream, part, ref.x, ref.w, ref.arg, ref.dy, dw, db, dx)()
                 err, why = check.check_backward(ref, dw, db, dx)
                 result = (err, 0, why)
@@ -322,6 +362,7 @@ class OursStage:
             errors = stored.get("errors") if isinstance(stored.get("errors"), dict) else {}
             return OursPlan(spec, n, fwd, bwd, fwd_of(fwd)[0], bwd_of(bwd)[0], errors, {})
         fwds, bwds = self.candidates(spec, ctx.policy, n)
+        prefetch({ks.forward[c.version][0] for c in fwds} | {ks.backward[c.version][0] for c in bwds})   # at once
         errors, times, chosen = {}, {}, {}
         for d, cands, launcher in (("fwd", fwds, fwd_of), ("bwd", bwds, bwd_of)):
             best, dropped = None, []

@@ -1,4 +1,4 @@
-"""Probe (GPU): our stage kernels (lenet/kernels/stage.cu) under compile-time variants and launch
+"""Probe (GPU): our stage kernels (lenet/kernels/stage*.cu) under compile-time variants and launch
 shapes, ns per image at several batch sizes, CUDA-event timed inside a CUDA graph.
 
     python3 scripts/probes/stage_kernels.py --batch 64 8192 65536 --define none S2B_MIN_BLOCKS=6
@@ -32,15 +32,14 @@ def main() -> int:
 
     from lenet import kernels
 
-    src = kernels.source("stage")   # with the prelude every module begins with
     stream = cupy.cuda.Stream(non_blocking=True)
     rng = cupy.random.default_rng(0)
     rows = []
     for define in args.define:
-        opts = ("-std=c++17", *(f"-D{d}" for d in define.split(",") if define != "none"))
-        mod = cupy.RawModule(code=src, options=opts)
+        extra = tuple(f"-D{d}" for d in define.split(",") if define != "none")
+        mods = {m: cupy.RawModule(code=kernels.source(m), options=kernels.options(m) + extra) for m in ours.modules()}
         orig = ours.kernel
-        ours.kernel = lambda module, name: mod.get_function(name)   # this variant's kernels
+        ours.kernel = lambda module, name: mods[module].get_function(name)   # this variant's kernels
         try:
             for n in args.batch:
                 for ks in ours.KERNELS.values():

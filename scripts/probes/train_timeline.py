@@ -10,6 +10,13 @@ clock when the child is gone.
 
     python3 scripts/probes/train_timeline.py [--json PATH] [--profile plan#1 step#1] -- --data-dir data/fashion-mnist --epochs 30 ...
     python3 scripts/probes/train_timeline.py --program train_step -- --data-dir data/fashion-mnist
+    python3 scripts/probes/train_timeline.py --cold --program train_step
+
+With --cold the child runs as a first run on a fresh machine does: every cache it would read
+pointed at empty folders (CuPy's kernel cache, $XDG_CACHE_HOME and with it our plans, datasets and
+bytecode), removed afterwards (--keep keeps them). The timeline then shows each of our modules'
+compile beside the rest, and the kernels NVRTC built for CuPy's own functions are listed from its
+cache folder, with the time each was written (Note [first run] in descriptors/modules.py).
 """
 
 from __future__ import annotations
@@ -18,8 +25,11 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,13 +89,36 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
             events.append(("driver thread: cuInit + primary context", t0, at()))
 
     startup.start_context = timed_context
+    from lenet import kernels
+
+    prefetch = kernels.prefetch
+
+    def timed_prefetch(names):   # descriptors is imported by now: time each module's compile (or cache load)
+        from descriptors import modules
+
+        if not hasattr(modules._build, "timed"):
+            build = modules._build
+
+            def timed_build(fut, source, options, device):
+                t0 = at()
+                try:
+                    return build(fut, source, options, device)
+                finally:
+                    key = next((k for k, f in list(modules._modules.items()) if f is fut), "?")
+                    events.append((f"module {key} (nvrtc or cache)", t0, at()))
+
+            timed_build.timed = True
+            modules._build = timed_build
+        return prefetch(names)
+
+    kernels.prefetch = timed_prefetch
     startup.begin()
     starting = startup.starting
 
     @contextlib.contextmanager
-    def timed_starting(engine):
+    def timed_starting(engine, batches=()):
         t0 = at()
-        with starting(engine):
+        with starting(engine, batches):
             yield
             events.append(("main thread: prepare (data, checks)", t0, at()))
             t1 = at()
@@ -122,8 +155,21 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     finally:
         events.append((f"{program}.main total", t0, at()))
         events += [(label, t - t_start, t - t_start) for label, t in startup.MARKS]
-        Path(events_path).write_text(json.dumps({"events": events, "end": at(), "profiles": profiles}))
+        Path(events_path).write_text(json.dumps({"events": events, "end": at(), "profiles": profiles,
+                                                 "epoch_start": time.time() - at()}))
     sys.exit(code) if os.environ.get("PROBE_SLOW_EXIT") else cli.leave(code)   # cli.leave: as the programs
+
+
+def compiled(folder: Path, epoch_start: float) -> list:
+    """(seconds from the child's start when written, bytes, its kernels' names) of each module in
+    CuPy's cache folder: the kernel names are the ELF's .text.NAME sections of its binary."""
+    rows = []
+    for f in folder.rglob("*") if folder.is_dir() else ():
+        if f.is_file():
+            data = f.read_bytes()
+            names = sorted({n.decode(errors="replace")[:48] for n in re.findall(rb"\.text\.([\w$.]+?)\0", data)})
+            rows.append((f.stat().st_mtime - epoch_start, len(data), ", ".join(names)[:160]))
+    return sorted(rows)
 
 
 def main() -> None:
@@ -133,6 +179,9 @@ def main() -> None:
                     help="cProfile these calls, e.g. plan#1 step#1 __init__#1")
     ap.add_argument("--log", help="write the trainer's whole output here")
     ap.add_argument("--program", choices=("train", "train_step"), default="train")
+    ap.add_argument("--cold", action="store_true",
+                    help="every cache the program reads pointed at empty folders: a first run on a fresh machine")
+    ap.add_argument("--keep", action="store_true", help="with --cold, keep the cache folders (their path is printed)")
     ap.add_argument("--child-events")
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     args = ap.parse_args()
@@ -141,9 +190,14 @@ def main() -> None:
         child(args.program, train_args, args.child_events, args.profile)
         return
     events_path = f"/tmp/train_timeline_{os.getpid()}.json"
+    env, caches = dict(os.environ), None
+    if args.cold:
+        caches = Path(tempfile.mkdtemp(prefix="lenet-cold-"))
+        env = {k: v for k, v in env.items() if not k.startswith("LENET_") or k == "LENET_REQUIRE_GPU"}
+        env.update(CUPY_CACHE_DIR=str(caches / "cupy"), XDG_CACHE_HOME=str(caches / "xdg"))
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, __file__, "--program", args.program, "--child-events", events_path, "--profile", *args.profile, "--",
-                        *train_args], capture_output=True, text=True)
+                        *train_args], capture_output=True, text=True, env=env)
     total = time.perf_counter() - t0
     if args.log:
         Path(args.log).write_text(p.stdout + p.stderr)
@@ -158,6 +212,15 @@ def main() -> None:
     exit_s = total - got["end"]   # the child's process start precedes the parent's t0 by a little
     print(f"{'exit (last timestamp to process gone)':<46s} {got['end']:8.3f} {exit_s:8.3f}  (upper bound)")
     print(f"{'whole process (parent clock)':<46s} {0:8.3f} {total:8.3f}")
+    if caches is not None:
+        built = compiled(caches / "cupy", got["epoch_start"])
+        print(f"\nCuPy's kernel cache after the run: {len(built)} modules (written at s, size, kernels)")
+        for at_s, size, names in built:
+            print(f"{at_s:8.3f} {size:9d} B  {names}")
+        if args.keep:
+            print(f"caches kept in {caches}")
+        else:
+            shutil.rmtree(caches, ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"events": rows, "end": got["end"], "total": total,
                                                "returncode": p.returncode}, indent=1))

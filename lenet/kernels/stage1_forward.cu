@@ -1,0 +1,51 @@
+// Stage 1 forward. blockDim.x = 144 * imgs: thread t works on image slot t / 144 of the block's
+// current group of imgs images, at pooled position (pi, pj) = (t % 144 / 12, t % 144 % 12), for all
+// 6 channels: its 6 x 6 input patch in registers, 4 conv outputs per channel, their max and argmax.
+// Shared: sx (imgs * 784 floats, dynamic) the group's images; sw (150), sb (6) weights and bias.
+extern "C" __global__ void __launch_bounds__(576)
+stage1_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                      float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+  griddep_entry();
+  extern __shared__ float sx[];
+  __shared__ float sw[150];
+  __shared__ float sb[6];
+  const int t = threadIdx.x, imgs = blockDim.x / 144, slot = t / 144, pos = t % 144;
+  const int pi = pos / 12, pj = pos % 12;
+  for (int i = t; i < 150; i += blockDim.x) sw[i] = w[i];
+  if (t < 6) sb[t] = b[t];
+  for (int n0 = blockIdx.x * imgs; n0 < N; n0 += gridDim.x * imgs) {
+    __syncthreads();   // every read of the previous group is done
+    const int count = min(imgs, N - n0);
+    for (int i = t; i < count * S1_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n0 * S1_IMAGE + i];
+    __syncthreads();
+    if (slot >= count) continue;
+    const float* xs = sx + slot * S1_IMAGE + (2 * pi) * 28 + 2 * pj;
+    float v[6][6];
+#pragma unroll
+    for (int r = 0; r < 6; ++r)
+#pragma unroll
+      for (int s = 0; s < 6; ++s) v[r][s] = xs[r * 28 + s];
+    const size_t out = (size_t)(n0 + slot) * S1_POOLED + pos;
+#pragma unroll
+    for (int k = 0; k < 6; ++k) {
+      float a0 = sb[k], a1 = a0, a2 = a0, a3 = a0;
+#pragma unroll
+      for (int r = 0; r < 5; ++r)
+#pragma unroll
+        for (int s = 0; s < 5; ++s) {
+          const float wv = sw[k * 25 + r * 5 + s];
+          a0 = fmaf(v[r][s], wv, a0);
+          a1 = fmaf(v[r][s + 1], wv, a1);
+          a2 = fmaf(v[r + 1][s], wv, a2);
+          a3 = fmaf(v[r + 1][s + 1], wv, a3);
+        }
+      float best = a0;
+      int q = 0;
+      if (a1 > best) { best = a1; q = 1; }
+      if (a2 > best) { best = a2; q = 2; }
+      if (a3 > best) { best = a3; q = 3; }
+      p[out + k * 144] = relu_keep_nan(best);
+      arg[out + k * 144] = (unsigned char)q;
+    }
+  }
+}

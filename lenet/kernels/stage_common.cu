@@ -1,0 +1,38 @@
+// LeNet's two stages, conv (5x5, valid) + bias + ReLU + 2x2/2 max-pool, forward and backward, each
+// direction fused into one kernel (plus one small reduction for the weight and bias gradients).
+// Launchers and the engine around them: lenet/stages/ours.py. This file is what the stage modules
+// share (each begins with it): stage1_forward.cu, stage2_forward.cu, stage2_forward_tiled.cu,
+// stage1_backward.cu, stage2_backward.cu and stage_reduce.cu hold one kernel each, compiled as
+// modules of their own and in parallel (Note [first run] in descriptors/modules.py).
+//
+// Layouts: NCHW float32. An argmax byte q = 2 * dy + dx names the position of a pooling window's
+// maximum (dy, dx in {0, 1}); the first maximum in the order a00, a01, a10, a11 wins.
+//   stage 1: x (N, 1, 28, 28), w (6, 1, 5, 5), b (6)   -> conv (N, 6, 24, 24) -> p (N, 6, 12, 12)
+//   stage 2: x (N, 6, 12, 12), w (16, 6, 5, 5), b (16) -> conv (N, 16, 8, 8)  -> p (N, 16, 4, 4)
+//
+// Note [stage backward through the argmax]: the gradient below a 2x2 max-pool is nonzero at one
+// position in four (the argmax), so the weight gradient sums over the pooled positions only,
+// dw[k, c, r, s] = sum_(n, pi, pj) dp[n, k, pi, pj] * x[n, c, y + r, x + s] with (y, x) the window's
+// argmax, and the data gradient gathers, for each input position, the at most 3 x 3 windows per
+// output channel whose argmax lies within the filter's reach: a quarter of the multiply-adds of a
+// dense weight or data gradient. The incoming dp is the gradient of the pooled output already
+// masked by this stage's ReLU (see Note [relu at the pooled level] in lenet/ops/conv.py); the data
+// gradient is masked by the previous stage's ReLU, whose output is this stage's input x.
+//
+// Weight and bias gradients are deterministic: each block sums its images in a fixed order into
+// its own row of `part`, and stage_reduce_kernel adds the rows in block order. No float atomics.
+// A grid of one block (batch 1) writes its sums straight into dw and db, and no reduction runs.
+//
+// Note [prefetch]: a backward block works on one image at a time, and every image begins with a
+// load from global memory that the whole block waits for at a barrier. The backward kernels
+// therefore load the next image's inputs into registers right after the barrier and compute the
+// current image meanwhile; the next iteration only moves them from registers to shared memory.
+
+#define S1_IMAGE 784
+#define S1_POOLED 864   // 6 * 12 * 12
+#define S2_IMAGE 864    // 6 * 12 * 12
+#define S2_POOLED 256   // 16 * 4 * 4
+#define S2_WEIGHTS 2400 // 16 * 6 * 5 * 5
+
+// ReLU of a window's maximum that keeps a NaN (fmaxf would turn it into 0 and hide a diverged run).
+__device__ __forceinline__ float relu_keep_nan(float v) { return (v > 0.f || v != v) ? v : 0.f; }
