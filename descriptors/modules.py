@@ -29,7 +29,8 @@ _modules: dict = {}   # key -> concurrent.futures.Future of its compiled cupy.Ra
 def prefetch(key: str, source, options: tuple = ()) -> Future:
     """Start compiling (or loading from CuPy's cache) module ``key`` now, on a thread of its own, for
     the current device, unless it was started before; ``source()`` returns its CUDA source. Returns
-    the future of the cupy.RawModule."""
+    the future of the cupy.RawModule: its result() waits for it, and raises a compile error on the
+    caller's thread."""
     with _lock:
         fut = _modules.get(key)
         if fut is None:
@@ -40,12 +41,6 @@ def prefetch(key: str, source, options: tuple = ()) -> Future:
             threading.Thread(target=_build, args=(fut, source, tuple(options), device), name=f"nvrtc-{key}",
                              daemon=True).start()
     return fut
-
-
-def module(key: str, source, options: tuple = ()):
-    """The compiled module ``key``: compiled now, or by the thread ``prefetch`` started (waited for).
-    A compile error is raised here, on the caller's thread."""
-    return prefetch(key, source, options).result()
 
 
 def _build(fut: Future, source, options: tuple, device: int) -> None:

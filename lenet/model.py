@@ -26,7 +26,7 @@ from descriptors import ActivationDescriptor, AlgoPolicy, Handle, PoolingDescrip
 
 from . import params as P
 from .blas import Blas, LazyLt, LtMatmul
-from .kernels import MIRROR, count_nonfinite, gather_batch
+from .kernels import MIRROR, copy_of, count_nonfinite, device_copy, fill, gather_batch
 from .ops import SGD, FullyConnected, HeadTensors, LossTensors, SoftmaxCrossEntropy
 from .ops.context import PlanContext, SideStream
 from .runner import Runner
@@ -62,33 +62,6 @@ def check_batch(x, y, max_batch: int) -> int:
     if count_nonfinite(x) if on_gpu else not bool(np.isfinite(x).all()):
         raise ValueError("images contain NaN or infinite values")
     return n
-
-
-def device_copy(dst, src) -> None:
-    """dst[...] = src on CuPy's current stream as one device-to-device copy: CuPy's own assignment
-    runs a copy kernel, one more NVRTC compile on a first run (Note [first run] in
-    descriptors/modules.py). Both contiguous, of one dtype and size; may be captured in a graph."""
-    if not (dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype and dst.size == src.size):
-        raise ValueError(f"device_copy takes two contiguous arrays of one dtype and size, got {dst.dtype} "
-                         f"{dst.shape} and {src.dtype} {src.shape}")
-    dst.data.copy_from_device_async(src.data, src.nbytes)
-
-
-def _copy_of(a):
-    import cupy
-
-    out = cupy.empty_like(a)
-    device_copy(out, a)
-    return out
-
-
-def fill(a, value) -> None:
-    """a[...] = value on CuPy's current stream without a fill kernel (Note [first run] in
-    descriptors/modules.py): a memset for 0 (which a graph may capture), else an upload."""
-    if value == 0:
-        a.data.memset_async(0, a.nbytes)
-    else:
-        a.set(np.full(a.shape, value, dtype=a.dtype))
 
 
 # Bytes per image of max_batch that a model allocates: its buffers (input, labels, pooled outputs and
@@ -205,7 +178,7 @@ class LeNet:
             self.velocity = cupy.zeros(P.TOTAL, dtype=cupy.float32)   # (TOTAL,)
             # The weights' moving average (evaluation and export use it), and where the live
             # weights wait while an evaluation runs on it.
-            self.ema = _copy_of(self.params) if ema_decay is not None else None   # (TOTAL,) or None
+            self.ema = copy_of(self.params) if ema_decay is not None else None   # (TOTAL,) or None
             self.params_aside = cupy.empty(P.TOTAL, dtype=cupy.float32) if ema_decay is not None else None
             self.p, self.g = P.views(self.params), P.views(self.grads)
             self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
@@ -421,7 +394,7 @@ class LeNet:
         # On the model's stream: a copy on another stream could still be pending when the
         # warm-up run changes the state or the restore reads the copy (a race seen on an H100).
         with self.stream:
-            return [_copy_of(a) for a in self._state()]
+            return [copy_of(a) for a in self._state()]
 
     def _restore_state(self, saved) -> None:
         with self.stream:

@@ -82,7 +82,8 @@ def main(argv=None) -> int:
 
     import cupy
 
-    from .model import LeNet, fill
+    from .kernels import fill
+    from .model import LeNet
 
     model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph,
                   fused=args.fused, plan_cache=args.plan_cache)

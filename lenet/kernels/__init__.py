@@ -191,3 +191,35 @@ def count_nonfinite(x) -> int:
     blocks = max(1, min(1024, -(-xf.size // threads)))
     kernel("data", "count_nonfinite_kernel")((blocks,), (threads,), (xf, np.int64(xf.size), count))
     return int(count.get()[0])
+
+
+def device_copy(dst, src) -> None:
+    """dst[...] = src on CuPy's current stream as one device-to-device copy: CuPy's own assignment
+    runs a copy kernel, one more NVRTC compile on a first run (Note [first run] in
+    descriptors/modules.py). Both contiguous, of one dtype and size; may be captured in a graph."""
+    if not (dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype and dst.size == src.size):
+        raise ValueError(f"device_copy takes two contiguous arrays of one dtype and size, got {dst.dtype} "
+                         f"{dst.shape} and {src.dtype} {src.shape}")
+    dst.data.copy_from_device_async(src.data, src.nbytes)
+
+
+def copy_of(a):
+    """A new device array holding a copy of contiguous ``a`` (device_copy)."""
+    import cupy
+
+    out = cupy.empty_like(a)
+    device_copy(out, a)
+    return out
+
+
+def fill(a, value) -> None:
+    """a[...] = value on CuPy's current stream, asynchronously and without CuPy's fill kernel (Note
+    [first run] in descriptors/modules.py): a memset for 0, else sgd.cu's fill_kernel (contiguous
+    float32 only). Either may be captured in a graph."""
+    if value == 0:
+        a.data.memset_async(0, a.nbytes)
+        return
+    if a.dtype != np.float32 or not a.flags.c_contiguous:
+        raise ValueError(f"fill sets contiguous float32 arrays to a nonzero value, got {a.dtype} {a.shape}")
+    blocks = max(1, min(sm_count(), -(-a.size // SGD_THREADS)))
+    kernel("sgd", "fill_kernel")((blocks,), (SGD_THREADS,), (a, np.float32(value), np.int32(a.size)))
