@@ -182,7 +182,9 @@ def reference(handle, spec: ConvSpec, arrays: dict):
 # The distance's kernel (Note [first run] in descriptors/modules.py: CuPy's reductions of one array
 # go through CUB, a 186 KB module NVRTC took 2-2.5 s over on a first run, one per shape of call).
 # Block b of a grid-stride loop writes sums[2 b] = sum of (out - ref)^2 and sums[2 b + 1] = sum of
-# ref^2 over its share, in float64; the host adds the blocks' sums in order (deterministic).
+# ref^2 over its share, in float64; the host adds the blocks' sums in order (deterministic). Thread t
+# owns the elements t, t + 256 gridDim.x, ... of its block's share and sd[t], sr[t] until the tree
+# reduction, whose every step ends at a barrier; thread 0 writes the block's two sums.
 _DISTANCE_THREADS, _DISTANCE_BLOCKS = 256, 264
 _DISTANCE_SOURCE = r"""
 extern "C" __global__ void __launch_bounds__(256)

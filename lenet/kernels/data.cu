@@ -54,7 +54,8 @@ extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__
 
 // count[0] += how many of x[0..n) are NaN or infinite: a check of a batch already on the GPU
 // (lenet/model.py, check_batch), one atomic add per warp that found any (an integer count: the
-// order of the adds does not matter). Any grid and block size, a multiple of 32 threads.
+// order of the adds does not matter). Any grid and block size, a multiple of 32 threads. Thread i
+// (grid-stride) owns x[i], x[i + gridDim.x * blockDim.x], ...; no shared memory.
 extern "C" __global__ void count_nonfinite_kernel(const float* __restrict__ x, long long n,
                                                   unsigned long long* __restrict__ count) {
   unsigned int c = 0;
