@@ -1,62 +1,234 @@
-"""CUDA modules compiled by NVRTC through CuPy (its kernel cache keeps them for later runs), each
-on a thread of its own, started before they are needed: lenet's kernels (lenet/kernels/) and the
-search's distance kernel (descriptors/search.py) use it.
+"""CUDA modules of ours compiled by NVRTC (through ctypes) into a cache of compiled binaries of our
+own, each on a thread of its own, started before they are needed: lenet's kernels (lenet/kernels/)
+and the search's distance kernel (descriptors/search.py) use it.
 
-Note [first run]: on a program's first run on a machine (CuPy's kernel cache, $CUPY_CACHE_DIR or
-~/.cupy/kernel_cache, empty), NVRTC compiles every module it launches. Measured on an H100 machine
-(scripts/probes/train_timeline.py --cold): our stage kernels in one module took 4.9 s and the
-head's 1.9 s, one after the other on the way to the first step, and CuPy's own kernels the search
-and the model used (fills, copies, and reductions through CUB, whose templates took 2-2.5 s a
-module) 10 s more. So: no generic CuPy kernel on the way to a step (uploads, memset and device
-copies instead, and the search's distances in a kernel of our own), and our kernels as small
-modules whose compiles start on threads as soon as CuPy is imported and the context is up
-(lenet/startup.py). NVRTC lets go of the GIL while it compiles, so they run beside the rest of the
-start-up and each other; a caller then waits only for the module it asks for, if it is not ready
-yet. A first run waits for the longest compile, not for the sum. (A compile thread still running
-at the interpreter's exit is waited for, at exit: CuPy torn down under it crashed the process.)
+Note [first run]: on a program's first run on a machine (the kernel cache empty), NVRTC compiles
+every module it launches. Measured on an H100 machine (scripts/probes/train_timeline.py --cold): our
+stage kernels in one module took 4.9 s and the head's 1.9 s, one after the other on the way to the
+first step, and CuPy's own kernels the search and the model used (fills, copies, and reductions
+through CUB, whose templates took 2-2.5 s a module) 10 s more. So: no generic CuPy kernel on the
+way to a step (uploads, memset and device copies instead, and the search's distances in a kernel of
+our own), and our kernels as small modules whose compiles start on threads as soon as the program
+knows what it will run and the GPU's architecture, beside the rest of the start-up (lenet/startup.py).
+NVRTC lets go of the GIL while it compiles, so they run beside the imports and each other; a caller
+then waits only for the module it asks for, if it is not ready yet. A first run waits for the longest
+compile, not for the sum.
+
+The compile needs no CuPy: NVRTC is called through ctypes (libnvrtc as cuda.pathfinder finds it, the
+library CuPy loads too) and the architecture comes from the driver (``use_arch``), so compiles start
+while CuPy is still being imported (0.6-0.9 s of a start-up); CuPy only loads the binary
+(cupy.RawModule(path=...)). Compiled through CuPy instead (RawModule(code=...), with CuPy's kernel
+cache), the first compile could start only after CuPy's import, and the head's module, the longest,
+ended 2.95 s into a first train_step (train_timeline.py --cold on an H100 machine).
+
+The cache: $LENET_KERNEL_CACHE, else $XDG_CACHE_HOME/lenet/kernels, else ~/.cache/lenet/kernels; one
+file per module and architecture, named by a digest of the source, the options, the architecture and
+NVRTC's version, written atomically; a new version of a module's file replaces the old one, so the
+folder holds one file per module and architecture. A file that is not a complete binary is compiled
+again. A folder that cannot be written costs a compile per run, nothing else.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
+import functools
+import hashlib
+import os
+import tempfile
 import threading
 from concurrent.futures import Future, wait
+from pathlib import Path
 
 _lock = threading.Lock()
-_modules: dict = {}   # key -> concurrent.futures.Future of its compiled cupy.RawModule
+_modules: dict = {}   # key -> concurrent.futures.Future of its cupy.RawModule
+_arch = None          # a callable returning the GPU's compute capability (90), set by use_arch
+
+
+class CompileError(RuntimeError):
+    """NVRTC refused a module: the message names it and holds NVRTC's log."""
+
+
+def use_arch(arch) -> None:
+    """Compile for ``arch()`` (a callable returning a compute capability such as 90, which may wait
+    for the driver to report it) instead of asking CuPy for the current device's: what lets a
+    program start its compiles before CuPy is imported (lenet/startup.py)."""
+    global _arch
+    _arch = arch
+
+
+def cache_folder() -> Path:
+    where = os.environ.get("LENET_KERNEL_CACHE")
+    if where:
+        return Path(where)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lenet" / "kernels"
 
 
 def prefetch(key: str, source, options: tuple = ()) -> Future:
-    """Start compiling (or loading from CuPy's cache) module ``key`` now, on a thread of its own, for
-    the current device, unless it was started before; ``source()`` returns its CUDA source. Returns
-    the future of the cupy.RawModule: its result() waits for it, and raises a compile error on the
-    caller's thread."""
+    """Start compiling (or reading from the cache) module ``key`` now, on a thread of its own, unless
+    it was started before; ``source()`` returns its CUDA source. Returns the future of its
+    cupy.RawModule: result() waits for it, and raises a compile error on the caller's thread."""
     with _lock:
         fut = _modules.get(key)
         if fut is None:
-            import cupy
-
             fut = _modules[key] = Future()
-            device = cupy.cuda.runtime.getDevice()
-            threading.Thread(target=_build, args=(fut, source, tuple(options), device), name=f"nvrtc-{key}",
+            threading.Thread(target=_build, args=(fut, key, source, tuple(options), _arch), name=f"nvrtc-{key}",
                              daemon=True).start()
     return fut
 
 
-def _build(fut: Future, source, options: tuple, device: int) -> None:
+def _build(fut: Future, key: str, source, options: tuple, arch) -> None:
     try:
+        path = binary(key, source(), options, arch() if arch is not None else _current_arch())
         import cupy
 
-        with cupy.cuda.Device(device):
-            mod = cupy.RawModule(code=source(), options=options)
-            mod.compile()
-        fut.set_result(mod)
+        fut.set_result(cupy.RawModule(path=str(path)))
     except BaseException as e:   # noqa: BLE001 (raised again on the thread that asks for the module)
         fut.set_exception(e)
 
 
+def _current_arch() -> int:
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
+
+
+def binary(key: str, source: str, options: tuple, arch: int) -> Path:
+    """The path of module ``key`` compiled for compute capability ``arch``: from the cache, or
+    compiled now and stored there (Note [first run]). Needs no GPU."""
+    nv = nvrtc()
+    target, ext = nv.target(arch)
+    opts = ("--device-as-default-execution-space", *options, f"-arch={target}")   # as CuPy compiled them
+    h = hashlib.blake2b(digest_size=10)
+    for part in (source, "\0".join(opts), nv.version_string):
+        h.update(part.encode() + b"\1")
+    folder = cache_folder()
+    stem = f"{key}.{target}"
+    path = folder / f"{stem}.{h.hexdigest()}.{ext}"
+    try:
+        data = path.read_bytes()
+        if _complete(data, ext):
+            return path
+    except OSError:
+        pass
+    data = nv.compile(source, f"{key}.cu", opts, ptx=ext == "ptx")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)   # as an ordinary file, not mkstemp's 0600
+        os.replace(tmp, path)
+        for old in folder.glob(f"{stem}.*.{ext}"):   # earlier versions of this module
+            if old != path:
+                old.unlink(missing_ok=True)
+        return path
+    except OSError:   # a folder we cannot write: this run's own copy, in a temporary file
+        fd, tmp = tempfile.mkstemp(prefix=f"lenet-{stem}.", suffix=f".{ext}")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        atexit.register(os.unlink, tmp)
+        return Path(tmp)
+
+
+def _complete(data: bytes, ext: str) -> bool:
+    """Whether a cached file holds a whole binary: an ELF whose section headers end inside it (the
+    ELF64 header's e_shoff, e_shentsize, e_shnum), or PTX text naming its target."""
+    if ext == "ptx":
+        return data.startswith(b"//") and b"\n.target " in data
+    if len(data) < 64 or not data.startswith(b"\x7fELF\x02"):
+        return False
+    shoff = int.from_bytes(data[40:48], "little")
+    shentsize, shnum = int.from_bytes(data[58:60], "little"), int.from_bytes(data[60:62], "little")
+    return shnum > 0 and shoff + shentsize * shnum <= len(data)
+
+
+class Nvrtc:
+    """libnvrtc through ctypes (which lets go of the GIL during each call)."""
+
+    def __init__(self, path: str):
+        lib = self.lib = ctypes.CDLL(path)
+        P, c_int, c_size = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+        sig = {"nvrtcVersion": [ctypes.POINTER(c_int)] * 2,
+               "nvrtcCreateProgram": [ctypes.POINTER(P), ctypes.c_char_p, ctypes.c_char_p, c_int, P, P],
+               "nvrtcCompileProgram": [P, c_int, ctypes.POINTER(ctypes.c_char_p)],
+               "nvrtcGetCUBINSize": [P, ctypes.POINTER(c_size)], "nvrtcGetCUBIN": [P, ctypes.c_char_p],
+               "nvrtcGetPTXSize": [P, ctypes.POINTER(c_size)], "nvrtcGetPTX": [P, ctypes.c_char_p],
+               "nvrtcGetProgramLogSize": [P, ctypes.POINTER(c_size)], "nvrtcGetProgramLog": [P, ctypes.c_char_p],
+               "nvrtcDestroyProgram": [ctypes.POINTER(P)],
+               "nvrtcGetNumSupportedArchs": [ctypes.POINTER(c_int)],
+               "nvrtcGetSupportedArchs": [ctypes.POINTER(c_int)]}
+        for name, args in sig.items():
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, c_int
+        lib.nvrtcGetErrorString.argtypes, lib.nvrtcGetErrorString.restype = [c_int], ctypes.c_char_p
+        major, minor = c_int(), c_int()
+        self._check(lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        self.version = (major.value, minor.value)
+        self.version_string = f"nvrtc {major.value}.{minor.value} {os.path.basename(path)}"
+        count = c_int()
+        self._check(lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)), "nvrtcGetNumSupportedArchs")
+        archs = (c_int * count.value)()
+        self._check(lib.nvrtcGetSupportedArchs(archs), "nvrtcGetSupportedArchs")
+        self.archs = tuple(archs)
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise CompileError(f"{what}: {self.lib.nvrtcGetErrorString(status).decode()}")
+
+    def target(self, arch: int) -> tuple[str, str]:
+        """NVRTC's -arch for a GPU of compute capability ``arch``, and the binary's kind: a cubin for
+        the GPU itself where this NVRTC knows it, else PTX of the newest architecture below it (the
+        driver compiles that for the GPU when it loads it)."""
+        if arch in self.archs:
+            return f"sm_{arch}", "cubin"
+        older = [a for a in self.archs if a < arch]
+        if not older:
+            raise CompileError(f"NVRTC {self.version[0]}.{self.version[1]} compiles for compute capability "
+                               f"{min(self.archs)} and newer; this GPU is {arch}")
+        return f"compute_{max(older)}", "ptx"
+
+    def compile(self, source: str, name: str, options: tuple, ptx: bool = False) -> bytes:
+        P = ctypes.c_void_p
+        prog = P()
+        self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
+                    "nvrtcCreateProgram")
+        try:
+            opts = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+            status = self.lib.nvrtcCompileProgram(prog, len(options), opts)
+            if status != 0:
+                size = ctypes.c_size_t()
+                self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+                log = ctypes.create_string_buffer(size.value)
+                self.lib.nvrtcGetProgramLog(prog, log)
+                raise CompileError(f"NVRTC could not compile {name} ({' '.join(options)}):\n"
+                                   f"{log.value.decode(errors='replace')}")
+            get_size, get = ((self.lib.nvrtcGetPTXSize, self.lib.nvrtcGetPTX) if ptx else
+                             (self.lib.nvrtcGetCUBINSize, self.lib.nvrtcGetCUBIN))
+            size = ctypes.c_size_t()
+            self._check(get_size(prog, ctypes.byref(size)), get_size.__name__)
+            out = ctypes.create_string_buffer(size.value)
+            self._check(get(prog, out), get.__name__)
+            data = out.raw[:size.value]
+            return data.rstrip(b"\0") if ptx else data
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+@functools.lru_cache(maxsize=None)
+def nvrtc() -> Nvrtc:
+    """libnvrtc, found as CuPy finds it (cuda.pathfinder: the nvidia-cuda-nvrtc wheel, else the CUDA
+    toolkit's)."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    return Nvrtc(load_nvidia_dynamic_lib("nvrtc").abs_path)
+
+
 @atexit.register
 def _finish() -> None:
+    """Compiles still running are waited for at exit: CuPy torn down under one crashed the process."""
     with _lock:
         pending = list(_modules.values())
     wait(pending)

@@ -18,7 +18,11 @@ until the model is built, so python -m lenet.train starts two threads before its
 - the imports' (preload): cuda.pathfinder and libcudnn's location, which it hands to the
   driver's thread; CuPy and the cuBLAS bindings; the CUDA runtime, once the context is up;
   then, told the engine after the flags are parsed (``starting``), libcudnn's wrappers
-  (descriptors), lenet.model and the frontend, and a first tiny graph.
+  (descriptors), lenet.model and the frontend, and a first tiny graph;
+- the compiles' (``_compile``), once the driver's thread has GPU 0's architecture and the program
+  its engine and batch sizes: each of our kernels' modules compiling on a thread of its own (Note
+  [first run] in descriptors/modules.py); they need no CuPy, so they begin while CuPy is still
+  being imported.
 
 The main thread meanwhile does its own imports, parses the flags (which imports descriptors)
 and reads the data. The two threads never import the same module of ours at the same time:
@@ -113,16 +117,31 @@ _cudnn_path: str | None = None   # libcudnn's path as cuda.pathfinder resolves i
 _cudnn_found = threading.Event()  # set once the preload thread has looked
 
 
+_gpu0: tuple | None = None   # GPU 0's (compute capability, SMs) as the driver reports them, once the context is up
+
+
 def start_context() -> bool:
     """cuInit and GPU 0's primary context (the one CuPy's runtime will use), through ctypes
-    alone; False when there is no driver or no GPU (require_gpu() says so, in its turn)."""
+    alone, and GPU 0's compute capability and SM count (``_gpu0``: what our kernels compile for
+    before CuPy is imported, Note [first run] in descriptors/modules.py); False when there is no
+    driver or no GPU (require_gpu() says so, in its turn)."""
     import ctypes
 
+    global _gpu0
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
         dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-        return (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
-                and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0)
+        if not (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+                and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0):
+            return False
+        facts = []
+        for attribute in (75, 76, 16):   # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, _MINOR, MULTIPROCESSOR_COUNT
+            v = ctypes.c_int()
+            if cuda.cuDeviceGetAttribute(ctypes.byref(v), attribute, dev) != 0:
+                return True   # the context is up; the compiles then start where CuPy sees the device
+            facts.append(v.value)
+        _gpu0 = (10 * facts[0] + facts[1], facts[2])
+        return True
     except (OSError, AttributeError):
         return False
 
@@ -212,11 +231,8 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     thread; import CuPy and the cuBLAS and cuBLASLt bindings; once the driver's thread has the
     context, start the CUDA runtime; then call ``engine()``, which waits until the program has
     parsed its flags and returns the engine's name. Only then import our libcudnn wrappers
-    (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Our
-    kernels every engine uses, and the search's, start compiling (or loading from CuPy's cache) on
-    threads of their own then (Note [first run] in descriptors/modules.py). Then
-    record the GPU's status (require_gpu() finds it cached), start the stage engines' kernels,
-    and, where the engine may use the graph API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread
+    (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Then
+    record the GPU's status (require_gpu() finds it cached) and, where the engine may use the graph API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread
     (Note [cuDNN's first call]) and build and drop one tiny graph with one plan."""
     global _cudnn_path
     try:
@@ -250,21 +266,9 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
 
     from descriptors.engines import uses_frontend
 
-    if runtime:   # Note [first run] in descriptors/modules.py: compiled beside the rest of the start-up
-        from descriptors import search
-
-        from . import kernels
-
-        kernels.prefetch(kernels.COMMON_MODULES)
-        search.prefetch()
     importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
-    stages = importlib.import_module(f"{__package__}.stages")
-
     mark("preload thread: descriptors, lenet.model imported")
     up = driver is not None and gpu_status()[0]
-    if up:
-        stages.warm(name, _preload.batches if _preload is not None else None)   # compiling on threads of their own
-        mark("preload thread: stage kernels started")
     if not uses_frontend(name) or not available()[0]:   # imports the frontend (once: cached)
         return
     mark("preload thread: frontend imported")
@@ -325,6 +329,36 @@ def started_early() -> bool:
     return _started_early
 
 
+def _start_compiles(engine: str, batches: tuple) -> None:
+    """Start our kernels' compiles (or their reads from the kernel cache) for ``engine`` at these
+    batch sizes, on threads, as soon as the driver's thread has GPU 0's architecture (Note [first
+    run] in descriptors/modules.py). The modules that list them are imported here, on the main
+    thread, before the preload thread is told the engine: the two threads never import one module
+    at once (Note [overlapped start-up])."""
+    from descriptors import modules, search
+
+    from . import kernels, stages
+
+    def run():
+        try:   # NVRTC's libraries loaded (read from disk, on a fresh machine) while cuInit runs
+            modules.nvrtc()
+        except Exception:   # noqa: BLE001 (a compile raises it again, on the thread that waits for it)
+            pass
+        _context_up.wait()
+        if _gpu0 is None:   # no GPU, or no facts from the driver: the model compiles what it plans
+            return
+        arch, sms = _gpu0
+        modules.use_arch(lambda: arch)
+        kernels.use_sm_count(sms)
+        kernels.prefetch(kernels.COMMON_MODULES)
+        search.prefetch()
+        stages.warm(engine, batches or None)
+        mark("compiles' thread: every module started")
+
+    start_gpu_driver()
+    threading.Thread(target=run, name="lenet-compiles", daemon=True).start()
+
+
 @contextlib.contextmanager
 def starting(engine: str, batches=()):
     """``with starting(args.engine): ...``: start the GPU's driver and context and cuDNN's set-up,
@@ -337,6 +371,7 @@ def starting(engine: str, batches=()):
     runs at them compile first (Note [first run] in descriptors/modules.py)."""
     pre = _start_preload()
     pre.engine, pre.batches = engine, tuple(batches)
+    _start_compiles(engine, pre.batches)
     pre.engine_known.set()
     wait = True
     try:

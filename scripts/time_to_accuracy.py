@@ -99,7 +99,8 @@ def main():
                          "the bytecode cache warm, as a user's second run does")
     ap.add_argument("--cold", action="store_true",
                     help="run each timed run as a first run on a fresh machine: every cache it reads (CuPy's kernel "
-                         "cache, $XDG_CACHE_HOME with our plans, datasets and bytecode) an empty folder of its own")
+                         "cache, $XDG_CACHE_HOME with our kernels, plans, datasets and bytecode, CUDA's $CUDA_CACHE_PATH) "
+                         "an empty folder of its own")
     ap.add_argument("--validation", type=int, metavar="N",
                     help="report accuracy on the last N training images, trained on the rest (choose recipes on "
                          "this, not on the test split)")
@@ -134,7 +135,8 @@ def main():
                     run_env = env
                     if args.cold:   # a first run on a fresh machine (scripts/probes/train_timeline.py --cold)
                         run_env = {k: v for k, v in env.items() if not k.startswith("LENET_")}
-                        run_env.update(CUPY_CACHE_DIR=f"{tmp}/cache/cupy", XDG_CACHE_HOME=f"{tmp}/cache/xdg")
+                        run_env.update(CUPY_CACHE_DIR=f"{tmp}/cache/cupy", XDG_CACHE_HOME=f"{tmp}/cache/xdg",
+                                       CUDA_CACHE_PATH=f"{tmp}/cache/nv")
                     wall, out, rc = run(command(who, f"{tmp}/out", seed), run_env, args.timeout)
                 if rc != 0:
                     print(f"{name} {who} seed {seed}: exit {rc}\n{out[-2000:]}", flush=True)

@@ -56,7 +56,7 @@ def test_our_kernels_cover_lenets_stages_and_nothing_else():
     assert set(ours.KERNELS) == {(CONV1.x, CONV1.w, False), (CONV2.x, CONV2.w, True)}
     from lenet import kernels
 
-    for name in (*ours.modules(), "head"):
+    for name in (*ours.modules(), "head", "head_weights"):
         assert kernels.source(name).count("__global__") >= 1, name
 
 
@@ -215,8 +215,8 @@ def test_every_kernel_launched_programmatically_waits_first():
     checked = 0
     folder = resources.files("lenet").joinpath("kernels")
     files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward", "stage2_backward",
-             "stage_reduce", "head", "sgd")   # the kernels of these files are launched by Launch
-    for module in (*kernels.STAGE_MODULES, "head", "sgd"):
+             "stage_reduce", "head", "head_weights", "sgd")   # the kernels of these files are launched by Launch
+    for module in (*kernels.STAGE_MODULES, "head", "head_weights", "sgd"):
         assert kernels.source(module).startswith(folder.joinpath("griddep.cu").read_text())
     for module in files:
         text = folder.joinpath(f"{module}.cu").read_text()
@@ -249,34 +249,40 @@ def test_launch_packs_arrays_and_numpy_scalars_and_refuses_the_rest():
 
 
 @pytest.mark.stack
-def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu():
+def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkeypatch):
     """Each module (a stage kernel, one version of stage 2's backward, the head...) is a whole
-    translation unit: NVRTC compiles it alone, for an H100 (sm_90), on a machine with no GPU at all, and
-    each holds the kernels its launcher asks for (Note [first run] in descriptors/modules.py)."""
-    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    translation unit: our compile path (descriptors.modules.binary) builds it alone, for an H100
+    (sm_90), on a machine with no GPU at all, into the kernel cache, and each holds the kernels its
+    launcher asks for (Note [first run] in descriptors/modules.py)."""
+    from descriptors import modules
     from lenet import kernels
 
-    stage_kernels = [f"{m}_kernel".encode() for m in kernels.STAGE_MODULES]
+    monkeypatch.setenv("LENET_KERNEL_CACHE", str(tmp_path))
+    own = {m: f"{m}_kernel" for m in kernels.STAGE_MODULES} | {"head": "head_forward_kernel",
+                                                              "head_weights": "head_weights_kernel"}
+    split = [k.encode() for k in own.values()]   # kernels each held by exactly one module
     for name in dict.fromkeys((*kernels.STAGE_MODULES, *kernels.COMMON_MODULES)):
-        prog = nvrtc.createProgram(kernels.source(name), f"{name}.cu", (), ())
         try:
-            nvrtc.compileProgram(prog, [*kernels.options(name), "-arch=sm_90", "--device-as-default-execution-space"])
-            cubin = nvrtc.getCUBIN(prog)
-        except nvrtc.NVRTCError:
-            pytest.fail(f"{name}: {nvrtc.getProgramLog(prog)[:2000]}")
-        finally:
-            nvrtc.destroyProgram(prog)
-        held = [k.decode() for k in stage_kernels if b"." + k + b"\0" in cubin]   # the ELF's .text.NAME sections
-        assert held == ([f"{name}_kernel"] if name in kernels.STAGE_MODULES else []), (name, held)
+            path = modules.binary(f"lenet.{name}", kernels.source(name), kernels.options(name), 90)
+        except modules.CompileError as e:
+            pytest.fail(str(e)[:2000])
+        assert path.parent == tmp_path and path.suffix == ".cubin", path
+        cubin = path.read_bytes()
+        held = [k.decode() for k in split if b"." + k + b"\0" in cubin]   # the ELF's .text.NAME sections
+        assert held == ([own[name]] if name in own else []), (name, held)
 
 
-def test_the_heuristic_takes_the_small_batch_backward_at_small_batches(monkeypatch):
+def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
     """SMALL_BATCH_PER_SM: up to 2 images per SM, stage 2's backward split over four parts comes first
-    (and is the module a first run compiles for the step); above it, the one-part version."""
+    (and is the module a first run compiles for the step); above it, the two-part version. The
+    one-part version (the slowest compile) is in no heuristic's modules: only a search times it."""
     monkeypatch.setattr(ours, "_sms", lambda: 132)
     ks = ours.KERNELS[(CONV2.x, CONV2.w, True)]
     assert ks.backward_candidates(64)[0] == ours.Backward(4, 2) and ks.backward_candidates(264)[0].version == 2
-    assert ks.backward_candidates(265)[0] == ours.Backward(4, 0) == ks.backward_candidates()[0]
+    assert ks.backward_candidates(265)[0] == ours.Backward(4, 1) == ks.backward_candidates(65536)[0]
+    assert ks.backward_candidates()[0] == ours.Backward(4, 0)   # no batch: the versions in order
     assert set(ks.backward_candidates(64)) == set(ks.backward_candidates(8192))   # the same set, reordered
-    assert "stage2_backward_split4" in ours.heuristic_modules([64]) and "stage2_backward" not in ours.heuristic_modules([64])
-    assert "stage2_backward" in ours.heuristic_modules([128, 1000]) and "stage2_backward_split" not in ours.heuristic_modules()
+    assert "stage2_backward_split4" in ours.heuristic_modules([64]) and "stage2_backward_split" not in ours.heuristic_modules([64])
+    for batches in ([128, 1000], [8192], None):
+        assert "stage2_backward" not in ours.heuristic_modules(batches)
+    assert "stage2_backward_split" in ours.heuristic_modules([128, 1000])

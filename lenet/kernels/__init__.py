@@ -13,20 +13,21 @@ SGD_THREADS = 256
 
 
 # What each module is compiled from, in order, where that is more than its own file, and the macros
-# it is compiled with: the head's forward runs the loss's per-row math (softmax_ce.cu's device
-# functions); each stage module begins with what the stage kernels share; stage2_backward.cu holds
+# it is compiled with: the head's two modules share its shapes (head_common.cu), and its forward runs
+# the loss's per-row math (softmax_ce.cu's device functions); each stage module begins with what the stage kernels share; stage2_backward.cu holds
 # one template and compiles one version per module. Every module begins with PRELUDE
 # (griddep_entry(), Note [programmatic launch] in lenet/kernels/launch.py).
 STAGE_MODULES = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward",
                  "stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage_reduce")
-SOURCES = {"head": ("softmax_ce", "head"),
+SOURCES = {"head": ("softmax_ce", "head_common", "head"),
+           "head_weights": ("head_common", "head_weights"),
            **{m: ("stage_common", m) for m in STAGE_MODULES},
            **{m: ("stage_common", "stage2_backward") for m in STAGE_MODULES if m.startswith("stage2_backward")}}
 DEFINES = {"stage2_backward": ("S2B_KS=1",), "stage2_backward_split": ("S2B_KS=2",),
            "stage2_backward_split4": ("S2B_KS=4",)}
 # The modules every program may launch, whatever its engine (stage_reduce: the head's kernels sum
 # their partial rows with it too).
-COMMON_MODULES = ("head", "softmax_ce", "sgd", "data", "stage_reduce")
+COMMON_MODULES = ("head", "head_weights", "softmax_ce", "sgd", "data", "stage_reduce")
 PRELUDE = "griddep"
 
 
@@ -66,7 +67,7 @@ def source_digest() -> str:
 
 
 def prefetch(names) -> None:
-    """Start compiling (or loading from CuPy's cache) these modules now, each on a thread of its
+    """Start compiling (or reading from the kernel cache) these modules now, each on a thread of its
     own (Note [first run] in descriptors/modules.py); ``kernel`` finds them ready, or waits."""
     for name in names:
         _future(name)
@@ -83,12 +84,23 @@ def _module(name: str):
     return _future(name).result()
 
 
-@functools.lru_cache(maxsize=None)
+_sm_count: int | None = None   # set by use_sm_count
+
+
+def use_sm_count(sms: int) -> None:
+    """The GPU's multiprocessors as the driver reported them (lenet/startup.py), before CuPy is imported."""
+    global _sm_count
+    _sm_count = int(sms)
+
+
 def sm_count() -> int:
     """The current GPU's multiprocessors: launch shapes of ours are counted in blocks per SM."""
-    import cupy
+    global _sm_count
+    if _sm_count is None:
+        import cupy
 
-    return int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+        _sm_count = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    return _sm_count
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,11 +1,12 @@
 // LeNet's head, fc1 (256 -> 120) + bias + ReLU and fc2 (120 -> 10) + bias, on our kernels. Launchers:
 // lenet/ops/fc.py (OursHead). This module is compiled after softmax_ce.cu, whose per-row loss (sce_row)
-// and reduction (block_sum, sce_finish) the forward runs in a training step.
+// and reduction (block_sum, sce_finish) the forward runs in a training step, and head_common.cu (the
+// shapes); the weights' kernel is a module of its own (head_weights.cu).
 //
 //   head_forward_kernel   per group of G images: fc1, ReLU, fc2 (the logits); in a training step also
 //                         the loss and dlogits, and the data gradients dh1 and dp2 (masked), all of which
 //                         are local to an image
-//   head_weights_kernel   the weight and bias gradients, sums over images: block (j, s) owns hidden
+//   head_weights_kernel   (head_weights.cu) the weight and bias gradients, sums over images: block (j, s) owns hidden
 //                         unit j's row of dW1 (and dW2's column j, db1[j]; block j = 0 also db2) over the
 //                         s-th range of images
 //
@@ -26,15 +27,11 @@
 // pooled level] in lenet/ops/conv.py). A row of weight gradients is laid out as the flat gradient
 // buffer from fc1.weight to fc2.bias (lenet/params.py: each tensor starts on a 64-float boundary, the
 // padding written 0).
-
-#define H_IN 256
-#define H_HID 120
-#define H_OUT 10
-#define H_MAXG 8
-#define H_THREADS 256
-#define H_WARPS (H_THREADS / 32)
-#define H_UNITS_PER_WARP (H_HID / H_WARPS)   // 15
-#define H_BATCH 5                            // W1 rows a warp loads before using any
+//
+// Note [head compile]: fc1's loop over its three batches of five rows stays rolled. Unrolled (3 x 5 x 8
+// warp sums), NVRTC took 1.3 s over this module against 0.65 s rolled, and on a first run on a fresh
+// machine this module is the longest compile, which the first step waits for (Note [first run] in
+// descriptors/modules.py); each batch's loads are issued together before any is used either way.
 
 __device__ __forceinline__ float head_relu(float v) { return (v > 0.f || v != v) ? v : 0.f; }
 
@@ -99,7 +96,7 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
         xa[g] = reinterpret_cast<const float4*>(sp)[g * 64 + lane];
         xb[g] = reinterpret_cast<const float4*>(sp)[g * 64 + 32 + lane];
       }
-#pragma unroll
+#pragma unroll 1   // Note [head compile]
     for (int u0 = 0; u0 < H_UNITS_PER_WARP; u0 += H_BATCH) {
       float4 wa[H_BATCH], wb[H_BATCH];
       float bj[H_BATCH];
@@ -179,56 +176,5 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
   if (labels) {
     block_sum(loss, hits, sv, sc);
     sce_finish(loss, hits, partial_loss, partial_correct, ticket, out, correct, running, loss_scale, 0);
-  }
-}
-
-// Weight and bias gradients over images [s * per, min(N, (s + 1) * per)), s = blockIdx.y; blockIdx.x = j
-// (a hidden unit), blockDim.x = 256. Thread i: dW1[j, i] = sum_n dh1[n, j] p2[n, i]; thread c < 10 also
-// dW2[c, j] = sum_n dlogits[n, c] h1[n, j]; thread 10: db1[j] = sum_n dh1[n, j]; block j = 0, threads
-// 11..20: db2[c - 11] = sum_n dlogits[n, c - 11], and the row's padding columns 0. Each sum runs over n
-// in order, four images' loads in flight. Writes row s of `part` (width floats, the flat layout; a grid
-// with one range is handed the gradient buffer itself).
-extern "C" __global__ void __launch_bounds__(H_THREADS)
-head_weights_kernel(const float* __restrict__ p2, const float* __restrict__ h1, const float* __restrict__ dh1,
-                    const float* __restrict__ dlogits, float* __restrict__ part, int width, int off_b1, int off_w2,
-                    int off_b2, int N, int per) {
-  griddep_entry();
-  const int t = threadIdx.x, j = blockIdx.x;
-  const int n0 = blockIdx.y * per, n1 = min(N, n0 + per);
-  float* row = part + (size_t)blockIdx.y * width;
-  float a = 0.f;
-  int n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    float d[4], x[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      d[k] = __ldg(dh1 + (size_t)(n + k) * H_HID + j);
-      x[k] = __ldg(p2 + (size_t)(n + k) * H_IN + t);
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) a = fmaf(d[k], x[k], a);
-  }
-  for (; n < n1; ++n) a = fmaf(__ldg(dh1 + (size_t)n * H_HID + j), __ldg(p2 + (size_t)n * H_IN + t), a);
-  row[j * H_IN + t] = a;
-  if (t < H_OUT) {
-    float b = 0.f;
-    for (int m = n0; m < n1; ++m) b = fmaf(__ldg(dlogits + (size_t)m * H_OUT + t), __ldg(h1 + (size_t)m * H_HID + j), b);
-    row[off_w2 + t * H_HID + j] = b;
-  } else if (t == H_OUT) {
-    float b = 0.f;
-    for (int m = n0; m < n1; ++m) b += __ldg(dh1 + (size_t)m * H_HID + j);
-    row[off_b1 + j] = b;
-  } else if (j == 0 && t < 2 * H_OUT + 1) {
-    const int c = t - H_OUT - 1;
-    float b = 0.f;
-    for (int m = n0; m < n1; ++m) b += __ldg(dlogits + (size_t)m * H_OUT + c);
-    row[off_b2 + c] = b;
-  }
-  if (j == 0) {   // the padding between tensors
-    for (int e = H_HID * H_IN + t; e < width; e += H_THREADS) {
-      const bool pad = (e < off_b1) || (e >= off_b1 + H_HID && e < off_w2) ||
-                       (e >= off_w2 + H_OUT * H_HID && e < off_b2);
-      if (pad) row[e] = 0.f;
-    }
   }
 }

@@ -259,7 +259,7 @@ class OursHead:
         x, dx = t.x[:n], t.dx[:n]                                                # (n, 256)
         h1, dh1, logits, dlogits = t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n]   # (n, 120) x 2, (n, 10) x 2
         w = t.w
-        fwd, wts, red = (kernel("head", "head_forward_kernel"), kernel("head", "head_weights_kernel"),
+        fwd, wts, red = (kernel("head", "head_forward_kernel"), kernel("head_weights", "head_weights_kernel"),
                          kernel("stage_reduce", "stage_reduce_kernel"))
         g = self.group
         fgrid = min(max(1, -(-n // g)), sce.blocks)

@@ -32,10 +32,13 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 # scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best v1 against best v2: 6.9 / 10.5 us
 # at 256 images, 9.2 / 15.8 at 512, 16.1 / 12.5 at 1024, 28.5 / 19.1 at 2048, 103.6 / 75.7 at 8192.
 LARGE_BATCH_PER_SM = 6
-# Up to this many images per SM, the heuristic takes a stage's small-batch backward version first.
-# scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best v1 / v2 / v3: 14.0 / 10.6 / 9.7 us
-# at 64 images, 17.1 / 17.3 / 10.3 at 128, 27.0 / 25.1 / 28.3 at 512. (v3 also compiles in about a
-# third of v1's time, which a first run waits for: Note [first run] in descriptors/modules.py.)
+# Up to this many images per SM, the heuristic takes a stage's small-batch backward version first,
+# above it its large-batch version. scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best
+# v1 / v2 / v3: 14.0 / 10.6 / 9.7 us at 64 images, 17.1 / 17.3 / 10.3 at 128, 27.0 / 25.1 / 28.3 at
+# 512; and at 4 blocks per SM (the heuristic's shape) v1 / v2: 27.1 / 27.1 us at 512, 47.5 / 47.3 at
+# 1000, 330.5 / 319.4 at 8192, 2533.7 / 2446.0 at 65536. v2 and v3 also compile in less than half of
+# v1's time, which a first run waits for (Note [first run] in descriptors/modules.py): v1 compiles only
+# when a search times it.
 SMALL_BATCH_PER_SM = 2
 
 
@@ -50,6 +53,7 @@ class Kernels:
     mb: int                    # bias-gradient columns
     large_fwd: int = 0         # the forward version the heuristic takes at large batches (LARGE_BATCH_PER_SM)
     small_bwd: int = 0         # the backward version the heuristic takes at small batches (SMALL_BATCH_PER_SM)
+    large_bwd: int = 0         # and above them
 
     @property
     def width(self) -> int:
@@ -66,10 +70,11 @@ class Kernels:
 
     def backward_candidates(self, n: int | None = None) -> list:
         """Every backward launch shape, the heuristic's first: for a batch of n <= SMALL_BATCH_PER_SM
-        images per SM, those of version ``small_bwd`` come first."""
+        images per SM, those of version ``small_bwd`` come first, for a larger one those of ``large_bwd``."""
         cands = [Backward(g, v) for v in range(len(self.backward)) for g in BACKWARD_BLOCKS_PER_SM]
-        if n is not None and n <= SMALL_BATCH_PER_SM * _sms():
-            cands.sort(key=lambda c: c.version != self.small_bwd)   # stable: each version's order stays
+        if n is not None:
+            first = self.small_bwd if n <= SMALL_BATCH_PER_SM * _sms() else self.large_bwd
+            cands.sort(key=lambda c: c.version != first)   # stable: each version's order stays
         return cands
 
 
@@ -85,7 +90,8 @@ KERNELS = {
                                                 (("stage2_backward", 160),
                                                  ("stage2_backward_split", 320),
                                                  ("stage2_backward_split4", 640)),
-                                                lambda i: 4 * (2400 + 864 * i), 2400, 16, large_fwd=1, small_bwd=2),
+                                                lambda i: 4 * (2400 + 864 * i), 2400, 16, large_fwd=1, small_bwd=2,
+                                                large_bwd=1),
 }
 
 
@@ -156,7 +162,7 @@ def heuristic_modules(batches=None) -> tuple[str, ...]:
     for ks in KERNELS.values():
         out += [ks.forward[0][0], ks.forward[ks.large_fwd][0]]
         out += ([ks.backward[ks.backward_candidates(n)[0].version][0] for n in batches] if batches else
-                [ks.backward[0][0], ks.backward[ks.small_bwd][0]])
+                [ks.backward[ks.large_bwd][0], ks.backward[ks.small_bwd][0]])
     return tuple(dict.fromkeys(out + ["stage_reduce"]))
 
 
@@ -235,8 +241,8 @@ class OursStage:
         return engine in ("auto", self.name)
 
     def warm(self, batches=None) -> None:
-        """Start compiling the kernels the heuristic runs at these batch sizes (or loading them from
-        CuPy's cache) on threads of their own (Note [first run] in descriptors/modules.py); the rest
+        """Start compiling the kernels the heuristic runs at these batch sizes (or reading them from
+        the kernel cache) on threads of their own (Note [first run] in descriptors/modules.py); the rest
         compile when a plan asks for them: versions only a search times would share the CPU with
         the compiles a first step waits for."""
         prefetch(heuristic_modules(batches))

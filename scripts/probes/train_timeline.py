@@ -13,10 +13,13 @@ clock when the child is gone.
     python3 scripts/probes/train_timeline.py --cold --program train_step
 
 With --cold the child runs as a first run on a fresh machine does: every cache it would read
-pointed at empty folders (CuPy's kernel cache, $XDG_CACHE_HOME and with it our plans, datasets and
-bytecode), removed afterwards (--keep keeps them). The timeline then shows each of our modules'
-compile beside the rest, and the kernels NVRTC built for CuPy's own functions are listed from its
-cache folder, with the time each was written (Note [first run] in descriptors/modules.py).
+pointed at empty folders (CuPy's kernel cache, $XDG_CACHE_HOME and with it our kernels, plans,
+datasets and bytecode, and CUDA's own cache, $CUDA_CACHE_PATH: NVRTC 13 keeps what it compiled there
+too, so a second compile of one source took 0.06-0.29 s where the first took 1.0-1.25 s on an H100
+machine), removed afterwards (--keep keeps them). The timeline then shows each of our
+modules' compile beside the rest, and both kernel caches are listed afterwards (ours, and CuPy's,
+where NVRTC's builds of CuPy's own functions would go), with the time each file was written (Note
+[first run] in descriptors/modules.py).
 """
 
 from __future__ import annotations
@@ -93,22 +96,21 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
 
     prefetch = kernels.prefetch
 
-    def timed_prefetch(names):   # descriptors is imported by now: time each module's compile (or cache load)
+    def timed_prefetch(names):   # descriptors is imported by now: time each module's compile (or cache read)
         from descriptors import modules
 
-        if not hasattr(modules._build, "timed"):
-            build = modules._build
+        if not hasattr(modules.binary, "timed"):
+            binary = modules.binary
 
-            def timed_build(fut, source, options, device):
+            def timed_binary(key, *args):
                 t0 = at()
                 try:
-                    return build(fut, source, options, device)
+                    return binary(key, *args)
                 finally:
-                    key = next((k for k, f in list(modules._modules.items()) if f is fut), "?")
                     events.append((f"module {key} (nvrtc or cache)", t0, at()))
 
-            timed_build.timed = True
-            modules._build = timed_build
+            timed_binary.timed = True
+            modules.binary = timed_binary
         return prefetch(names)
 
     kernels.prefetch = timed_prefetch
@@ -161,8 +163,8 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
 
 
 def compiled(folder: Path, epoch_start: float) -> list:
-    """(seconds from the child's start when written, bytes, its kernels' names) of each module in
-    CuPy's cache folder: the kernel names are the ELF's .text.NAME sections of its binary."""
+    """(seconds from the child's start when written, bytes, its kernels' names) of each module in a
+    kernel cache folder: the kernel names are the ELF's .text.NAME sections of its binary."""
     rows = []
     for f in folder.rglob("*") if folder.is_dir() else ():
         if f.is_file():
@@ -194,7 +196,8 @@ def main() -> None:
     if args.cold:
         caches = Path(tempfile.mkdtemp(prefix="lenet-cold-"))
         env = {k: v for k, v in env.items() if not k.startswith("LENET_") or k == "LENET_REQUIRE_GPU"}
-        env.update(CUPY_CACHE_DIR=str(caches / "cupy"), XDG_CACHE_HOME=str(caches / "xdg"))
+        env.update(CUPY_CACHE_DIR=str(caches / "cupy"), XDG_CACHE_HOME=str(caches / "xdg"),
+                   CUDA_CACHE_PATH=str(caches / "nv"))
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, __file__, "--program", args.program, "--child-events", events_path, "--profile", *args.profile, "--",
                         *train_args], capture_output=True, text=True, env=env)
@@ -213,10 +216,12 @@ def main() -> None:
     print(f"{'exit (last timestamp to process gone)':<46s} {got['end']:8.3f} {exit_s:8.3f}  (upper bound)")
     print(f"{'whole process (parent clock)':<46s} {0:8.3f} {total:8.3f}")
     if caches is not None:
-        built = compiled(caches / "cupy", got["epoch_start"])
-        print(f"\nCuPy's kernel cache after the run: {len(built)} modules (written at s, size, kernels)")
-        for at_s, size, names in built:
-            print(f"{at_s:8.3f} {size:9d} B  {names}")
+        for title, folder in (("Our kernel cache", caches / "xdg" / "lenet" / "kernels"),
+                              ("CuPy's kernel cache", caches / "cupy")):
+            built = compiled(folder, got["epoch_start"])
+            print(f"\n{title} after the run: {len(built)} modules (written at s, size, kernels)")
+            for at_s, size, names in built:
+                print(f"{at_s:8.3f} {size:9d} B  {names}")
         if args.keep:
             print(f"caches kept in {caches}")
         else:
