@@ -114,6 +114,14 @@ class Step:
             layer.backward()
         self.side.join()
 
+    def backward_given(self) -> None:
+        """Every gradient from dlogits the caller wrote after ``forward()`` (a loss of its own:
+        lenet/torch.py), the side stream's reductions included."""
+        self.head.backward_given()
+        for stage in reversed(self.stages):
+            stage.backward()
+        self.side.join()
+
     @property
     def workspace_bytes(self) -> int:
         return max(layer.workspace_bytes for layer in self.layers)

@@ -1,6 +1,6 @@
 """The PyTorch reference: the same LeNet in torch.nn, loaded with our parameters.
 
-Used only by tests and benchmarks; lenet/ and descriptors/ never import torch.
+Used only by tests and benchmarks; of lenet/ and descriptors/, only lenet/torch.py imports torch.
 """
 
 from __future__ import annotations

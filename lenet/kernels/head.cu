@@ -58,6 +58,7 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
 //        sdl and dlogits); the block's loss sums go through sce_finish (softmax_ce.cu), whose last block
 //        adds every block's in order. Then, when dp2 is not null, the data gradients:
 //        dh1 = (W2^T dlogits) * (h1 > 0), thread j < 120;  dp2 = (W1^T dh1) * (p2 > 0), thread i < 256.
+//   labels null, dp2 not null (a loss of the caller's): the same data gradients from the dlogits given.
 // Shared: sw2 (10 x 120) W2; sp (G x 256) the group's inputs; sh (G x 120) hidden units; sl, sdl (G x 10)
 // logits and their gradient; sdh (G x 120) dh1; sv, sc (256) the loss's block sum.
 extern "C" __global__ void __launch_bounds__(H_THREADS)
@@ -135,16 +136,21 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
         logits[(size_t)(n0 + g) * H_OUT + c] = z;
       }
     }
-    if (!labels) continue;   // the same for every thread of the grid
+    if (!labels && !dp2) continue;   // the logits only; the same for every thread of the grid
     __syncthreads();
-    if (t < count) {
-      int hit;
-      loss += sce_row(sl + t * H_OUT, nullptr, labels[n0 + t], H_OUT, eps, sdl + t * H_OUT, grad_scale, hit);
-      hits += hit;
+    if (labels) {
+      if (t < count) {
+        int hit;
+        loss += sce_row(sl + t * H_OUT, nullptr, labels[n0 + t], H_OUT, eps, sdl + t * H_OUT, grad_scale, hit);
+        hits += hit;
+      }
+      __syncthreads();
+      if (t < count * H_OUT) dlogits[(size_t)n0 * H_OUT + t] = sdl[t];
+      if (!dp2) continue;
+    } else {   // dlogits given (a loss of the caller's: lenet/torch.py)
+      if (t < count * H_OUT) sdl[t] = dlogits[(size_t)n0 * H_OUT + t];
+      __syncthreads();
     }
-    __syncthreads();
-    if (t < count * H_OUT) dlogits[(size_t)n0 * H_OUT + t] = sdl[t];
-    if (!dp2) continue;
     if (t < H_HID) {
       for (int g = 0; g < count; ++g) {
         float a = 0.f;

@@ -218,6 +218,10 @@ class PlannedFullyConnected:
         self.forward()
         self.loss.train()
 
+    def backward_given(self) -> None:
+        """Every gradient from dlogits written by the caller (a loss of its own)."""
+        self.backward()
+
     def backward(self) -> None:
         if self.lt is not None:
             for op in ("dW2", "dh1", "dW1", "dp2"):
@@ -245,7 +249,9 @@ class PlannedFullyConnected:
 class OursHead:
     """The head on our kernels (Note [head engines], Note [head latency] in lenet/kernels/head.cu).
     ``forward()``: the logits; ``forward_loss()``: the logits, the loss and dlogits, and the data
-    gradients dh1 and dx (masked by x > 0) in the same kernel; ``backward()``: the weight and bias
+    gradients dh1 and dx (masked by x > 0) in the same kernel; ``backward_given()``: from dlogits
+    written by the caller (a loss of its own), the data gradients (the same kernel, its forward run
+    again: the head's forward is a few microseconds), then ``backward()``: the weight and bias
     gradients on the side stream, over ranges of ``per`` images (one range: written straight into the
     gradients; several: per-range rows added in order)."""
 
@@ -272,6 +278,7 @@ class OursHead:
         weights = (x, w["fc1.weight"], w["fc1.bias"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n),
                    np.int32(g))
         plain = weights + (null,) * 8 + (f0, f0, f0, null, null)
+        given = weights + (null, dlogits) + (null,) * 6 + (f0, f0, f0, dh1, dx)   # dlogits read, not computed
         training = weights + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
                               sce.ticket, loss.running, np.float32(1.0 / n), np.float32(1.0 / n),
                               np.float32(loss.label_smoothing), dh1, dx)
@@ -299,6 +306,12 @@ class OursHead:
         self.forward = Launch(fwd, (fgrid,), (256,), plain, stream)
         self.forward_loss = Launch(fwd, (fgrid,), (256,), training, stream)
         self.backward = backward
+        data_gradients = Launch(fwd, (fgrid,), (256,), given, stream)
+
+        def backward_given():
+            data_gradients()
+            backward()
+        self.backward_given = backward_given
         self.ms = None
 
     @staticmethod

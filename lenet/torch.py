@@ -1,0 +1,310 @@
+"""Our step from PyTorch: the network's forward and backward as PyTorch custom operators
+(``torch.ops.lenet.forward``, ``torch.ops.lenet.backward``) and ``LeNet``, an nn.Module on them. The
+only module of the product that imports torch (pip install '.[cu13,torch]').
+
+    model = lenet.torch.LeNet(engine="auto").cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss = torch.nn.functional.cross_entropy(model(x), y)   # any loss written in torch
+    loss.backward()
+    opt.step()
+
+Note [torch operators]: ``lenet::forward(x, params, engine)`` returns the logits and
+``lenet::backward(dlogits, x, params, engine)`` the eight parameter gradients (the images get none:
+conv1's input gradient is never computed). Both are torch.library custom operators with a fake
+(shapes only) implementation, so torch.compile(fullgraph=True) traces them, and the forward's
+autograd formula is the backward operator. ``engine`` is the id of an ``_Engine``: one of our models
+(lenet.model.LeNet) per module, device and batch-size bound, planned once per batch size as our
+own step is (the search, the plan cache), under the module's engine, algorithm and fusion flags.
+
+- Crossing: a torch tensor is read and written in place through its pointer (the CUDA array
+  interface: no copy to cross). Our plans are bound to the model's own buffers (what makes a step
+  replayable), so the images and parameters are copied into them on the GPU, and the logits and
+  gradients out of them into fresh tensors: device copies, no host transfer.
+- Streams: our work waits for torch's current stream through an event, and torch's later work
+  waits for ours the same way; the host never waits. Inside a torch CUDA graph capture it is
+  captured with the rest (a batch size must be planned, by one call, before a capture).
+- What the backward needs (the pooled outputs, our argmax bytes, fc1's outputs) stays in the
+  model's buffers after the forward. The backward checks that the buffers still hold the forward
+  of these images and parameters (the tensors' pointers and version counters, which a later
+  forward or an in-place update changes); when they do not (two forwards before their backwards),
+  it runs that forward again first.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+from . import params as P
+
+ENGINES = ("auto", "legacy", "graph", "ours")
+IMAGE = (1, 28, 28)
+
+_engines: dict[int, "_Engine"] = {}   # id -> engine: the operators take the id (an int crosses torch.compile)
+_lock = threading.Lock()
+
+
+def _cupy_view(t: torch.Tensor, shape=None):
+    """A CuPy array over a contiguous float32/int CUDA tensor's memory (no copy; ``t`` keeps it alive)."""
+    import cupy
+
+    mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
+    dtype = {torch.float32: cupy.float32, torch.int64: cupy.int64, torch.int32: cupy.int32}[t.dtype]
+    return cupy.ndarray(tuple(t.shape) if shape is None else shape, dtype, cupy.cuda.MemoryPointer(mem, 0))
+
+
+def check_images(x: torch.Tensor, where: str = "lenet.torch.LeNet") -> None:
+    """One-line ValueErrors for inputs our operators do not take."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{where} takes a torch.Tensor of images, got {type(x).__name__}")
+    if x.dim() != 4 or tuple(x.shape[1:]) != IMAGE or x.shape[0] < 1:
+        raise ValueError(f"{where} takes images of shape (N, 1, 28, 28) with N >= 1, got {tuple(x.shape)}")
+    if x.dtype != torch.float32:
+        raise ValueError(f"{where} takes float32 images, got {str(x.dtype).replace('torch.', '')} "
+                         f"(float16, bfloat16 and float64 are not supported: use x.float())")
+    if not x.is_contiguous():
+        raise ValueError(f"{where} takes contiguous images: these have strides {x.stride()} (use x.contiguous())")
+    if x.device.type != "cuda":
+        raise ValueError(f"{where} runs on CUDA tensors: the images are on {x.device} (move them with .cuda())")
+
+
+def _check_params(params, device) -> None:
+    if len(params) != len(P.NAMES):
+        raise ValueError(f"lenet::forward takes the {len(P.NAMES)} parameters {', '.join(P.NAMES)}; got {len(params)}")
+    for name, p in zip(P.NAMES, params):
+        if tuple(p.shape) != tuple(P.SHAPES[name]) or p.dtype != torch.float32 or p.device != device \
+                or not p.is_contiguous():
+            raise ValueError(f"parameter {name} must be a contiguous float32 tensor of shape {tuple(P.SHAPES[name])} "
+                             f"on {device}, got {str(p.dtype).replace('torch.', '')} {tuple(p.shape)} on {p.device}")
+
+
+def _identity(x: torch.Tensor, params) -> tuple:
+    """What the backward compares to know the buffers still hold this forward (Note [torch operators])."""
+    return tuple((t.data_ptr(), t._version) for t in (x, *params)) + (x.shape[0],)
+
+
+class _Engine:
+    """One of our models for a module's flags, grown to the largest batch it has seen, on one device."""
+
+    def __init__(self, engine: str, algo: str, fused: bool, plan_cache):
+        from descriptors.algorithms import AlgoPolicy
+
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+        if engine == "ours" and not fused:
+            raise ValueError("engine 'ours' runs our fused stage kernels only: keep fused=True, or name a cuDNN engine")
+        self.policy = AlgoPolicy.parse(algo, engine=engine)   # a one-line ValueError for a name it does not know
+        self.fused, self.plan_cache = bool(fused), plan_cache
+        self.model = None
+        self.device = None
+        self._streams, self._events = {}, None   # torch's streams as CuPy sees them; our two events
+        self.held = None   # the identity of the forward whose activations the buffers hold
+        with _lock:
+            self.id = max(_engines, default=0) + 1
+            _engines[self.id] = self
+
+    def _model(self, n: int, device: torch.device):
+        """Our model on ``device`` for at least n images (made again, larger, for a larger batch)."""
+        import cupy
+
+        if self.model is not None and (device != self.device):
+            raise ValueError(f"this module's engine runs on {self.device}; got tensors on {device} "
+                             f"(one module per device)")
+        if self.model is None or n > self.model.max_batch:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"batch size {n} is new to this module inside a CUDA graph capture: run one "
+                                   f"forward and backward of that size before capturing (they plan it)")
+            from .model import LeNet as Model
+
+            cap = max(n, 2 * self.model.max_batch if self.model is not None else 64)
+            with cupy.cuda.Device(device.index):
+                self.model = Model(max_batch=cap, policy=self.policy, fused=self.fused, cuda_graph=False,
+                                   plan_cache=self.plan_cache)
+            self.device, self.held = device, None
+        return self.model
+
+    def _step(self, model, n: int):
+        if n not in model._steps and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"batch size {n} is new to this module inside a CUDA graph capture: run one "
+                               f"forward and backward of that size before capturing (they plan it)")
+        return model.plan(n)
+
+    def _enter(self, model):
+        """Our stream waits for torch's current one (an event: the host does not wait)."""
+        import cupy
+
+        ptr = torch.cuda.current_stream().cuda_stream
+        if self._streams.get(ptr) is None:
+            self._streams[ptr] = cupy.cuda.ExternalStream(ptr, model.stream.device_id)
+        if self._events is None:
+            self._events = tuple(cupy.cuda.Event(block=False, disable_timing=True) for _ in range(2))
+        torch_stream = self._streams[ptr]
+        self._events[0].record(torch_stream)
+        model.stream.wait_event(self._events[0])
+        return torch_stream
+
+    def _leave(self, model, torch_stream) -> None:
+        self._events[1].record(model.stream)
+        torch_stream.wait_event(self._events[1])
+
+    def _load(self, model, x: torch.Tensor, params) -> int:
+        from .kernels import device_copy
+
+        n = x.shape[0]
+        with model.stream:
+            device_copy(model.buf["x"][:n], _cupy_view(x))
+            for name, p in zip(P.NAMES, params):
+                device_copy(model.p[name], _cupy_view(p))
+        return n
+
+    def forward(self, x: torch.Tensor, params) -> torch.Tensor:
+        from .kernels import device_copy
+
+        n = x.shape[0]
+        with torch.cuda.device(x.device):
+            model = self._model(n, x.device)
+            step = self._step(model, n)
+            logits = torch.empty((n, 10), dtype=torch.float32, device=x.device)
+            s = self._enter(model)
+            self._load(model, x, params)
+            with model.stream:
+                step.forward()
+                device_copy(_cupy_view(logits), model.buf["logits"][:n])
+            self._leave(model, s)
+            self.held = _identity(x, params)
+        return logits
+
+    def backward(self, dlogits: torch.Tensor, x: torch.Tensor, params) -> list[torch.Tensor]:
+        from .kernels import device_copy
+
+        n = x.shape[0]
+        if tuple(dlogits.shape) != (n, 10):
+            raise ValueError(f"lenet::backward: dlogits must have shape ({n}, 10), got {tuple(dlogits.shape)}")
+        dlogits = dlogits.contiguous().float()
+        with torch.cuda.device(x.device):
+            model = self._model(n, x.device)
+            step = self._step(model, n)
+            grads = [torch.empty(P.SHAPES[name], dtype=torch.float32, device=x.device) for name in P.NAMES]
+            s = self._enter(model)
+            if self.held != _identity(x, params):   # another forward since: this one again (Note [torch operators])
+                self._load(model, x, params)
+                with model.stream:
+                    step.forward()
+                self.held = _identity(x, params)
+            with model.stream:
+                device_copy(model.buf["dlogits"][:n], _cupy_view(dlogits))
+                step.backward_given()
+                for name, g in zip(P.NAMES, grads):
+                    device_copy(_cupy_view(g), model.g[name])
+            self._leave(model, s)
+        return grads
+
+
+def _engine(engine_id: int) -> _Engine:
+    e = _engines.get(int(engine_id))
+    if e is None:
+        raise ValueError(f"no lenet.torch engine {engine_id}: make one with lenet.torch.LeNet(...)")
+    return e
+
+
+@torch.library.custom_op("lenet::forward", mutates_args=())
+def forward_op(x: torch.Tensor, params: list[torch.Tensor], engine: int) -> torch.Tensor:
+    """The logits (N, 10) of images x (N, 1, 28, 28) under the eight parameters (lenet.params.NAMES)."""
+    check_images(x, "lenet::forward")
+    _check_params(params, x.device)
+    return _engine(engine).forward(x, params)
+
+
+@forward_op.register_fake
+def _(x, params, engine):
+    return x.new_empty((x.shape[0], 10))
+
+
+@torch.library.custom_op("lenet::backward", mutates_args=())
+def backward_op(dlogits: torch.Tensor, x: torch.Tensor, params: list[torch.Tensor], engine: int) -> list[torch.Tensor]:
+    """The eight parameter gradients from the logits' gradient (N, 10), for the forward of x and params."""
+    check_images(x, "lenet::backward")
+    _check_params(params, x.device)
+    return _engine(engine).backward(dlogits, x, params)
+
+
+@backward_op.register_fake
+def _(dlogits, x, params, engine):
+    return [torch.empty_like(p) for p in params]
+
+
+def _setup_context(ctx, inputs, output):
+    x, params, engine = inputs
+    ctx.save_for_backward(x, *params)
+    ctx.engine = engine
+
+
+def _backward(ctx, dlogits):
+    x, *params = ctx.saved_tensors
+    grads = torch.ops.lenet.backward(dlogits, x, params, ctx.engine)
+    return None, list(grads), None
+
+
+forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class LeNet(nn.Module):
+    """LeNet-5 whose forward and backward run on our engines (Note [torch operators]); its
+    parameters are nn.Parameters named and shaped as PyTorch's LeNet (conv1.weight ... fc2.bias), so
+    state_dict, optimizers, schedulers and torch.save work as for any module, and our checkpoints
+    and exports load with ``load_file``. ``forward(x)`` returns the logits.
+
+    engine: auto (every engine competes, by measurement), legacy or graph (cuDNN only), ours;
+    algo: heuristic, exhaustive, or a name train_step prints; fused: let operations fuse;
+    plan_cache: keep choices on disk (True: the programs' file), as lenet.train does;
+    seed: our initialization (lenet.params), the same as the programs' for that seed."""
+
+    def __init__(self, engine: str = "auto", algo: str = "heuristic", fused: bool = True, plan_cache=True,
+                 seed: int = 0):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(256, 120)
+        self.fc2 = nn.Linear(120, 10)
+        self.load_state_dict({k: torch.from_numpy(v) for k, v in P.init_host(seed).items()})
+        self._engine = _Engine(engine, algo, fused, plan_cache)
+        self.engine_name = engine
+
+    def extra_repr(self) -> str:
+        return f"engine={self.engine_name!r}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling():
+            check_images(x)
+        params = [self.get_parameter(name) for name in P.NAMES]
+        return torch.ops.lenet.forward(x, params, self._engine.id)
+
+    def load_file(self, path) -> "LeNet":
+        """Load our checkpoint (.npz from lenet.train: its moving average where it keeps one, as
+        evaluation uses) or export (.safetensors or .npz from lenet.export) into the parameters."""
+        from pathlib import Path
+
+        import numpy as np
+
+        from . import checkpoint
+
+        path = Path(path)
+        if path.suffix == ".safetensors":
+            from safetensors.numpy import load_file
+
+            state = load_file(str(path))
+        else:
+            try:
+                state = checkpoint.state_dict(path)
+            except checkpoint.CheckpointError as e:
+                if "an export, perhaps" not in str(e):
+                    raise
+                with np.load(path, allow_pickle=False) as f:
+                    state = {k: f[k] for k in f.files if k != "meta"}
+        state = P.unpack(P.pack(state))   # checks names and shapes: one line naming what is wrong
+        with torch.no_grad():
+            for name, v in state.items():
+                self.get_parameter(name).copy_(torch.from_numpy(np.ascontiguousarray(v)))
+        return self

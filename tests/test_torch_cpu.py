@@ -1,0 +1,93 @@
+"""lenet.torch without a GPU: it imports and builds, its parameters are PyTorch's LeNet's (names,
+shapes, our initialization), its one-line errors, and torch stays an optional extra that no other
+module of the product imports."""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def lt():
+    import lenet.torch as lt
+
+    return lt
+
+
+def test_the_module_builds_with_pytorchs_names_shapes_and_our_initialization(lt):
+    from torch_lenet import TorchLeNet
+
+    from lenet import params as P
+
+    model = lt.LeNet(seed=3)
+    ref = TorchLeNet().state_dict()
+    got = model.state_dict()
+    assert list(got) == list(ref) == list(P.NAMES)
+    assert all(got[k].shape == ref[k].shape and got[k].dtype == torch.float32 for k in got)
+    init = P.init_host(3)
+    assert all(np.array_equal(got[k].numpy(), init[k]) for k in got)
+    assert [n for n, _ in model.named_parameters()] == list(P.NAMES)
+    assert "lenet::forward" in str(torch.ops.lenet.forward.default._schema)
+
+
+@pytest.mark.parametrize("x,what", [
+    (lambda: torch.zeros(2, 1, 28, 28), "runs on CUDA tensors: the images are on cpu"),
+    (lambda: torch.zeros(2, 1, 28, 28, dtype=torch.float64), "takes float32 images, got float64"),
+    (lambda: torch.zeros(2, 1, 28, 28, dtype=torch.bfloat16), "takes float32 images, got bfloat16"),
+    (lambda: torch.zeros(2, 28, 28), "shape (N, 1, 28, 28) with N >= 1, got (2, 28, 28)"),
+    (lambda: torch.zeros(0, 1, 28, 28), "got (0, 1, 28, 28)"),
+    (lambda: torch.zeros(28, 28, 2, 1).permute(2, 3, 0, 1), "takes contiguous images"),
+    (lambda: np.zeros((2, 1, 28, 28), np.float32), "takes a torch.Tensor of images, got ndarray"),
+], ids=["cpu", "float64", "bfloat16", "shape", "empty", "strided", "numpy"])
+def test_inputs_it_does_not_take_are_one_line_each(lt, x, what):
+    with pytest.raises(ValueError) as e:
+        lt.LeNet()(x())
+    assert what in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("kw,what", [
+    ({"engine": "cudnn"}, "engine must be one of auto, legacy, graph, ours, got 'cudnn'"),
+    ({"engine": "ours", "fused": False}, "engine 'ours' runs our fused stage kernels only"),
+    ({"algo": "fastest"}, "fastest"),
+])
+def test_flags_it_does_not_take_are_one_line_each(lt, kw, what):
+    with pytest.raises(ValueError) as e:
+        lt.LeNet(**kw)
+    assert what in str(e.value) and "\n" not in str(e.value)
+
+
+def test_our_files_load_into_the_module(lt, tmp_path):
+    from lenet import checkpoint, export
+    from lenet import params as P
+
+    state = P.init_host(7)
+    export.save(state, tmp_path / "w.npz")
+    flat = P.pack(state)
+    checkpoint.save(tmp_path / "ckpt.npz", flat, np.zeros_like(flat), {"epoch": 1})
+    for f in ("w.npz", "ckpt.npz"):
+        got = lt.LeNet(seed=0).load_file(tmp_path / f).state_dict()
+        assert all(np.array_equal(got[k].numpy(), state[k]) for k in P.NAMES), f
+    with pytest.raises(ValueError):
+        lt.LeNet().load_file(tmp_path / "missing.npz")
+
+
+def test_torch_is_an_optional_extra_imported_by_lenet_torch_alone():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("torch") for d in project["optional-dependencies"]["torch"])
+    assert not any(d.startswith("torch") for d in project["dependencies"] + project["optional-dependencies"]["cu13"])
+    importers = set()
+    for f in [*(ROOT / "lenet").rglob("*.py"), *(ROOT / "descriptors").rglob("*.py")]:
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            if any(n.split(".")[0] == "torch" for n in names):
+                importers.add(f.relative_to(ROOT).as_posix())
+    assert importers == {"lenet/torch.py"}
