@@ -46,6 +46,16 @@ _engines: dict[int, "_Engine"] = {}   # id -> engine: the operators take the id 
 _lock = threading.Lock()
 
 
+class _StreamPointer:
+    """A torch stream's pointer under the CUDA stream protocol (what CuPy's Stream.from_external reads)."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return 0, self.ptr
+
+
 def _cupy_view(t: torch.Tensor, shape=None):
     """A CuPy array over a contiguous float32/int CUDA tensor's memory (no copy; ``t`` keeps it alive)."""
     import cupy
@@ -137,7 +147,7 @@ class _Engine:
 
         ptr = torch.cuda.current_stream().cuda_stream
         if self._streams.get(ptr) is None:
-            self._streams[ptr] = cupy.cuda.ExternalStream(ptr, model.stream.device_id)
+            self._streams[ptr] = cupy.cuda.Stream.from_external(_StreamPointer(ptr))
         if self._events is None:
             self._events = tuple(cupy.cuda.Event(block=False, disable_timing=True) for _ in range(2))
         torch_stream = self._streams[ptr]

@@ -64,6 +64,16 @@ for tool in racecheck synccheck; do
     done
 done
 
+# The same over our module driven from PyTorch (lenet/torch.py): the head's kernel then reads the
+# dlogits of torch's loss (its given-dlogits path) instead of computing its own.
+for tool in racecheck synccheck; do
+    log="$out/${tool}_torch.txt"
+    compute-sanitizer --tool $tool --error-exitcode 7 \
+        python3 scripts/torch_bench.py --check 2 --engine ours --batch 64 7 > "$log" 2>&1 || san_rc=1
+    grep -qE "(RACECHECK|ERROR) SUMMARY: 0 " "$log" || san_rc=1
+    grep -E "SUMMARY|^batch" "$log" | sed "s/^/$tool torch: /"
+done
+
 for extra in ${GPU_CHECK_EXTRA:-}; do   # more commands, e.g. a short training run, named by the caller
     bash -c "$extra" 2>&1 | tee -a "$out/extra.txt"; [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
 done

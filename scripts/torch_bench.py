@@ -30,6 +30,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--json")
+    ap.add_argument("--check", type=int, metavar="STEPS",
+                    help="no timing: STEPS eager steps of our module at each batch size, printing each loss "
+                         "(what scripts/gpu_check.sh runs under compute-sanitizer)")
     args = ap.parse_args()
 
     import torch
@@ -39,6 +42,18 @@ def main() -> int:
     import lenet.torch as lt
 
     exact_float32()
+    if args.check:
+        for n in args.batch:
+            x, y = torch.randn(n, 1, 28, 28, device="cuda"), torch.randint(0, 10, (n,), device="cuda")
+            model = lt.LeNet(engine=args.engine).cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            for _ in range(args.check):
+                opt.zero_grad()
+                loss = F.mse_loss(model(x), F.one_hot(y, 10).float())   # a loss of torch's: dlogits given
+                loss.backward()
+                opt.step()
+                print(f"batch {n} loss {loss.item():.6f}", flush=True)
+        return 0
     torch.backends.cudnn.benchmark = True
     rows = []
     print(f"{'batch':>6} | {'module':<14} | {'form':<10} | {'us/step':>9} | {'M img/s':>8}")
@@ -59,14 +74,17 @@ def main() -> int:
                     loss.backward()
                     opt.step()
 
-                s = torch.cuda.Stream()
-                s.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(s):
+                run = step
+                if form == "eager":
                     for _ in range(5):
                         step()
-                torch.cuda.current_stream().wait_stream(s)
-                run = step
-                if form == "cuda graph":
+                else:   # PyTorch's recipe: warm up on a side stream, then capture
+                    s = torch.cuda.Stream()
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        for _ in range(5):
+                            step()
+                    torch.cuda.current_stream().wait_stream(s)
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph):
                         step()
