@@ -101,6 +101,8 @@ class _Engine:
     def __init__(self, engine: str, algo: str, fused: bool, plan_cache):
         from descriptors.algorithms import AlgoPolicy
 
+        from . import stages   # noqa: F401 (registers the stage engines' names: engine="ours")
+
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
         if engine == "ours" and not fused:

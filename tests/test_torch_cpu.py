@@ -91,3 +91,15 @@ def test_torch_is_an_optional_extra_imported_by_lenet_torch_alone():
             if any(n.split(".")[0] == "torch" for n in names):
                 importers.add(f.relative_to(ROOT).as_posix())
     assert importers == {"lenet/torch.py"}
+
+
+def test_every_engine_builds_in_a_fresh_process():
+    """The stage engines' names are registered by lenet.torch itself, not by what a caller imported first."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = "import lenet.torch as lt\nfor e in lt.ENGINES: lt.LeNet(engine=e)\nprint('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
