@@ -23,6 +23,11 @@ own step is (the search, the plan cache), under the module's engine, algorithm a
 - Streams: our work waits for torch's current stream through an event, and torch's later work
   waits for ours the same way; the host never waits. Inside a torch CUDA graph capture it is
   captured with the rest (a batch size must be planned, by one call, before a capture).
+- No operator per stage: the seam's stage 2 backward returns its input's gradient already masked
+  by the input being > 0 (the previous stage's ReLU folded in: Note [relu at the pooled level] in
+  lenet/ops/conv.py), and stage 1 computes none, so a stage as an operator would give a wrong input
+  gradient for any input that is not a ReLU's output; the network is the unit whose gradients are
+  exact.
 - What the backward needs (the pooled outputs, our argmax bytes, fc1's outputs) stays in the
   model's buffers after the forward. The backward checks that the buffers still hold the forward
   of these images and parameters (the tensors' pointers and version counters, which a later
