@@ -183,7 +183,7 @@ def test_an_epoch_of_fashion_mnist_beside_pytorchs_lenet(torch):
         return ((torch.from_numpy(x.copy()).float().cuda() / 255.0 - mean) / std).reshape(-1, 1, 28, 28).contiguous()
 
     xtr, xte = tensor(xtr), tensor(xte)
-    ytr, yte = torch.from_numpy(ytr).long().cuda(), torch.from_numpy(yte).long().cuda()
+    ytr, yte = torch.from_numpy(ytr.copy()).long().cuda(), torch.from_numpy(yte.copy()).long().cuda()
     order = torch.randperm(len(xtr), generator=torch.Generator().manual_seed(0)).cuda()
     accuracies = []
     for model in (lt.LeNet(seed=0).cuda(), from_state(init_host(0))):
