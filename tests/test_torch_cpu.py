@@ -103,3 +103,17 @@ def test_every_engine_builds_in_a_fresh_process():
     code = "import lenet.torch as lt\nfor e in lt.ENGINES: lt.LeNet(engine=e)\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_torch_save_and_pytorchs_lenet_interoperate(lt, tmp_path):
+    from torch_lenet import TorchLeNet
+
+    ours = lt.LeNet(seed=5)
+    torch.save(ours.state_dict(), tmp_path / "ours.pt")
+    theirs = TorchLeNet()
+    theirs.load_state_dict(torch.load(tmp_path / "ours.pt"))
+    back = lt.LeNet(seed=0)
+    back.load_state_dict(theirs.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), ours.state_dict().values()))
+    opt = torch.optim.SGD(back.parameters(), lr=0.1, momentum=0.9)   # any optimizer and scheduler take them
+    torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10).step()
