@@ -215,7 +215,7 @@ distance_kernel(const float* __restrict__ out, const float* __restrict__ ref, lo
 
 
 def prefetch():
-    """Start compiling (or loading from CuPy's cache) the distance's kernel on a thread of its own."""
+    """Start compiling (or reading from the kernel cache) the distance's kernel on a thread of its own."""
     from . import modules
 
     return modules.prefetch("descriptors.distance", lambda: _DISTANCE_SOURCE, ("-std=c++17",))

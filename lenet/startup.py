@@ -19,7 +19,7 @@ until the model is built, so python -m lenet.train starts two threads before its
   driver's thread; CuPy and the cuBLAS bindings; the CUDA runtime, once the context is up;
   then, told the engine after the flags are parsed (``starting``), libcudnn's wrappers
   (descriptors), lenet.model and the frontend, and a first tiny graph;
-- the compiles' (``_compile``), once the driver's thread has GPU 0's architecture and the program
+- the compiles' (``_start_compiles``), once the driver's thread has GPU 0's architecture and the program
   its engine and batch sizes: each of our kernels' modules compiling on a thread of its own (Note
   [first run] in descriptors/modules.py); they need no CuPy, so they begin while CuPy is still
   being imported.
@@ -232,8 +232,9 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     context, start the CUDA runtime; then call ``engine()``, which waits until the program has
     parsed its flags and returns the engine's name. Only then import our libcudnn wrappers
     (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Then
-    record the GPU's status (require_gpu() finds it cached) and, where the engine may use the graph API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread
-    (Note [cuDNN's first call]) and build and drop one tiny graph with one plan."""
+    record the GPU's status (require_gpu() finds it cached) and, where the engine may use the graph
+    API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread (Note [cuDNN's
+    first call]) and build and drop one tiny graph with one plan."""
     global _cudnn_path
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib
@@ -250,12 +251,10 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     blas.binding("cublas")
     blas.binding("cublasLt")
     mark("preload thread: CuPy, cuBLAS bindings imported")
-    runtime = False
     if driver is not None:
         _context_up.wait()
         try:
             cupy.cuda.runtime.free(0)
-            runtime = True
             mark("preload thread: CUDA runtime started")
         except cupy.cuda.runtime.CUDARuntimeError:   # no GPU: require_gpu() says so, in its turn
             pass

@@ -37,7 +37,8 @@ own step is (the search, the plan cache), under the module's engine, algorithm a
 
 from __future__ import annotations
 
-import threading
+import itertools
+import weakref
 
 import torch
 from torch import nn
@@ -47,8 +48,10 @@ from . import params as P
 ENGINES = ("auto", "legacy", "graph", "ours")
 IMAGE = (1, 28, 28)
 
-_engines: dict[int, "_Engine"] = {}   # id -> engine: the operators take the id (an int crosses torch.compile)
-_lock = threading.Lock()
+# id -> engine: the operators take the id (an int crosses torch.compile). Held by its module alone: an
+# engine, its model and the model's GPU memory go with the module; an id is never given twice.
+_engines: "weakref.WeakValueDictionary[int, _Engine]" = weakref.WeakValueDictionary()
+_ids = itertools.count(1)
 
 
 class _StreamPointer:
@@ -61,13 +64,12 @@ class _StreamPointer:
         return 0, self.ptr
 
 
-def _cupy_view(t: torch.Tensor, shape=None):
-    """A CuPy array over a contiguous float32/int CUDA tensor's memory (no copy; ``t`` keeps it alive)."""
+def _copy(stream, dst: int, src: int, nbytes: int) -> None:
+    """One device-to-device copy of nbytes between two pointers (a torch tensor's data_ptr(), a CuPy
+    array's data.ptr) on ``stream``: no array object made per call, and capturable in a graph."""
     import cupy
 
-    mem = cupy.cuda.UnownedMemory(t.data_ptr(), t.numel() * t.element_size(), t, t.device.index)
-    dtype = {torch.float32: cupy.float32, torch.int64: cupy.int64, torch.int32: cupy.int32}[t.dtype]
-    return cupy.ndarray(tuple(t.shape) if shape is None else shape, dtype, cupy.cuda.MemoryPointer(mem, 0))
+    cupy.cuda.runtime.memcpyAsync(dst, src, nbytes, cupy.cuda.runtime.memcpyDeviceToDevice, stream.ptr)
 
 
 def check_images(x: torch.Tensor, where: str = "lenet.torch.LeNet") -> None:
@@ -118,9 +120,8 @@ class _Engine:
         self.device = None
         self._streams, self._events = {}, None   # torch's streams as CuPy sees them; our two events
         self.held = None   # the identity of the forward whose activations the buffers hold
-        with _lock:
-            self.id = max(_engines, default=0) + 1
-            _engines[self.id] = self
+        self.id = next(_ids)
+        _engines[self.id] = self
 
     def _model(self, n: int, device: torch.device):
         """Our model on ``device`` for at least n images (made again, larger, for a larger batch)."""
@@ -166,19 +167,14 @@ class _Engine:
         self._events[1].record(model.stream)
         torch_stream.wait_event(self._events[1])
 
-    def _load(self, model, x: torch.Tensor, params) -> int:
-        from .kernels import device_copy
-
-        n = x.shape[0]
-        with model.stream:
-            device_copy(model.buf["x"][:n], _cupy_view(x))
-            for name, p in zip(P.NAMES, params):
-                device_copy(model.p[name], _cupy_view(p))
-        return n
+    @staticmethod
+    def _load(model, x: torch.Tensor, params) -> None:
+        """The images and parameters into the model's buffers (their shapes checked by the operator)."""
+        _copy(model.stream, model.buf["x"].data.ptr, x.data_ptr(), x.numel() * 4)
+        for name, p in zip(P.NAMES, params):
+            _copy(model.stream, model.p[name].data.ptr, p.data_ptr(), p.numel() * 4)
 
     def forward(self, x: torch.Tensor, params) -> torch.Tensor:
-        from .kernels import device_copy
-
         n = x.shape[0]
         with torch.cuda.device(x.device):
             model = self._model(n, x.device)
@@ -188,14 +184,12 @@ class _Engine:
             self._load(model, x, params)
             with model.stream:
                 step.forward()
-                device_copy(_cupy_view(logits), model.buf["logits"][:n])
+            _copy(model.stream, logits.data_ptr(), model.buf["logits"].data.ptr, logits.numel() * 4)
             self._leave(model, s)
             self.held = _identity(x, params)
         return logits
 
     def backward(self, dlogits: torch.Tensor, x: torch.Tensor, params) -> list[torch.Tensor]:
-        from .kernels import device_copy
-
         n = x.shape[0]
         if tuple(dlogits.shape) != (n, 10):
             raise ValueError(f"lenet::backward: dlogits must have shape ({n}, 10), got {tuple(dlogits.shape)}")
@@ -210,11 +204,11 @@ class _Engine:
                 with model.stream:
                     step.forward()
                 self.held = _identity(x, params)
+            _copy(model.stream, model.buf["dlogits"].data.ptr, dlogits.data_ptr(), dlogits.numel() * 4)
             with model.stream:
-                device_copy(model.buf["dlogits"][:n], _cupy_view(dlogits))
                 step.backward_given()
-                for name, g in zip(P.NAMES, grads):
-                    device_copy(_cupy_view(g), model.g[name])
+            for name, g in zip(P.NAMES, grads):
+                _copy(model.stream, g.data_ptr(), model.g[name].data.ptr, g.numel() * 4)
             self._leave(model, s)
         return grads
 

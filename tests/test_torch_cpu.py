@@ -117,3 +117,16 @@ def test_torch_save_and_pytorchs_lenet_interoperate(lt, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), ours.state_dict().values()))
     opt = torch.optim.SGD(back.parameters(), lr=0.1, momentum=0.9)   # any optimizer and scheduler take them
     torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10).step()
+
+
+def test_an_engine_and_its_model_go_with_their_module(lt):
+    import gc
+
+    model = lt.LeNet()
+    engine_id = model._engine.id
+    assert lt._engines[engine_id] is model._engine and lt.LeNet()._engine.id != engine_id
+    del model
+    gc.collect()
+    assert engine_id not in lt._engines
+    with pytest.raises(ValueError, match=f"no lenet.torch engine {engine_id}"):
+        lt._engine(engine_id)

@@ -14,9 +14,10 @@ SGD_THREADS = 256
 
 # What each module is compiled from, in order, where that is more than its own file, and the macros
 # it is compiled with: the head's two modules share its shapes (head_common.cu), and its forward runs
-# the loss's per-row math (softmax_ce.cu's device functions); each stage module begins with what the stage kernels share; stage2_backward.cu holds
-# one template and compiles one version per module. Every module begins with PRELUDE
-# (griddep_entry(), Note [programmatic launch] in lenet/kernels/launch.py).
+# the loss's per-row math (softmax_ce.cu's device functions); each stage module begins with what the
+# stage kernels share (stage_common.cu); stage2_backward.cu holds one template and compiles one
+# version per module. Every module begins with PRELUDE (griddep_entry(), Note [programmatic launch]
+# in lenet/kernels/launch.py).
 STAGE_MODULES = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward",
                  "stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage_reduce")
 SOURCES = {"head": ("softmax_ce", "head_common", "head"),

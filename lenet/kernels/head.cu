@@ -58,7 +58,8 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
 //        sdl and dlogits); the block's loss sums go through sce_finish (softmax_ce.cu), whose last block
 //        adds every block's in order. Then, when dp2 is not null, the data gradients:
 //        dh1 = (W2^T dlogits) * (h1 > 0), thread j < 120;  dp2 = (W1^T dh1) * (p2 > 0), thread i < 256.
-//   labels null, dp2 not null (a loss of the caller's): the same data gradients from the dlogits given.
+//   labels null, dp2 not null (a loss of the caller's): thread t < count * 10 reads the group's
+//        dlogits[n0 * 10 + t] into sdl, then the same data gradients from them.
 // Shared: sw2 (10 x 120) W2; sp (G x 256) the group's inputs; sh (G x 120) hidden units; sl, sdl (G x 10)
 // logits and their gradient; sdh (G x 120) dh1; sv, sc (256) the loss's block sum.
 extern "C" __global__ void __launch_bounds__(H_THREADS)

@@ -221,8 +221,8 @@ class OursPlan:
         ]
 
     def choice(self) -> dict:
-        return {"fwd": [self.fwd.images, self.fwd.per_sm, self.fwd.version], "bwd": [self.bwd.per_sm, self.bwd.version],
-                "errors": self.errors}
+        return {"fwd": [self.fwd.images, self.fwd.per_sm, self.fwd.version],
+                "bwd": [self.bwd.per_sm, self.bwd.version], "errors": self.errors}
 
 
 class OursStage:

@@ -22,25 +22,23 @@ sys.path.insert(0, str(ROOT))
 
 
 def compile_once(name: str, arch: str) -> float:
-    from cupy_backends.cuda.libs import nvrtc
+    """Seconds of one compile as the programs run it (descriptors.modules), without the cache."""
+    from descriptors import modules
 
     from lenet import kernels
 
     t = time.perf_counter()
-    prog = nvrtc.createProgram(kernels.source(name), f"{name}.cu", (), ())
-    try:   # CuPy's own options beside ours (cupy.cuda.compiler)
-        nvrtc.compileProgram(prog, [*kernels.options(name), f"-arch=sm_{arch}", "--device-as-default-execution-space"])
-    finally:
-        nvrtc.destroyProgram(prog)
+    modules.nvrtc().compile(kernels.source(name), f"{name}.cu",
+                            ("--device-as-default-execution-space", *kernels.options(name), f"-arch=sm_{arch}"))
     return time.perf_counter() - t
 
 
 def child(mode: str, names: list[str], arch: str) -> dict:
     """Seconds per module, and the wall clock of them all, compiled ``mode``: one after the other
     (serial), or all at once on threads (threads)."""
-    from cupy_backends.cuda.libs import nvrtc   # loaded before the clock starts
+    from descriptors import modules
 
-    nvrtc.getVersion()
+    modules.nvrtc()   # loaded before the clock starts
     took, t = {}, time.perf_counter()
     if mode == "serial":
         for n in names:
@@ -72,9 +70,9 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, names, args.arch)))
         return 0
-    from cupy_backends.cuda.libs import nvrtc
+    from descriptors import modules
 
-    print(f"NVRTC {'.'.join(map(str, nvrtc.getVersion()))}, sm_{args.arch}, {len(names)} modules")
+    print(f"NVRTC {'.'.join(map(str, modules.nvrtc().version))}, sm_{args.arch}, {len(names)} modules")
     alone = {n: run_child("serial", [n], args.arch)["took"][n] for n in names}
     threads = run_child("threads", names, args.arch)
     t = time.perf_counter()
