@@ -24,9 +24,9 @@ def _list(out) -> None:
 
 def train() -> None:
     """The lenet-train command: python -m lenet.train's start-up (startup.begin) before its imports."""
-    from . import startup
+    from . import plot, startup
 
-    startup.begin()
+    startup.begin(then=plot.start_early)
     from .train import run
 
     run()

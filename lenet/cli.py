@@ -283,7 +283,13 @@ def leave(code: int) -> None:
     cuDNN and cuBLAS handles, the modules' globals, one by one; 0.15-0.25 s of a run's wall clock
     on an H100 machine (scripts/probes/train_timeline.py). Only a program's entry point (cli.run)
     calls this; the leak check frees everything itself (scripts/profile_step.py) and never comes
-    here, and an unexpected exception still leaves through the interpreter with its traceback."""
+    here, and an unexpected exception still leaves through the interpreter with its traceback.
+    A cache entry still being written (files.write_later, a compiled module) is waited for first."""
+    from .files import wait_for_writes
+
+    wait_for_writes()
+    if "descriptors.modules" in sys.modules:   # compiles may still run on their threads
+        sys.modules["descriptors.modules"].hold_writes()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -7,13 +7,14 @@ uint32 per dim, then the data. Images are type 0x08 (ubyte) with 3 dims, labels
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import json
 import math
 import os
+import threading
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -37,25 +38,74 @@ class DataError(ValueError):
 MAX_BYTES = 4 << 30
 
 
-def read_idx(path, *, ndim: int | None = None) -> np.ndarray:
+class _Gunzip:
+    """A gzip file's data, read as gzip.GzipFile reads it (every member; each member's CRC and length
+    checked by zlib) but from the compressed bytes in memory, each ``read(n)`` one zlib call.
+
+    Note [inflating beside threads]: GzipFile inflates 128 KB of input per call and takes the GIL
+    back between calls; beside the start-up threads, which hold the GIL for most of their imports
+    (Note [overlapped start-up] in lenet/startup.py), each of Fashion-MNIST's 200 calls waited for
+    its turn, and reading its training images took 0.83-1.65 s on an H100 machine against 0.3 s
+    alone. zlib lets go of the GIL for the whole of one call (taking it back only to grow its
+    output, about ten times for 47 MB), so a read costs about the same beside them as alone. For
+    the same reason a first read of a gzip file reads its bytes once, hashes them in one call for
+    the cache's key and inflates them (read_idx_cached), where it read the file in 1 MB blocks to
+    hash it and again to inflate it."""
+
+    def __init__(self, raw: bytes):
+        self._d, self._pending = zlib.decompressobj(wbits=31), raw
+
+    def read(self, n: int) -> bytes:
+        parts = []
+        while n > 0:
+            if self._d.eof:
+                if not self._d.unused_data:
+                    break   # the last member ended
+                self._d, self._pending = zlib.decompressobj(wbits=31), self._d.unused_data
+            chunk = self._d.decompress(self._pending, n)
+            self._pending = self._d.unconsumed_tail
+            if not chunk and not self._pending and not self._d.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            parts.append(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+
+def _gzip_bytes(path: Path) -> bytes:
+    """A gzip file's bytes, in one read; a file larger than any IDX dataset's is refused first."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_BYTES:
+                raise DataError(f"{path}: {size} bytes of gzip, more than the {MAX_BYTES >> 30} GiB an IDX "
+                                f"file of a dataset for LeNet can hold")
+            return f.read()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def read_idx(path, *, ndim: int | None = None, data: bytes | None = None) -> np.ndarray:
     """Read one IDX file (raw or gzipped), validating magic, dims and size.
 
     Note [bounded IDX reading]: the header is read first and the data after it is read up to
     the size the header declares plus one byte, so a gzip file that inflates beyond what its
-    header says is an error found after reading that much, never a memory spike.
+    header says is an error found after reading that much, never a memory spike. A gzip file's
+    compressed bytes are read whole (a file of more than MAX_BYTES is refused first), then
+    inflated as far as that (Note [inflating beside threads]). ``data``: the file's bytes, when
+    the caller read them already.
     """
     path = Path(path)
     if path.is_dir():
         raise DataError(f"{path} is a folder, not an IDX file")
     try:
-        f = open(path, "rb")
+        f = open(path, "rb") if data is None else io.BytesIO(data)
     except OSError as e:
         raise DataError(f"{path}: cannot read ({e.strerror})") from None
     with f:
         gz = f.read(2) == b"\x1f\x8b"
         f.seek(0)
-        src = gzip.GzipFile(fileobj=f) if gz else f
         try:
+            src = _Gunzip(data if data is not None else _gzip_bytes(path)) if gz else f
             head = src.read(4)
             if len(head) < 4:
                 raise DataError(f"{path}: too short for an IDX header ({len(head)} bytes)")
@@ -120,27 +170,42 @@ def _index(cache: Path) -> dict:
         return {}
 
 
-def source_digest(path: Path, cache: Path | None = None) -> str:
-    """A digest of a file's bytes (BLAKE2b, 16 bytes as hex), remembered in the cache's index.json by
-    the file's path, size and modification time so a second run does not read it again."""
-    path = Path(path)
+_index_lock = threading.Lock()   # index.json's read-modify-write, from the threads of load_splits
+
+
+def _remembered(path: Path, cache: Path | None) -> tuple[str, list, str | None]:
+    """(index key, state, the digest index.json remembers for the file as it is now, or None)."""
     st = path.stat()
     key, state = str(path.resolve()), [st.st_size, st.st_mtime_ns]
-    if cache is not None:
-        hit = _index(cache).get(key)
-        if isinstance(hit, dict) and hit.get("state") == state and isinstance(hit.get("digest"), str):
-            return hit["digest"]
+    hit = _index(cache).get(key) if cache is not None else None
+    if isinstance(hit, dict) and hit.get("state") == state and isinstance(hit.get("digest"), str):
+        return key, state, hit["digest"]
+    return key, state, None
+
+
+def source_digest(path: Path, cache: Path | None = None, data: bytes | None = None) -> str:
+    """A digest of a file's bytes (BLAKE2b, 16 bytes as hex), remembered in the cache's index.json by
+    the file's path, size and modification time so a second run does not read it again; ``data``:
+    the file's bytes, when the caller read them already."""
+    path = Path(path)
+    key, state, digest = _remembered(path, cache)
+    if digest is not None:
+        return digest
     h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    if data is not None:
+        h.update(data)
+    else:
+        with open(path, "rb") as f:   # 16 MB a read: the GIL is taken back once a block (Note [inflating beside threads])
+            for block in iter(lambda: f.read(16 << 20), b""):
+                h.update(block)
     digest = h.hexdigest()
     if cache is not None:
         try:
             cache.mkdir(parents=True, exist_ok=True)
-            index = _index(cache)
-            index[key] = {"state": state, "digest": digest}
-            files.write_atomic(cache / "index.json", json.dumps(index).encode())
+            with _index_lock:
+                index = _index(cache)
+                index[key] = {"state": state, "digest": digest}
+                files.write_atomic(cache / "index.json", json.dumps(index).encode())
         except (OSError, ValueError):
             pass   # a cache that cannot be written costs the speed only
     return digest
@@ -156,13 +221,17 @@ def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None
     one dataset in several folders share their entries and a changed source gets a new one. A
     copy missing from the cache is not written here but put on ``pending`` (when given), and
     written by ``commit`` once the whole dataset validated: a run that fails on another file
-    leaves no entry. The cache keeps its most recently used entries up to CACHE_LIMIT_BYTES. A
+    leaves no entry (python -m lenet.train commits on a thread, files.write_later, while it
+    starts training: 0.1 s of fsync on an H100 machine). The cache keeps its most recently used entries up to CACHE_LIMIT_BYTES. A
     missing, truncated or unreadable entry is read from the source again; a cache folder that
     cannot be written costs nothing but the speed. Raw IDX files are read directly."""
     path = Path(path)
     if cache is None or path.suffix != ".gz" or not path.is_file():
         return read_idx(path, ndim=ndim)
-    entry = cache / f"{source_digest(path, cache)}-{path.name[:-3]}.npy"
+    raw = None
+    if _remembered(path, cache)[2] is None:   # a first read: its bytes are hashed and inflated from one read
+        raw = _gzip_bytes(path)
+    entry = cache / f"{source_digest(path, cache, raw)}-{path.name[:-3]}.npy"
     try:
         a = np.load(entry, mmap_mode="r", allow_pickle=False)
         if a.dtype == np.uint8 and a.ndim == ndim and min(a.shape) > 0:
@@ -173,7 +242,7 @@ def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None
             return a
     except (OSError, ValueError):
         pass   # not there yet, or damaged: read the source, and write it again once validated
-    a = read_idx(path, ndim=ndim)
+    a = read_idx(path, ndim=ndim, data=raw)
     if pending is not None:
         pending.append((entry, a))
     else:
@@ -223,6 +292,16 @@ def load_split(root, split: str, cache: Path | None = None, pending: list | None
     if pending is None:
         commit(mine, cache)
     return images, labels
+
+
+def load_splits(root, splits=("train", "test"), cache: Path | None = None, pending: list | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """load_split of each of ``splits``, read at once on threads of their own (zlib and the file
+    reads let go of the GIL: Fashion-MNIST's test split is read while its training images inflate);
+    the first split's error is raised first, as one after the other would."""
+    with ThreadPoolExecutor(len(splits), thread_name_prefix="lenet-read") as pool:
+        futures = [pool.submit(load_split, root, s, cache, pending) for s in splits]
+        return [f.result() for f in futures]
 
 
 def fingerprint(root, cache: Path | None = None) -> str:

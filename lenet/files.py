@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -79,6 +80,25 @@ def _fsync_dir(folder: Path) -> None:
         pass   # some file systems cannot fsync a folder; the rename is still atomic
     finally:
         os.close(fd)
+
+
+_writes: list[threading.Thread] = []   # started by write_later, joined by wait_for_writes
+
+
+def write_later(fn, *args) -> None:
+    """Run ``fn(*args)``, a write nothing in this run reads back (a cache's new entry), on a thread of
+    its own, so the run goes on meanwhile. The thread is not a daemon: an interpreter that exits
+    waits for it, and a program that leaves through os._exit (cli.leave) calls wait_for_writes
+    first, so a write is never cut short and no temporary file is left behind."""
+    t = threading.Thread(target=fn, args=args, name="lenet-cache-write")
+    _writes.append(t)
+    t.start()
+
+
+def wait_for_writes() -> None:
+    """Wait for every write_later write of this process to end."""
+    while _writes:
+        _writes.pop().join()
 
 
 def save_npz(path, arrays: dict) -> None:

@@ -7,10 +7,18 @@ the training loop: each time the loop released the GIL for a CUDA call, the plot
 took it for up to the switch interval (5 ms). The first epoch, during matplotlib's import,
 took 0.70-0.77 s, where the capture and 0.14 s of GPU work explain 0.39 s. The child imports
 matplotlib on another core while the GPU trains. It draws when asked, and the loop only
-writes one line to a pipe. Protocol: the child reads one JSON line per drawing (the history so
-far) and writes the file atomically (lenet/files.py). It exits when its stdin closes, so it
-also exits when the trainer is killed. It runs in its own session, so a Ctrl-C at the
-terminal reaches only the trainer, which then decides (Note [stopping] in lenet/train.py).
+writes one line to a pipe. Protocol: the child reads one JSON line per drawing (the file's path
+and the history so far) and writes the file atomically (lenet/files.py). It exits when its
+stdin closes, so it also exits when the trainer is killed. It runs in its own session, so a
+Ctrl-C at the terminal reaches only the trainer, which then decides (Note [stopping] in
+lenet/train.py).
+
+Note [the plotting child's first run]: with no bytecode cached (a first run on a fresh machine)
+the child's import of matplotlib and its first figure took 2.2 s on an H100 machine, against
+0.7 s later; started once the flags were parsed (0.85 s in), it was not ready when a fast run's
+last epoch ended, and one run in three waited 0.5 s more at its end. So python -m lenet.train
+starts it before its own imports (``start_early`` from lenet.startup.begin, when --out is on the
+command line) and hands it the path with each drawing; a run that writes no plot ends it unused.
 """
 
 from __future__ import annotations
@@ -72,15 +80,16 @@ class Curves:
 
 
 class Plotter:
-    """The trainer's side: ``draw(history)`` asks the child for a drawing and returns at once;
-    ``close()`` waits for the drawings asked for and returns None, or the child's last error line."""
+    """The trainer's side: ``draw(history)`` asks the child for a drawing of ``path`` (None: the path
+    is told later, ``path = ...``, before the first drawing) and returns at once; ``close()`` waits
+    for the drawings asked for and returns None, or the child's last error line."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path | None = None):
+        self.path = Path(path) if path is not None else None
         self._err = tempfile.TemporaryFile(mode="w+")   # a file, not a pipe: the child never blocks on it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT),
                                                                        os.environ.get("PYTHONPATH")) if p))
-        self._proc = subprocess.Popen([sys.executable, "-m", "lenet.plot", str(self.path)], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", "lenet.plot"], stdin=subprocess.PIPE,
                                       stdout=subprocess.DEVNULL, stderr=self._err, text=True, env=env,
                                       start_new_session=True)
         self._broken = False
@@ -89,10 +98,19 @@ class Plotter:
         if self._broken:
             return
         try:
-            self._proc.stdin.write(json.dumps(history) + "\n")
+            self._proc.stdin.write(json.dumps({"path": str(self.path), "history": history}) + "\n")
             self._proc.stdin.flush()
         except OSError:   # the child is gone; close() says why
             self._broken = True
+
+    def discard(self) -> None:
+        """End the child without waiting for it (a run that writes no plot after all)."""
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        self._proc.kill()
+        self._err.close()
 
     def close(self, timeout: float = 60.0) -> str | None:
         try:
@@ -113,13 +131,30 @@ class Plotter:
         return lines[-1] if lines else (f"it took longer than {timeout:g} s" if code is None else f"exit status {code}")
 
 
+_early: Plotter | None = None   # started by start_early, until the trainer takes it
+
+
+def start_early(argv) -> None:
+    """Start the plotting child now, its path not yet known, when the command line ``argv`` has --out
+    and matplotlib is installed (Note [the plotting child's first run]); ``take_early`` hands it over."""
+    global _early
+    if _early is None and any(a == "--out" or a.startswith("--out=") for a in argv) and can_plot():
+        _early = Plotter()
+
+
+def take_early() -> Plotter | None:
+    """The child start_early started, or None; once: the caller owns it."""
+    global _early
+    p, _early = _early, None
+    return p
+
+
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: python -m lenet.plot PATH  (history lines as JSON on stdin; run by lenet.train)",
-              file=sys.stderr)
+    if args:
+        print("usage: python -m lenet.plot  (one JSON line per drawing on stdin, {\"path\": ..., \"history\": "
+              "[...]}; run by lenet.train)", file=sys.stderr)
         return 2
-    path = Path(args[0])
     # Now, while the trainer's GPU works, not when a drawing is due: the import, the figure, and
     # a first drawing kept in memory (fonts, ticks and the renderer set up, which made the first
     # real drawing at the end of a run take 0.3 s against 0.11-0.18 s for later ones).
@@ -127,7 +162,8 @@ def main(argv=None) -> int:
     curves.png([{"epoch": e, "train_loss": 1.0 / e, "test_loss": 1.1 / e, "test_accuracy": 0.5} for e in (1, 2)])
     for line in sys.stdin:
         if line.strip():
-            files.write_atomic(path, curves.png(json.loads(line)))
+            ask = json.loads(line)
+            files.write_atomic(Path(ask["path"]), curves.png(ask["history"]))
     return 0
 
 

@@ -19,9 +19,10 @@ until the model is built, so python -m lenet.train starts two threads before its
   driver's thread; CuPy and the cuBLAS bindings; the CUDA runtime, once the context is up;
   then, told the engine after the flags are parsed (``starting``), libcudnn's wrappers
   (descriptors), lenet.model and the frontend, and a first tiny graph;
-- the compiles' (``_start_compiles``), once the driver's thread has GPU 0's architecture and the program
-  its engine and batch sizes: each of our kernels' modules compiling on a thread of its own (Note
-  [first run] in descriptors/modules.py); they need no CuPy, so they begin while CuPy is still
+- the compiles' (``_start_compiles``), once the driver's thread has GPU 0's architecture: each of
+  our kernels' modules compiling on a thread of its own (Note [first run] in
+  descriptors/modules.py), those every program launches at once, the stage kernels once the
+  program knows its engine and batch sizes; they need no CuPy, so they begin while CuPy is still
   being imported.
 
 The main thread meanwhile does its own imports, parses the flags (which imports descriptors)
@@ -101,12 +102,20 @@ def keep_bytecode() -> str | None:
     return folder
 
 
-def begin() -> None:
+def begin(then=None) -> None:
     """What python -m lenet.train and lenet.train_step run first, before their own imports: the
-    bytecode cache (Note [bytecode cache]), then the GPU's start-up threads (start_gpu)."""
+    bytecode cache (Note [bytecode cache]), then the GPU's start-up threads (start_gpu); ``then``,
+    when given, runs with the command line once the threads are going, before the compiles' imports
+    (lenet.train starts its plotting child there: Note [the plotting child's first run] in
+    lenet/plot.py)."""
     keep_bytecode()
-    if not {"-h", "--help"} & set(sys.argv[1:]):   # help needs no GPU: it prints at once
-        start_gpu()
+    args = sys.argv[1:]
+    if {"-h", "--help"} & set(args):   # help needs no GPU: it prints at once
+        return
+    _start_preload()   # the driver's and the imports' threads first
+    if then is not None:
+        then(args)
+    start_gpu()
 
 
 # ---------------------------------------------------------------- the driver's thread
@@ -317,10 +326,12 @@ def start_gpu() -> None:
     that imports the GPU stack and starts the CUDA runtime (Note [overlapped start-up]). Once
     per process; ``starting`` then tells it the engine, after the flags are parsed. From here
     on, the program's parser leaves without the interpreter's teardown (--help, a bad flag):
-    these threads may be inside an import or a CUDA call."""
+    these threads may be inside an import or a CUDA call. Then the compiles of the modules every
+    program launches (``_start_compiles``)."""
     global _started_early
     _started_early = True
     _start_preload()
+    _start_compiles(None)
 
 
 def started_early() -> bool:
@@ -328,15 +339,32 @@ def started_early() -> bool:
     return _started_early
 
 
-def _start_compiles(engine: str, batches: tuple) -> None:
-    """Start our kernels' compiles (or their reads from the kernel cache) for ``engine`` at these
-    batch sizes, on threads, as soon as the driver's thread has GPU 0's architecture (Note [first
-    run] in descriptors/modules.py). The modules that list them are imported here, on the main
-    thread, before the preload thread is told the engine: the two threads never import one module
-    at once (Note [overlapped start-up])."""
-    from descriptors import modules, search
+def _start_compiles(engine: str | None, batches: tuple = ()) -> None:
+    """Start our kernels' compiles (or their reads from the kernel cache) on threads, as soon as the
+    driver's thread has GPU 0's architecture (Note [first run] in descriptors/modules.py): with no
+    ``engine`` (start_gpu, before the program's own imports), the modules every program launches
+    whatever its flags (lenet.kernels.COMMON_MODULES, the head's among them, one of the longest);
+    with the engine and the batch sizes (``starting``, once the flags are parsed), the search's and
+    the stage kernels the engine runs at those sizes. The modules that list them are imported here,
+    on the main thread, before the preload thread is told the engine: the two threads never import
+    one module at once (Note [overlapped start-up])."""
+    from descriptors import modules
 
-    from . import kernels, stages
+    from . import kernels
+
+    if engine is None:
+        def names():
+            kernels.prefetch(kernels.COMMON_MODULES)
+    else:
+        from descriptors import search
+
+        from . import stages
+
+        def names():
+            kernels.prefetch(kernels.COMMON_MODULES)   # started already, unless start_gpu() was not run
+            search.prefetch()
+            stages.warm(engine, batches or None)
+            mark("compiles' thread: every module started")
 
     def run():
         try:   # NVRTC's libraries loaded (read from disk, on a fresh machine) while cuInit runs
@@ -349,10 +377,7 @@ def _start_compiles(engine: str, batches: tuple) -> None:
         arch, sms = _gpu0
         modules.use_arch(lambda: arch)
         kernels.use_sm_count(sms)
-        kernels.prefetch(kernels.COMMON_MODULES)
-        search.prefetch()
-        stages.warm(engine, batches or None)
-        mark("compiles' thread: every module started")
+        names()
 
     start_gpu_driver()
     threading.Thread(target=run, name="lenet-compiles", daemon=True).start()

@@ -26,9 +26,9 @@ and resumed ends bit-identical to an uninterrupted one.
 from __future__ import annotations
 
 if __name__ == "__main__":   # python -m lenet.train: the GPU's start-up threads begin before the imports below
-    from lenet.startup import begin   # (Notes [bytecode cache], [overlapped start-up] in lenet/startup.py)
+    from lenet import plot, startup   # (Notes [bytecode cache], [overlapped start-up] in lenet/startup.py)
 
-    begin()
+    startup.begin(then=plot.start_early)
 
 import json
 import math
@@ -43,7 +43,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import cli, data, files, startup
 from .background import Background
-from .plot import Plotter, can_plot
+from .plot import Plotter, can_plot, take_early
 from .schedule import SCHEDULES, Schedule
 
 _NEW = object()   # a setting every checkpoint records
@@ -249,8 +249,7 @@ def prepare(args) -> dict:
     if root is None:
         raise data.DataError(data.not_found_message(args.data_dir))
     cache, pending = cli.data_cache(args), []   # cache entries are written once the whole dataset validated
-    train_x, train_y = data.load_split(root, "train", cache, pending)
-    test_x, test_y = data.load_split(root, "test", cache, pending)
+    (train_x, train_y), (test_x, test_y) = data.load_splits(root, ("train", "test"), cache, pending)
     for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
                                                                              len(test_x))):
         if want is not None and want > have:
@@ -259,7 +258,8 @@ def prepare(args) -> dict:
     train_x, train_y = train_x[: args.train_size], train_y[: args.train_size]
     test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
     mean, std = data.pixel_stats(train_x)
-    data.commit(pending, cache)
+    if pending:
+        files.write_later(data.commit, pending, cache)   # Note [dataset cache] in lenet/data.py
     config = {**config_of(args, root, len(train_x), data.fingerprint(root, cache)), "mean": mean, "std": std}
     if out is not None:
         files.check_output_dir(out, "--out")
@@ -534,10 +534,19 @@ class Trainer:
 
 def start_plotter(args) -> Plotter | None:
     """The plotting child for --out, started before the start-up so that matplotlib's import and
-    its first figure (0.7 s on the GPU machine) are done by the time the last epoch asks for a
-    drawing: started when the loop began, it kept a fast run 0.37-0.47 s at its end. It draws
-    nothing until asked, and leaves when this process does, whatever happens before the loop."""
-    return Plotter(Path(args.out) / "curves.png") if args.out and can_plot() else None
+    its first figure (0.7 s on the GPU machine, 2.2 s on a first run) are done by the time the last
+    epoch asks for a drawing: started when the loop began, it kept a fast run 0.37-0.47 s at its
+    end. The one lenet.startup.begin started before the imports when it saw --out (Note [the
+    plotting child's first run] in lenet/plot.py), else one started now. It draws nothing until
+    asked, and leaves when this process does, whatever happens before the loop."""
+    early = take_early()
+    if not (args.out and can_plot()):
+        if early is not None:
+            early.discard()
+        return None
+    plotter = early or Plotter()
+    plotter.path = Path(args.out) / "curves.png"
+    return plotter
 
 
 def main(argv=None) -> int:

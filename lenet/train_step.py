@@ -58,7 +58,10 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
         x = rng.random((n, 1, 28, 28), dtype=np.float32)
         y = rng.integers(0, 10, n).astype(np.int32)
         return (x - 0.5) / 0.25, y, f"synthetic (seeded uniform pixels, seed {args.seed})"
-    images, labels = data.load_split(root, "train", cli.data_cache(args))
+    cache, pending = cli.data_cache(args), []
+    images, labels = data.load_split(root, "train", cache, pending)
+    if pending:
+        files.write_later(data.commit, pending, cache)   # Note [dataset cache] in lenet/data.py
     size = images.shape[0]
     if n <= size:
         idx, how = rng.permutation(size)[:n], f"{n} images of a seeded permutation"

@@ -60,6 +60,27 @@ def test_corrupt_images(tmp_path, mutate, msg):
     assert str(p) in str(e.value)
 
 
+def test_gzip_members_checks_and_size_bound(tmp_path, monkeypatch):
+    """A gzip file reads as gzip.GzipFile reads it: every member in order; a member whose CRC or length
+    is wrong, garbage after the last member, or compressed bytes beyond MAX_BYTES are refused."""
+    rng = np.random.default_rng(2)
+    raw = idx_bytes(rng.integers(0, 256, (30, 28, 28), dtype=np.uint8))
+    p = _corrupt(tmp_path, gzip.compress(raw[:1000]) + gzip.compress(raw[1000:7001]) + gzip.compress(raw[7001:]))
+    assert np.array_equal(data.read_idx(p, ndim=3), np.frombuffer(raw[16:], np.uint8).reshape(30, 28, 28))
+    whole = bytearray(gzip.compress(raw))
+    whole[-8] ^= 1   # the member's CRC32
+    p = _corrupt(tmp_path, bytes(whole))
+    with pytest.raises(data.DataError, match="corrupt gzip data"):
+        data.read_idx(p, ndim=3)
+    p = _corrupt(tmp_path, gzip.compress(raw) + b"not a gzip member")
+    with pytest.raises(data.DataError, match="corrupt gzip data"):
+        data.read_idx(p, ndim=3)
+    p = _corrupt(tmp_path, gzip.compress(raw))
+    monkeypatch.setattr(data, "MAX_BYTES", p.stat().st_size - 1)
+    with pytest.raises(data.DataError, match="bytes of gzip, more than"):
+        data.read_idx(p, ndim=3)
+
+
 def test_count_mismatch_and_label_range_and_size(tmp_path):
     write_split(tmp_path, labels=np.zeros(19, np.uint8))
     with pytest.raises(data.DataError, match="has 20 images but .* has 19 labels"):

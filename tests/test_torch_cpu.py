@@ -116,7 +116,10 @@ def test_torch_save_and_pytorchs_lenet_interoperate(lt, tmp_path):
     back.load_state_dict(theirs.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), ours.state_dict().values()))
     opt = torch.optim.SGD(back.parameters(), lr=0.1, momentum=0.9)   # any optimizer and scheduler take them
-    torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10).step()
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)
+    opt.step()   # no gradients yet: a step that changes nothing, before the scheduler's, in PyTorch's order
+    sched.step()
+    assert opt.param_groups[0]["lr"] < 0.1
 
 
 def test_an_engine_and_its_model_go_with_their_module(lt):

@@ -154,6 +154,28 @@ def test_plotter_draws_in_a_child(tmp_path):
     err = bad.close()
     assert err is not None and "missing" in err, err
 
+    early = Plotter()   # started before the path is known (lenet.startup.begin), told it before drawing
+    early.path = tmp_path / "later.png"
+    early.draw(history)
+    assert early.close() is None and (tmp_path / "later.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    unused = Plotter()
+    unused.discard()
+    assert unused._proc.wait(10) is not None
+
+
+def test_train_starts_its_plotting_child_before_its_imports(tmp_path):
+    """python -m lenet.train with --out starts the plotting child in lenet.startup.begin, before the
+    flags are parsed, and the run takes that child (Note [the plotting child's first run]); without
+    --out none is started."""
+    pytest.importorskip("matplotlib")
+    code = ("from lenet import plot, startup; startup.begin(then=plot.start_early); p = plot.take_early(); "
+            "print(type(p).__name__, p is not None and p.path is None); p and p.discard()")
+    for argv, want in ((["--out", str(tmp_path / "o")], "Plotter True"), ([f"--out={tmp_path / 'o'}"], "Plotter True"),
+                       (["--epochs", "1"], "NoneType False"), (["--out", "x", "--help"], "NoneType False")):
+        out = subprocess.run([sys.executable, "-c", code, *argv], env=dict(os.environ, PYTHONPATH=str(ROOT),
+                             CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.split("\n")[0] == want, (argv, out.stdout, out.stderr)
+
 
 def test_one_table_of_run_settings_covers_every_flag():
     # A flag is a run setting (stored, checked on --resume) or named as not one: a new flag that is

@@ -7,20 +7,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SCE_THREADS = 256      # must match SCE_THREADS in softmax_ce.cu
+SCE_THREADS = 256      # must match SCE_THREADS in softmax_ce_row.cu
 SCE_MAX_BLOCKS = 64    # partial sums buffer size
 SGD_THREADS = 256
 
 
 # What each module is compiled from, in order, where that is more than its own file, and the macros
 # it is compiled with: the head's two modules share its shapes (head_common.cu), and its forward runs
-# the loss's per-row math (softmax_ce.cu's device functions); each stage module begins with what the
-# stage kernels share (stage_common.cu); stage2_backward.cu holds one template and compiles one
-# version per module. Every module begins with PRELUDE (griddep_entry(), Note [programmatic launch]
+# the loss's per-row math (softmax_ce_row.cu's device functions, which softmax_ce.cu's kernel is
+# compiled after too); each stage module begins with what the stage kernels share (stage_common.cu);
+# stage2_backward.cu holds one template and compiles one version per module. Every module begins with PRELUDE (griddep_entry(), Note [programmatic launch]
 # in lenet/kernels/launch.py).
 STAGE_MODULES = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward",
                  "stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage_reduce")
-SOURCES = {"head": ("softmax_ce", "head_common", "head"),
+SOURCES = {"head": ("softmax_ce_row", "head_common", "head"),
+           "softmax_ce": ("softmax_ce_row", "softmax_ce"),
            "head_weights": ("head_common", "head_weights"),
            **{m: ("stage_common", m) for m in STAGE_MODULES},
            **{m: ("stage_common", "stage2_backward") for m in STAGE_MODULES if m.startswith("stage2_backward")}}

@@ -1,5 +1,5 @@
 // LeNet's head, fc1 (256 -> 120) + bias + ReLU and fc2 (120 -> 10) + bias, on our kernels. Launchers:
-// lenet/ops/fc.py (OursHead). This module is compiled after softmax_ce.cu, whose per-row loss (sce_row)
+// lenet/ops/fc.py (OursHead). This module is compiled after softmax_ce_row.cu, whose per-row loss (sce_row)
 // and reduction (block_sum, sce_finish) the forward runs in a training step, and head_common.cu (the
 // shapes); the weights' kernel is a module of its own (head_weights.cu).
 //
@@ -55,7 +55,7 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
 //   fc2: warp w owns the (image g, class c) pairs w, w + 8, ...; lane l hidden units l, l + 32, l + 64,
 //        l + 96; the warp adds them.
 //   labels not null (a training step): thread g < count runs sce_row on image g's logits (dlogits into
-//        sdl and dlogits); the block's loss sums go through sce_finish (softmax_ce.cu), whose last block
+//        sdl and dlogits); the block's loss sums go through sce_finish (softmax_ce_row.cu), whose last block
 //        adds every block's in order. Then, when dp2 is not null, the data gradients:
 //        dh1 = (W2^T dlogits) * (h1 > 0), thread j < 120;  dp2 = (W1^T dh1) * (p2 > 0), thread i < 256.
 //   labels null, dp2 not null (a loss of the caller's): thread t < count * 10 reads the group's

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def child(program: str, train_args: list[str], events_path: str, profile: list[str]) -> None:
     sys.path.insert(0, str(ROOT))
-    from lenet import cli, startup
+    from lenet import startup   # nothing more before begin(), as python -m lenet.train does
 
     t_start = time.perf_counter() - startup.process_seconds()   # the process's start on perf_counter's scale
     events, profiles = [], {}
@@ -92,29 +92,11 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
             events.append(("driver thread: cuInit + primary context", t0, at()))
 
     startup.start_context = timed_context
-    from lenet import kernels
+    from lenet import plot
 
-    prefetch = kernels.prefetch
+    startup.begin(then=plot.start_early if program == "train" else None)
+    from lenet import cli
 
-    def timed_prefetch(names):   # descriptors is imported by now: time each module's compile (or cache read)
-        from descriptors import modules
-
-        if not hasattr(modules.binary, "timed"):
-            binary = modules.binary
-
-            def timed_binary(key, *args):
-                t0 = at()
-                try:
-                    return binary(key, *args)
-                finally:
-                    events.append((f"module {key} (nvrtc or cache)", t0, at()))
-
-            timed_binary.timed = True
-            modules.binary = timed_binary
-        return prefetch(names)
-
-    kernels.prefetch = timed_prefetch
-    startup.begin()
     starting = startup.starting
 
     @contextlib.contextmanager
@@ -146,6 +128,7 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     wrap(cli, "device_facts", "device_facts", 1)
 
     wrap(data, "load_split", "read dataset split")
+    wrap(data, "commit", "dataset cache written (a thread)")
     wrap(data, "pixel_stats", "pixel statistics", 1)
     wrap(background.Background, "close", "writer close", 1)
     wrap(plot.Plotter, "__init__", "Plotter (spawns the child)", 1)
@@ -157,6 +140,8 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     finally:
         events.append((f"{program}.main total", t0, at()))
         events += [(label, t - t_start, t - t_start) for label, t in startup.MARKS]
+        from descriptors import modules   # each of our modules' compile (or cache read), on its thread
+        events += [(f"module {key} ({how})", t0 - t_start, t1 - t_start) for key, t0, t1, how in modules.BUILT]
         Path(events_path).write_text(json.dumps({"events": events, "end": at(), "profiles": profiles,
                                                  "epoch_start": time.time() - at()}))
     sys.exit(code) if os.environ.get("PROBE_SLOW_EXIT") else cli.leave(code)   # cli.leave: as the programs
