@@ -1,9 +1,10 @@
 """How a program starts: its compiled modules kept where Python would keep none (Note
 [bytecode cache]), then its start-up threads: the CUDA driver and cuDNN's one-time set-up on
 one, the GPU stack's imports on another, while the main thread imports, parses its flags and
-reads its data (Note [overlapped start-up]). Imports nothing heavy itself, and none of the programs
-(they import it): python -m lenet.train, and the lenet and lenet-train commands (lenet/__main__.py),
-import it first of all.
+reads its data (Note [overlapped start-up]). Imports nothing heavy at its own import, and none of the
+programs (they import it): python -m lenet.train, and the lenet and lenet-train commands
+(lenet/__main__.py), import it first of all. start_gpu() imports libcudnn's wrappers (descriptors)
+and lenet.kernels on the main thread, to start the compiles: the flag parse would import them next.
 
 Note [overlapped start-up]: a training run's start-up is CPU work that holds the GIL (the
 imports of NumPy, CuPy, libcudnn's wrappers, cuBLAS's bindings, the graph API's frontend; the
