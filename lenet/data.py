@@ -228,10 +228,11 @@ def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None
     path = Path(path)
     if cache is None or path.suffix != ".gz" or not path.is_file():
         return read_idx(path, ndim=ndim)
-    raw = None
-    if _remembered(path, cache)[2] is None:   # a first read: its bytes are hashed and inflated from one read
+    raw, digest = None, _remembered(path, cache)[2]
+    if digest is None:   # a first read: its bytes are hashed and inflated from one read
         raw = _gzip_bytes(path)
-    entry = cache / f"{source_digest(path, cache, raw)}-{path.name[:-3]}.npy"
+        digest = source_digest(path, cache, raw)
+    entry = cache / f"{digest}-{path.name[:-3]}.npy"
     try:
         a = np.load(entry, mmap_mode="r", allow_pickle=False)
         if a.dtype == np.uint8 and a.ndim == ndim and min(a.shape) > 0:

@@ -16,10 +16,10 @@ autograd formula is the backward operator. ``engine`` is the id of an ``_Engine`
 (lenet.model.LeNet) per module, device and batch-size bound, planned once per batch size as our
 own step is (the search, the plan cache), under the module's engine, algorithm and fusion flags.
 
-- Crossing: a torch tensor is read and written in place through its pointer (the CUDA array
-  interface: no copy to cross). Our plans are bound to the model's own buffers (what makes a step
-  replayable), so the images and parameters are copied into them on the GPU, and the logits and
-  gradients out of them into fresh tensors: device copies, no host transfer.
+- Crossing: our plans are bound to the model's own buffers (what makes a step replayable), so the
+  images and parameters are copied into them on the GPU, and the logits and gradients out of them
+  into fresh tensors: one device-to-device memcpyAsync per tensor between its data_ptr() and our
+  buffer (``_copy``), no host transfer and no array object made per call.
 - Streams: our work waits for torch's current stream through an event, and torch's later work
   waits for ours the same way; the host never waits. Inside a torch CUDA graph capture it is
   captured with the rest (a batch size must be planned, by one call, before a capture).

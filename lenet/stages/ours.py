@@ -314,19 +314,24 @@ class OursStage:
         ref = self._reference(memo, handle, spec)
         m = ref.x.shape[0]
 
-        def full(shape, value, dtype=np.float32):   # uploaded: no fill kernel to compile (Note [no generic kernels in the check])
-            return cupy.asarray(np.full(shape, value, dtype))
+        def unset(shape, dtype=np.float32):
+            """Every bit set, as the search marks its outputs: NaN as float32, 255 as a byte, what a
+            kernel that does not write there leaves; a memset, no fill kernel to compile (Note [no
+            generic kernels in the check])."""
+            a = cupy.empty(shape, dtype)
+            a.data.memset_async(0xFF, a.nbytes)
+            return a
         with handle.stream:
             if isinstance(cand, Forward):
-                y = full(ref.y.shape, np.nan)
-                arg = full(ref.arg.shape, 255, np.uint8)
+                y = unset(ref.y.shape)
+                arg = unset(ref.arg.shape, np.uint8)
                 forward_launcher(ks, cand, m, handle.stream, ref.x, ref.w, ref.b, y, arg)()
                 result = check.check_forward(ref, y, arg)
             else:
                 part = cupy.empty((cand.grid(m), ks.width), cupy.float32)
-                dw = full(spec.w, np.nan)
-                db = full(spec.w[0], np.nan)
-                dx = full(ref.x.shape, np.nan) if spec.dx else None
+                dw = unset(spec.w)
+                db = unset(spec.w[0])
+                dx = unset(ref.x.shape) if spec.dx else None
                 backward_launcher(ks, cand, m, handle.stream, part, ref.x, ref.w, ref.arg, ref.dy, dw, db, dx)()
                 err, why = check.check_backward(ref, dw, db, dx)
                 result = (err, 0, why)
