@@ -1,8 +1,9 @@
 """Python objects that own cuDNN's descriptors and graphs, over ctypes and cuDNN's graph-API
-frontend, and the one search that chooses between them. Nothing here knows LeNet.
+frontend; cuDNN's two APIs as sources of convolution candidates, and the exact reference they are
+checked against. Nothing here knows LeNet, and nothing here chooses: the caller does.
 
     from descriptors import Handle, TensorDescriptor, FilterDescriptor, ConvolutionDescriptor
-    from descriptors import ConvSpec, AlgoPolicy, Search      # a convolution, chosen over both engines
+    from descriptors import ConvSpec, AlgoPolicy, LegacyConvs, GraphConvs   # a convolution's candidates
 """
 
 from ._base import live_objects
@@ -10,28 +11,18 @@ from ._lib import library_path, version, version_string
 from .activation import ActivationDescriptor
 from .algorithms import (ALGORITHM_NAMES, AlgoPolicy, AlgoResult, AlgorithmNotSupportedError, Direction,
                          UnknownAlgorithmError, Workspace, supported_algorithms)
+from .candidates import Candidate, ConvSpec, GraphConvs, LegacyConvs
 from .convolution import ConvolutionDescriptor
-from . import engines as _engines
-from .engines import Candidate, ConvSpec, engines_for
 from .errors import CudnnError, CudnnLoadError, NoGpuError
 from .graph import ConvGraph, GraphUnavailable
 from .handle import Handle, gpu_status, require_gpu
 from .pooling import PoolingDescriptor
-from .search import ConvChoice, Search, Timed
 from .tensor import FilterDescriptor, TensorDescriptor, add_tensor
-
-
-
-def clear_caches() -> None:
-    """Close every descriptor and graph the engines cache (a search's own state is its Search object's)."""
-    _engines.clear_caches()
-
 
 __all__ = [
     "ActivationDescriptor", "AlgoPolicy", "AlgoResult", "AlgorithmNotSupportedError", "ALGORITHM_NAMES",
-    "Candidate", "ConvChoice", "ConvGraph", "ConvSpec", "ConvolutionDescriptor", "CudnnError", "CudnnLoadError",
-    "Direction", "FilterDescriptor", "GraphUnavailable", "Handle", "NoGpuError", "PoolingDescriptor",
-    "Search", "TensorDescriptor", "Timed", "UnknownAlgorithmError", "Workspace", "add_tensor",
-    "clear_caches", "engines_for", "gpu_status", "library_path", "live_objects", "require_gpu",
-    "supported_algorithms", "version", "version_string",
+    "Candidate", "ConvGraph", "ConvSpec", "ConvolutionDescriptor", "CudnnError", "CudnnLoadError",
+    "Direction", "FilterDescriptor", "GraphConvs", "GraphUnavailable", "Handle", "LegacyConvs", "NoGpuError",
+    "PoolingDescriptor", "TensorDescriptor", "UnknownAlgorithmError", "Workspace", "add_tensor", "gpu_status",
+    "library_path", "live_objects", "require_gpu", "supported_algorithms", "version", "version_string",
 ]

@@ -1,6 +1,7 @@
 """The descriptor API's convolution algorithms (names, ids, what cuDNN supports for a shape,
-workspace sizes), the policy that chooses among them and the graph API's plans, and the
-workspace every convolution shares. The choice itself is made in descriptors/search.py.
+workspace sizes), the policy that filters them and the graph API's plans, and the workspace
+every convolution shares. Candidates are listed in descriptors/candidates.py; choosing among them
+is the caller's (lenet's planner).
 
 Policies, per direction:
   heuristic   each engine's first-ranked candidate that runs (cuDNN's own ranking)
@@ -8,7 +9,7 @@ Policies, per direction:
   NAME        one fixed algorithm as cuDNN names it (``implicit_gemm``, ``fft``, ``algo_1``...)
               or one graph-API plan as train_step prints it (``eng18_k11=0``)
 A workspace limit, a deterministic-only switch, Winograd and TF32 opt-ins filter the
-candidates; ``engine`` says which engines offer them; ``chunk`` fixes the images per call.
+candidates.
 
 Note [winograd precision]: measured on an H100 with cuDNN 9.19 (scripts/algo_errors.py),
 every float32 algorithm agrees with a float64 reference to ~1e-6 (norm-wise relative),
@@ -116,44 +117,17 @@ def algorithm_id(direction: Direction, name: str) -> int:
 
 # Graph-API plan names as cuDNN reports them: eng0, eng18_k11=0, eng70_k2=12_k18=1.
 _GRAPH_PLAN = re.compile(r"eng\d+(?:_k\d+=-?\d+)*")
-ENGINES = ("auto", "legacy", "graph")   # cuDNN's two engines, and both competing
-# Engines outside descriptors, registered by their owners: name -> the directions a fixed
-# candidate name of theirs pins (empty when the name is not theirs).
-_OTHER_ENGINES: dict = {}
-
-
-def register_engine(name: str, pins=None) -> None:
-    """Let AlgoPolicy.engine name an engine that runs outside descriptors (lenet.stages registers
-    its own): under it, cuDNN's convolution engines offer nothing (``engines_for`` is empty).
-    ``pins(candidate_name)`` gives the directions a fixed name of that engine's pins ("fwd",
-    "bwd-data", "bwd-filter"), or none where the name is not one of its candidates'."""
-    if name not in ENGINES:
-        _OTHER_ENGINES[name] = pins or (lambda _name: ())
-
-
-def engine_names() -> tuple[str, ...]:
-    return ENGINES + tuple(_OTHER_ENGINES)
-
-
-def owner_of(name: str) -> str | None:
-    """The registered engine whose fixed candidate name ``name`` is, or None (cuDNN's, or none)."""
-    v = str(name).strip().lower()
-    return next((e for e, pins in _OTHER_ENGINES.items() if pins(v)), None)
 
 
 def is_graph_plan_name(name: str) -> bool:
     return bool(_GRAPH_PLAN.fullmatch(str(name).strip().lower()))
 
 
-def _check_choice(direction: Direction, value: str) -> str:
+def check_choice(direction: Direction, value: str) -> str:
+    """``value`` as a choice of ``direction``: a policy, a graph-API plan name, or a descriptor-API
+    algorithm of that direction (normalized); UnknownAlgorithmError otherwise."""
     v = str(value).strip().lower()
     if v in POLICIES or is_graph_plan_name(v):
-        return v
-    owner = owner_of(v)
-    if owner is not None:
-        if str(direction) not in _OTHER_ENGINES[owner](v):
-            raise UnknownAlgorithmError(f"{v} is a candidate of engine {owner} for "
-                                        f"{', '.join(_OTHER_ENGINES[owner](v))}, not {direction}")
         return v
     try:
         return algorithm_name(direction, algorithm_id(direction, v))
@@ -161,16 +135,63 @@ def _check_choice(direction: Direction, value: str) -> str:
         raise UnknownAlgorithmError(f"{e}, or a graph-API plan name as train_step prints it (e.g. eng0)") from None
 
 
+def parse_choices(spec: str, pins=None) -> dict[str, str]:
+    """The per-direction choices an algorithm spec names: ``heuristic`` | ``exhaustive`` | ``NAME`` |
+    ``fwd=NAME,bwd-data=NAME,bwd-filter=NAME`` (AlgoPolicy's fields -> names; a direction left out uses
+    the heuristic).
+
+    A single descriptor-API NAME applies to every direction that has an algorithm of that name (``fft``
+    to all three, ``implicit_gemm`` to the forward one); a single graph-API plan name to all three.
+    ``pins(name)``, when given, answers for names outside cuDNN (a caller's own candidates): the
+    directions such a name fixes, or none where it is not one; this function keeps no such names itself.
+    """
+    spec = str(spec).strip()
+    if not spec:
+        raise ValueError("empty algorithm spec; use heuristic, exhaustive, an algorithm name, "
+                         "or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
+    theirs = tuple(pins(spec.lower())) if pins is not None else ()
+    if theirs:   # one of another engine's candidates: the directions it names
+        return {_FIELD[Direction(d)]: spec.lower() for d in theirs}
+    if is_graph_plan_name(spec) or spec.lower() in POLICIES:
+        return {f: spec.lower() for f in _FIELD.values()}
+    kw: dict[str, str] = {}
+    if "=" in spec:
+        for part in spec.split(","):
+            if "=" not in part:
+                raise ValueError(f"algorithm spec part {part!r} is not DIRECTION=NAME "
+                                 f"(directions: fwd, bwd-data, bwd-filter)")
+            k, v = (s.strip().lower() for s in part.split("=", 1))
+            try:
+                d = Direction(k.replace("_", "-"))
+            except ValueError:
+                raise ValueError(f"unknown direction {k!r} in algorithm spec; use fwd, bwd-data, "
+                                 f"bwd-filter") from None
+            if _FIELD[d] in kw:
+                raise ValueError(f"direction {d} is given twice in algorithm spec {spec!r}")
+            kw[_FIELD[d]] = v
+        return kw
+    for d in Direction:
+        try:
+            kw[_FIELD[d]] = algorithm_name(d, algorithm_id(d, spec))
+        except UnknownAlgorithmError:
+            pass
+    if not kw:
+        names = sorted(set().union(*ALGORITHM_NAMES.values()))
+        raise UnknownAlgorithmError(
+            f"unknown algorithm {spec!r}; use heuristic, exhaustive, one of {', '.join(names)}, a graph-API plan "
+            f"name (e.g. eng0){', a candidate name of another engine as train_step prints it' if pins else ''}, "
+            f"or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
+    return kw
+
+
 @dataclass(frozen=True)
 class AlgoPolicy:
-    """How to choose each convolution direction's implementation, and what filters the candidates.
+    """How to choose each convolution direction among cuDNN's candidates, and what filters them.
 
-    Each direction holds "heuristic", "exhaustive", a descriptor-API algorithm name or a
-    graph-API plan name. ``engine``: "auto" (every engine competes), "legacy" (the descriptor
-    API), "graph" (the graph API), or an engine registered with ``register_engine``. ``workspace_limit`` in bytes (None: no limit);
-    ``deterministic``: only what cuDNN marks deterministic; ``allow_winograd`` and
-    ``allow_tf32``: let the less exact candidates compete; ``chunk``: images per call for
-    every convolution (None: chosen by timing).
+    Each direction holds "heuristic", "exhaustive", a descriptor-API algorithm name or a graph-API
+    plan name. ``workspace_limit`` in bytes (None: no limit); ``deterministic``: only what cuDNN marks
+    deterministic; ``allow_winograd`` and ``allow_tf32``: let the less exact candidates compete. Which
+    API may offer candidates, and everything else about running a network, is the caller's.
     """
 
     fwd: str = "heuristic"
@@ -180,41 +201,11 @@ class AlgoPolicy:
     deterministic: bool = False
     allow_winograd: bool = False
     allow_tf32: bool = False
-    engine: str = "auto"
-    chunk: int | None = None
 
     def __post_init__(self):
         for d in Direction:
-            object.__setattr__(self, _FIELD[d], _check_choice(d, getattr(self, _FIELD[d])))
-        if self.workspace_limit is not None and (not isinstance(self.workspace_limit, int)
-                                                 or self.workspace_limit < 0):
-            raise ValueError(f"workspace limit must be a number of bytes >= 0, got {self.workspace_limit!r}")
-        if self.engine not in engine_names():
-            raise ValueError(f"unknown engine {self.engine!r}; use one of {', '.join(engine_names())}")
-        if self.chunk is not None and (not isinstance(self.chunk, int) or self.chunk < 1):
-            raise ValueError(f"chunk must be a number of images >= 1, got {self.chunk!r}")
-        owners = {owner_of(self.choice(d)) or "cuDNN" for d in Direction if self.fixed(d)}
-        if len(owners) > 1:
-            raise ValueError(f"the algorithm spec names candidates of {' and '.join(sorted(owners))}: one engine "
-                             f"runs a stage's convolution, so name candidates of one")
-        for d in Direction:
-            c = self.choice(d)
-            if c in POLICIES:
-                continue
-            owner = owner_of(c)
-            if owner is not None and self.engine not in ("auto", owner):
-                raise ValueError(f"{d}={c} names a candidate of engine {owner}, but the engine is {self.engine}")
-            if owner is not None:
-                continue
-            if self.engine == "legacy" and is_graph_plan_name(c):
-                raise ValueError(f"{d}={c} names a graph-API plan, but engine legacy offers only the descriptor "
-                                 f"API's algorithms")
-            if self.engine == "graph" and not is_graph_plan_name(c):
-                raise ValueError(f"{d}={c} names a descriptor-API algorithm, but engine graph offers only "
-                                 f"graph-API plans")
-            if self.engine not in ENGINES:
-                raise ValueError(f"{d}={c} names a cuDNN algorithm or plan, but engine {self.engine} runs no "
-                                 f"cuDNN convolution; use heuristic, exhaustive or one of its own candidates")
+            object.__setattr__(self, _FIELD[d], check_choice(d, getattr(self, _FIELD[d])))
+        check_filters(self.workspace_limit)
 
     def choice(self, direction: Direction) -> str:
         return getattr(self, _FIELD[Direction(direction)])
@@ -224,72 +215,35 @@ class AlgoPolicy:
 
     @classmethod
     def parse(cls, spec: str, workspace_limit: int | None = None, deterministic: bool = False,
-              allow_winograd: bool = False, *, engine: str = "auto", allow_tf32: bool = False,
-              chunk: int | None = None) -> "AlgoPolicy":
-        """Parse ``heuristic`` | ``exhaustive`` | ``NAME`` | ``fwd=NAME,bwd-data=NAME,bwd-filter=NAME``.
-
-        A single descriptor-API NAME applies to every direction that has an algorithm of that
-        name (``fft`` to all three, ``implicit_gemm`` to the forward one); a single graph-API
-        plan name to all three; the other directions use the heuristic. In the per-direction
-        form, a direction left out uses the heuristic.
-        """
-        spec = str(spec).strip()
-        if not spec:
-            raise ValueError("empty algorithm spec; use heuristic, exhaustive, an algorithm name, "
-                             "or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
-        kw: dict[str, str] = {}
-        owner = owner_of(spec)
-        if owner is not None:   # one of another engine's candidates: the directions it names
-            kw = {_FIELD[Direction(d)]: spec.lower() for d in _OTHER_ENGINES[owner](spec.strip().lower())}
-        elif is_graph_plan_name(spec):
-            kw = {f: spec.lower() for f in _FIELD.values()}
-        elif "=" in spec:
-            for part in spec.split(","):
-                if "=" not in part:
-                    raise ValueError(f"algorithm spec part {part!r} is not DIRECTION=NAME "
-                                     f"(directions: fwd, bwd-data, bwd-filter)")
-                k, v = (s.strip().lower() for s in part.split("=", 1))
-                try:
-                    d = Direction(k.replace("_", "-"))
-                except ValueError:
-                    raise ValueError(f"unknown direction {k!r} in algorithm spec; use fwd, bwd-data, "
-                                     f"bwd-filter") from None
-                if _FIELD[d] in kw:
-                    raise ValueError(f"direction {d} is given twice in algorithm spec {spec!r}")
-                kw[_FIELD[d]] = v
-        elif spec.lower() in POLICIES:
-            kw = {f: spec.lower() for f in _FIELD.values()}
-        else:
-            for d in Direction:
-                try:
-                    kw[_FIELD[d]] = algorithm_name(d, algorithm_id(d, spec))
-                except UnknownAlgorithmError:
-                    pass
-            if not kw:
-                names = sorted(set().union(*ALGORITHM_NAMES.values()))
-                raise UnknownAlgorithmError(
-                    f"unknown algorithm {spec!r}; use heuristic, exhaustive, one of "
-                    f"{', '.join(names)}, a graph-API plan name (e.g. eng0), a candidate name of another engine "
-                    f"as train_step prints it, or fwd=NAME,bwd-data=NAME,bwd-filter=NAME")
-        return cls(**kw, workspace_limit=workspace_limit, deterministic=deterministic,
-                   allow_winograd=allow_winograd, allow_tf32=allow_tf32, engine=engine, chunk=chunk)
+              allow_winograd: bool = False, *, allow_tf32: bool = False) -> "AlgoPolicy":
+        """An AlgoPolicy from an algorithm spec (``parse_choices``) and the filters."""
+        return cls(**parse_choices(spec), workspace_limit=workspace_limit, deterministic=deterministic,
+                   allow_winograd=allow_winograd, allow_tf32=allow_tf32)
 
     def __str__(self) -> str:
-        s = ",".join(f"{d}={self.choice(d)}" for d in Direction)
-        if len({self.choice(d) for d in Direction}) == 1:
-            s = self.fwd
-        s += f" (engine {self.engine})"
-        if self.chunk is not None:
-            s += f" (chunks of {self.chunk})"
-        if self.workspace_limit is not None:
-            s += f" (workspace <= {self.workspace_limit} B)"
-        if self.deterministic:
-            s += " (deterministic)"
-        if self.allow_winograd:
-            s += " (winograd allowed)"
-        if self.allow_tf32:
-            s += " (tf32 allowed)"
-        return s
+        return describe_policy(self)
+
+
+def check_filters(workspace_limit) -> None:
+    if workspace_limit is not None and (not isinstance(workspace_limit, int) or workspace_limit < 0):
+        raise ValueError(f"workspace limit must be a number of bytes >= 0, got {workspace_limit!r}")
+
+
+def describe_policy(p, extra: str = "") -> str:
+    """A policy's choices and filters in one line (``extra`` after the choices)."""
+    s = ",".join(f"{d}={p.choice(d)}" for d in Direction)
+    if len({p.choice(d) for d in Direction}) == 1:
+        s = p.fwd
+    s += extra
+    if p.workspace_limit is not None:
+        s += f" (workspace <= {p.workspace_limit} B)"
+    if p.deterministic:
+        s += " (deterministic)"
+    if p.allow_winograd:
+        s += " (winograd allowed)"
+    if p.allow_tf32:
+        s += " (tf32 allowed)"
+    return s
 
 
 _FIELD = {Direction.FORWARD: "fwd", Direction.BACKWARD_DATA: "bwd_data", Direction.BACKWARD_FILTER: "bwd_filter"}
@@ -406,6 +360,5 @@ def _filter_reason(r: AlgoResult, policy: AlgoPolicy, fixed: bool = False) -> st
 
 
 __all__ = ["Direction", "AlgoPolicy", "AlgoResult", "Workspace", "supported_algorithms", "workspace_size",
-           "algorithm_id", "algorithm_name", "is_graph_plan_name", "ALGORITHM_NAMES", "CALLS", "ENGINES",
-           "register_engine", "engine_names", "owner_of",
-           "UnknownAlgorithmError", "AlgorithmNotSupportedError"]
+           "algorithm_id", "algorithm_name", "is_graph_plan_name", "check_choice", "parse_choices", "describe_policy",
+           "ALGORITHM_NAMES", "CALLS", "POLICIES", "UnknownAlgorithmError", "AlgorithmNotSupportedError"]

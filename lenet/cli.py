@@ -153,22 +153,20 @@ def accuracy(text: str) -> float:
 
 def algo_spec(text: str) -> str:
     # Names are checked here, without a GPU; support for the shapes is checked when the model is built.
-    from descriptors.algorithms import AlgoPolicy
+    from .engines import Policy
 
     try:
-        AlgoPolicy.parse(text)
+        Policy.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 
 def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
-    from descriptors.algorithms import engine_names
-
-    from . import stages   # registers the stage engines' names  # noqa: F401
+    from .engines import FLAGS
 
     g = p.add_argument_group("stages and convolutions: engines, algorithms, chunks")
-    g.add_argument("--engine", choices=engine_names(), default="auto",
+    g.add_argument("--engine", choices=FLAGS, default="auto",
                    help="auto: every engine competes and the fastest measured wins, per stage and batch size "
                         "(our fused kernels, and cuDNN's descriptor API and graph API for each convolution); "
                         "ours: our fused stage kernels only; legacy: cuDNN's descriptor API only; graph: "
@@ -226,23 +224,13 @@ def add_speed_flags(p: argparse.ArgumentParser) -> None:
 
 
 def policy_from(args):
-    """The AlgoPolicy the flags ask for; a one-line ValueError when --engine graph cannot run here."""
-    from descriptors.algorithms import AlgoPolicy
+    """The Policy the flags ask for; a one-line ValueError where the engine they name cannot run under the
+    rest (the engines' own rules: lenet.engines.registry.flag_errors)."""
+    from .engines import Policy
 
-    if args.engine == "graph":
-        from descriptors.graph import available
-
-        ok, why = available()
-        if not ok:
-            raise ValueError(f"--engine graph: {why}")
-    if args.engine == "ours" and not args.fused:
-        raise ValueError("--engine ours runs our fused stage kernels only: drop --no-fused, or name a cuDNN engine")
-    if args.engine == "ours" and args.chunk is not None:
-        raise ValueError("--engine ours runs each stage in one launch over the whole batch: --chunk applies to "
-                         "cuDNN's engines only")
-    return AlgoPolicy.parse(args.algo, workspace_limit=args.workspace_limit, deterministic=args.deterministic,
-                            allow_winograd=args.allow_winograd, engine=args.engine, allow_tf32=args.allow_tf32,
-                            chunk=args.chunk)
+    return Policy.parse(args.algo, workspace_limit=args.workspace_limit, deterministic=args.deterministic,
+                        allow_winograd=args.allow_winograd, engine=args.engine, allow_tf32=args.allow_tf32,
+                        chunk=args.chunk, fused=args.fused)
 
 
 def run(main, name: str = "") -> None:
@@ -288,8 +276,8 @@ def leave(code: int) -> None:
     from .files import wait_for_writes
 
     wait_for_writes()
-    if "descriptors.modules" in sys.modules:   # compiles may still run on their threads
-        sys.modules["descriptors.modules"].hold_writes()
+    if "lenet.kernels.nvrtc" in sys.modules:   # compiles may still run on their threads
+        sys.modules["lenet.kernels.nvrtc"].hold_writes()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -305,7 +293,7 @@ def device_facts(model) -> dict:
     from descriptors.graph import FRONTEND_PACKAGE, available
 
     v = model.blas.version()
-    if "cudnn" in sys.modules or model.policy.engine == "graph":
+    if "cudnn" in sys.modules:   # the frontend is loaded (a graph plan was built, or its engine was named)
         ok, why = available()
     else:   # no graph plan was needed (a stored choice, say): name the package without loading it
         try:

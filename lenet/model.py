@@ -1,4 +1,4 @@
-"""LeNet-5 on cuDNN + cuBLAS + our kernels, on one stream, as a list of planned operations.
+"""LeNet-5 as a list of planned operations on one CUDA stream.
 
     x (N,1,28,28)
     conv1 6@5x5 + bias -> ReLU -> maxpool 2x2/2     (N,6,12,12)
@@ -6,13 +6,12 @@
     flatten 256 -> fc1 120 + bias -> ReLU -> fc2 10 + bias  (N,10)
     softmax cross-entropy, mean over the batch
 
-Everything a step touches is made once, at construction, for ``max_batch``: every
-activation and gradient buffer, the flat parameter / gradient / velocity buffers. A batch of
-n <= max_batch images uses the first n rows of each buffer and a Step made for n on first
-use (or by ``plan(n)``): each layer planned for n (lenet/ops/), which chooses its engines, plans or algorithms,
-fusion and chunks by measurement (descriptors/search.py). A step then allocates nothing,
-never waits for the host and branches on no device value, so lenet/runner.py can capture it
-in a CUDA graph and replay it (``cuda_graph=True``).
+Everything a step touches is made once, at construction, for ``max_batch``: every activation and
+gradient buffer (BUFFERS), the flat parameter / gradient / velocity buffers. A batch of n <= max_batch
+images uses the first n rows of each buffer and a Step made for n on first use (or by ``plan(n)``): each
+operation (lenet/ops.py) planned for n by the model's planner (lenet/plan.py), which chooses the engine
+and its candidates by measurement. A step then allocates nothing, never waits for the host and branches
+on no device value, so lenet/runner.py can capture it in a CUDA graph and replay it (``cuda_graph=True``).
 """
 
 from __future__ import annotations
@@ -22,18 +21,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from descriptors import ActivationDescriptor, AlgoPolicy, Handle, PoolingDescriptor, Search, Workspace
+from descriptors import Handle
 
 from . import params as P
-from .blas import Blas, LazyLt, LtMatmul
+from .engines import Policy, registry
 from .kernels import MIRROR, copy_of, count_nonfinite, device_copy, fill, gather_batch
-from .ops import SGD, FullyConnected, HeadTensors, LossTensors, SoftmaxCrossEntropy
-from .ops.context import PlanContext, SideStream
+from .ops import (Head, HeadTensors, Loss, LossTensors, Stage, StageSpec, StageTensors, Update,
+                  UpdateTensors)
+from .plan import Planner
 from .runner import Runner
-from .stages import Stage, StageSpec, StageTensors
 
 CLASSES = 10
 IMAGE = (1, 28, 28)
+STAGES = (StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5)), StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True))
+# The step's buffers: name -> (shape of one image's rows, dtype). Gradients of the pooled outputs are
+# masked by them (Note [relu at the pooled level] in lenet/engines/cudnn.py).
+BUFFERS = {
+    "x": ((1, 28, 28), np.float32),        # input, random until loaded
+    "labels": ((), np.int32),
+    "p1": ((6, 12, 12), np.float32),       # maxpool(relu(conv1 + bias))
+    "p2": ((16, 4, 4), np.float32),        # maxpool(relu(conv2 + bias)) = flat (N, 256)
+    "h1": ((120,), np.float32),            # relu(fc1 + bias)
+    "logits": ((CLASSES,), np.float32),
+    "logits_kept": ((CLASSES,), np.float32),   # the first view's, under test-time augmentation
+    "dlogits": ((CLASSES,), np.float32),
+    "dh1": ((120,), np.float32),
+    "dp2": ((16, 4, 4), np.float32),       # masked by p2 > 0
+    "dp1": ((6, 12, 12), np.float32),      # masked by p1 > 0
+}
 
 
 def check_batch(x, y, max_batch: int) -> int:
@@ -54,7 +69,7 @@ def check_batch(x, y, max_batch: int) -> int:
     on_gpu = type(x).__module__.split(".")[0] != "numpy"
     # The labels (n integers) are read on the host; a device batch's images are counted by a kernel of
     # ours: CuPy's min, max and isfinite().all() reduce through CUB, each a module NVRTC compiles for
-    # 2-2.5 s on a first run (Note [first run] in descriptors/modules.py).
+    # 2-2.5 s on a first run (Note [first run] in lenet/kernels/nvrtc.py).
     labels = y.get() if hasattr(y, "get") else np.asarray(y)
     lo, hi = int(labels.min()), int(labels.max())
     if lo < 0 or hi >= CLASSES:
@@ -64,41 +79,65 @@ def check_batch(x, y, max_batch: int) -> int:
     return n
 
 
-# Bytes per image of max_batch that a model allocates: its buffers (input, labels, pooled outputs and
-# their gradients, the head's activations and gradients, fc1's ReLU bits) and the stage engines' own
-# (cuDNN's unpooled outputs and their gradients, our argmax bytes), with both engines planned.
-BYTES_PER_IMAGE = (4 * (784 + 1 + 864 + 256 + 120 + 3 * 10 + 120 + 256 + 864) + 16
-                   + 4 * 2 * (6 * 24 * 24 + 16 * 8 * 8) + 864 + 256)
+def bytes_per_image(policy: Policy | None = None) -> int:
+    """Bytes per image of max_batch that a model allocates under ``policy``: its buffers, and the scratch
+    of every engine that may run its operations (cuDNN's unpooled outputs, our argmax bytes, fc1's ReLU
+    bits for cuBLASLt)."""
+    policy = policy or Policy()
+    own = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in BUFFERS.values())
+    ops = [Stage(spec, None, 1) for spec in STAGES] + [Head(None, None, 1)]
+    return own + sum(e.scratch_per_image(op) for op in ops for e in registry.serving(op, policy)[0])
 
 
-def check_memory(max_batch: int, free_bytes: int, total_bytes: int) -> None:
+def check_memory(max_batch: int, free_bytes: int, total_bytes: int, policy: Policy | None = None) -> None:
     """A one-line ValueError, before anything is allocated, when a model for ``max_batch`` images
     cannot fit the GPU's free memory (with 10% and 256 MB kept for workspaces and libraries)."""
-    need = max_batch * BYTES_PER_IMAGE
+    need = max_batch * bytes_per_image(policy)
     if need > 0.9 * free_bytes - (256 << 20):
         gb = 1 << 30
         raise ValueError(f"a model for {max_batch:,} images needs about {need / gb:.1f} GB of GPU memory; the GPU "
                          f"has {free_bytes / gb:.1f} GB free of {total_bytes / gb:.1f} GB: use a smaller batch")
 
 
+def check_hyperparameters(momentum, weight_decay, nesterov, label_smoothing, ema_decay) -> None:
+    """One-line ValueErrors for the optimizer's and the loss's constants, before any GPU work."""
+    if not (0.0 <= momentum < 1.0):
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    if not (weight_decay >= 0.0 and math.isfinite(weight_decay)):
+        raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
+    if nesterov and momentum == 0.0:
+        raise ValueError("Nesterov momentum needs a momentum > 0")
+    if not (0.0 <= label_smoothing < 1.0):
+        raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
+    if ema_decay is not None and not (0.0 < ema_decay < 1.0):
+        raise ValueError(f"the EMA decay must be in (0, 1), got {ema_decay}")
+
+
+def _policy(policy, fused) -> Policy:
+    if policy is None:
+        policy = Policy()
+    if not isinstance(policy, Policy):
+        raise TypeError(f"policy must be a lenet.engines.Policy, got {type(policy).__name__}")
+    return policy if fused is None else policy.replace(fused=bool(fused))
+
+
 @dataclass
 class Step:
     """The planned operations for one batch size, in the network's order: the stages, the head, and
-    the loss (which the head's forward may run itself in a training step: Note [head engines] in
-    lenet/ops/fc.py)."""
+    the loss (which the head's forward may run itself in a training step)."""
 
     n: int
     stages: list
     head: object
     loss: object
-    side: SideStream
+    side: object   # lenet.plan.SideStream
 
     @property
     def layers(self) -> list:
         return [*self.stages, self.head]
 
     def forward(self) -> None:
-        """The logits (evaluation: the loss is the caller's, lenet.ops.loss.PlannedLoss.evaluate)."""
+        """The logits (evaluation: the loss is the caller's, ``loss.evaluate()``)."""
         for layer in self.layers:
             layer.forward()
 
@@ -109,14 +148,14 @@ class Step:
         self.head.forward_loss()
 
     def backward(self) -> None:
-        """Every gradient, the side stream's reductions included (Note [side stream])."""
+        """Every gradient, the side stream's work included (Note [side stream] in lenet/plan.py)."""
         for layer in reversed(self.layers):
             layer.backward()
         self.side.join()
 
     def backward_given(self) -> None:
         """Every gradient from dlogits the caller wrote after ``forward()`` (a loss of its own:
-        lenet/torch.py), the side stream's reductions included."""
+        lenet/torch.py), the side stream's work included."""
         self.head.backward_given()
         for stage in reversed(self.stages):
             stage.backward()
@@ -127,8 +166,11 @@ class Step:
         return max(layer.workspace_bytes for layer in self.layers)
 
     def describe(self) -> list[dict]:
-        rows = [row for op in self.layers for row in op.describe()]
-        return rows if self.head.fuses_loss else rows + self.loss.describe()
+        rows = []
+        for op in self.layers:
+            for row in op.describe():
+                rows.append({**row, "candidates_ms": getattr(op, "times", None)})
+        return rows if getattr(self.head, "fuses_loss", False) else rows + self.loss.describe()
 
 
 class LeNet:
@@ -139,129 +181,114 @@ class LeNet:
     >>> model.loss()                      # waits for the stream, then reads it
 
     The device scalar lives on the model's own (non-blocking) stream: read it with ``loss()``, or
-    after ``model.stream.synchronize()``; CuPy's default stream does not wait for it.
+    after ``model.stream.synchronize()``; CuPy's default stream does not wait for it. ``policy``
+    (lenet.engines.Policy) says which engines compete and how; ``fused``, when given, overrides its fusion.
     """
 
-    def __init__(self, max_batch: int = 64, *, policy: AlgoPolicy | None = None, seed: int = 0,
+    def __init__(self, max_batch: int = 64, *, policy: Policy | None = None, seed: int = 0,
                  momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
                  label_smoothing: float = 0.0, ema_decay: float | None = None, stream=None,
-                 cuda_graph: bool = False, fused: bool = True, plan_cache=False):
+                 cuda_graph: bool = False, fused: bool | None = None, plan_cache=False):
         if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        if not (0.0 <= momentum < 1.0):
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-        if not (weight_decay >= 0.0 and math.isfinite(weight_decay)):
-            raise ValueError(f"weight decay must be >= 0, got {weight_decay}")
-        if nesterov and momentum == 0.0:
-            raise ValueError("Nesterov momentum needs a momentum > 0")
-        if not (0.0 <= label_smoothing < 1.0):
-            raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
-        if ema_decay is not None and not (0.0 < ema_decay < 1.0):
-            raise ValueError(f"the EMA decay must be in (0, 1), got {ema_decay}")
-        self.label_smoothing = float(label_smoothing)
+        P.check_seed(seed)
+        check_hyperparameters(momentum, weight_decay, nesterov, label_smoothing, ema_decay)
         import cupy
 
-        self.max_batch = N = int(max_batch)
-        check_memory(N, *cupy.cuda.runtime.memGetInfo())   # before any allocation: one line, not CuPy's error
-        self.policy = policy or AlgoPolicy()
-        self.cuda_graph, self.fused = bool(cuda_graph), bool(fused)
+        self.max_batch, self.policy, self.cuda_graph = int(max_batch), _policy(policy, fused), bool(cuda_graph)
+        check_memory(self.max_batch, *cupy.cuda.runtime.memGetInfo(), self.policy)   # before any allocation
         self.handle = Handle(stream)
         self.stream = self.handle.stream
-        # The on-disk store of choices (lenet/plancache.py): True for the default file, or a path. The
-        # search's tables, choices and this store are the model's own (Note [search state]).
-        self.plan_cache = None
-        if plan_cache:
-            from . import plancache
-
-            self.plan_cache = plancache.open_cache(self.handle, path=None if plan_cache is True else plan_cache)
-        self.search = Search(self.plan_cache)
-        self.workspace = Workspace()
+        self.plan_cache = self._plan_cache(plan_cache)
+        self.planner = Planner(self.handle, self.policy, max_batch=self.max_batch, store=self.plan_cache,
+                               captured=self.cuda_graph)
         with self.stream:
-            self.blas = Blas(self.stream)
-            self.lazy_lt = LazyLt(self.stream)   # cuBLASLt, made on first use by the head
-            self.side = SideStream(self.stream)   # see Note [side stream]
-            # Parameters, gradients, momentum: one flat buffer each, same layout.
-            self.params = cupy.asarray(P.pack(P.init_host(seed)))     # (TOTAL,)
-            self.grads = cupy.zeros(P.TOTAL, dtype=cupy.float32)      # (TOTAL,)
-            self.velocity = cupy.zeros(P.TOTAL, dtype=cupy.float32)   # (TOTAL,)
-            # The weights' moving average (evaluation and export use it), and where the live
-            # weights wait while an evaluation runs on it.
-            self.ema = copy_of(self.params) if ema_decay is not None else None   # (TOTAL,) or None
-            self.params_aside = cupy.empty(P.TOTAL, dtype=cupy.float32) if ema_decay is not None else None
-            self.p, self.g = P.views(self.params), P.views(self.grads)
-            self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
-            self.loss_dev = cupy.zeros(1, dtype=cupy.float32)         # (1,) mean loss of the last forward
-            self.correct_dev = cupy.zeros(1, dtype=cupy.int32)        # (1,) right answers in it
-            self.running_loss = cupy.zeros(1, dtype=cupy.float32)     # (1,) sum of step losses since reset
-            self.ones = cupy.asarray(np.ones(max(N, 576), np.float32))   # (max(N, 24*24),) for gemv sums
-            rng = cupy.random.default_rng(seed)
-            f32 = cupy.float32
-            self.buf = {
-                "x": rng.standard_normal((N, 1, 28, 28), dtype=f32),  # input, random until loaded
-                "labels": cupy.zeros(N, dtype=cupy.int32),             # (N,)
-                "p1": cupy.empty((N, 6, 12, 12), f32),   # maxpool(relu(conv1 + bias))
-                "p2": cupy.empty((N, 16, 4, 4), f32),    # maxpool(relu(conv2 + bias)) = flat (N, 256)
-                "h1": cupy.empty((N, 120), f32),         # relu(fc1 + bias)
-                "logits": cupy.empty((N, CLASSES), f32),
-                "logits_kept": cupy.empty((N, CLASSES), f32),   # the first view's, under test-time augmentation
-                "dlogits": cupy.empty((N, CLASSES), f32),
-                "dh1": cupy.empty((N, 120), f32),
-                "relu_mask": cupy.zeros(N * LtMatmul.AUX_LD // 8, cupy.uint8),  # fc1's ReLU bits (cuBLASLt)
-                "dp2": cupy.empty((N, 16, 4, 4), f32),   # masked by p2 > 0 (Note [relu at the pooled level])
-                "dp1": cupy.empty((N, 6, 12, 12), f32),  # masked by p1 > 0
-            }
-        self.relu = ActivationDescriptor("relu")
-        self.pool = self._pooling(self.policy)
-        # The network, in order: two stages (conv + bias + ReLU + max-pool, lenet/stages/), then the
-        # fully connected head. conv1's input gradient is never computed: nothing needs it.
-        b, p, g = self.buf, self.p, self.g
-        self.stages = (
-            Stage(StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5)),
-                  StageTensors(x=b["x"], y=b["p1"], dy=b["dp1"], w=p["conv1.weight"], b=p["conv1.bias"],
-                               dw=g["conv1.weight"], db=g["conv1.bias"]), N),
-            Stage(StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True),
-                  StageTensors(x=b["p1"], y=b["p2"], dy=b["dp2"], dx=b["dp1"], w=p["conv2.weight"],
-                               b=p["conv2.bias"], dw=g["conv2.weight"], db=g["conv2.bias"]), N),
-        )
-        head_grads = self.grads[P.OFFSETS["fc1.weight"]: P.OFFSETS["fc2.bias"] + CLASSES]
-        loss = LossTensors(logits=b["logits"], dlogits=b["dlogits"], labels=b["labels"], loss=self.loss_dev,
-                           correct=self.correct_dev, running=self.running_loss,
-                           label_smoothing=self.label_smoothing)
-        self.head = FullyConnected(HeadTensors(
-            x=b["p2"].reshape(N, 256), dx=b["dp2"].reshape(N, 256), h1=b["h1"], dh1=b["dh1"], logits=b["logits"],
-            dlogits=b["dlogits"], relu_mask=b["relu_mask"], w={k: p[k] for k in P.NAMES if k.startswith("fc")},
-            g={k: g[k] for k in P.NAMES if k.startswith("fc")}, grads=head_grads), loss)
-        self.loss_op = SoftmaxCrossEntropy(loss, self.stream)
-        self.sgd = SGD(self.stream, self.params, self.grads, self.velocity, self.lr_dev, self.ema, momentum=momentum,
-                       weight_decay=weight_decay, nesterov=nesterov, ema_decay=ema_decay)
-        self.runner = Runner(self.stream, self.workspace, self._save_state, self._restore_state)
+            self._allocate(seed, ema_decay)
+        self._operations(momentum, weight_decay, nesterov, float(label_smoothing), ema_decay)
+        self.runner = Runner(self.stream, self.planner.workspace, self._save_state, self._restore_state)
         self._steps: dict[int, Step] = {}
         self._lr_host: float | None = None
-        self.n = N   # rows of the buffers holding the current batch
+        self.n = self.max_batch   # rows of the buffers holding the current batch
+
+    def _plan_cache(self, plan_cache):
+        """The on-disk store of choices (lenet/plancache.py): True for the default file, or a path."""
+        if not plan_cache:
+            return None
+        from . import plancache
+
+        return plancache.open_cache(self.handle, path=None if plan_cache is True else plan_cache)
+
+    def _allocate(self, seed: int, ema_decay) -> None:
+        """Parameters, gradients, momentum (one flat buffer each, same layout), the weights' moving average
+        and where the live weights wait while an evaluation runs on it, the device scalars, and BUFFERS."""
+        import cupy
+
+        N = self.max_batch
+        self.params = cupy.asarray(P.pack(P.init_host(seed)))     # (TOTAL,)
+        self.grads = cupy.zeros(P.TOTAL, dtype=cupy.float32)      # (TOTAL,)
+        self.velocity = cupy.zeros(P.TOTAL, dtype=cupy.float32)   # (TOTAL,)
+        self.ema = copy_of(self.params) if ema_decay is not None else None   # (TOTAL,) or None
+        self.params_aside = cupy.zeros(P.TOTAL, dtype=cupy.float32) if ema_decay is not None else None
+        self.p, self.g = P.views(self.params), P.views(self.grads)
+        self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
+        self.loss_dev = cupy.zeros(1, dtype=cupy.float32)         # (1,) mean loss of the last forward
+        self.correct_dev = cupy.zeros(1, dtype=cupy.int32)        # (1,) right answers in it
+        self.running_loss = cupy.zeros(1, dtype=cupy.float32)     # (1,) sum of step losses since reset
+        # Every buffer written (zeros) before any plan reads it: planning times candidates on them.
+        self.buf = {k: cupy.zeros((N, *shape), dtype) for k, (shape, dtype) in BUFFERS.items() if k != "x"}
+        self.buf["x"] = cupy.random.default_rng(seed).standard_normal((N, *IMAGE), dtype=cupy.float32)
+
+    def _operations(self, momentum, weight_decay, nesterov, label_smoothing, ema_decay) -> None:
+        """The network, in order: two stages, the head, the loss, the update. conv1's input gradient is
+        never computed: nothing needs it."""
+        b, p, g, N = self.buf, self.p, self.g, self.max_batch
+        ins = ("x", "p1")
+        self.stages = tuple(
+            Stage(spec, StageTensors(x=b[x], y=b[y], dy=b["d" + y], dx=b["d" + x] if spec.dx else None,
+                                     w=p[f"{spec.name}.weight"], b=p[f"{spec.name}.bias"], dw=g[f"{spec.name}.weight"],
+                                     db=g[f"{spec.name}.bias"]), N)
+            for spec, x, y in zip(STAGES, ins, ("p1", "p2")))
+        self.loss_tensors = LossTensors(logits=b["logits"], dlogits=b["dlogits"], labels=b["labels"],
+                                        loss=self.loss_dev, correct=self.correct_dev, running=self.running_loss,
+                                        label_smoothing=label_smoothing)
+        fc = [k for k in P.NAMES if k.startswith("fc")]
+        head = HeadTensors(x=b["p2"].reshape(N, 256), dx=b["dp2"].reshape(N, 256), h1=b["h1"], dh1=b["dh1"],
+                           logits=b["logits"], dlogits=b["dlogits"], w={k: p[k] for k in fc}, g={k: g[k] for k in fc},
+                           grads=self.grads[P.OFFSETS["fc1.weight"]: P.OFFSETS["fc2.bias"] + CLASSES])
+        self.head = Head(head, self.loss_tensors, N)
+        self.loss_op = Loss(self.loss_tensors, N)
+        self.update_op = Update(UpdateTensors(self.params, self.grads, self.velocity, self.lr_dev, self.ema, momentum,
+                                              weight_decay, nesterov, ema_decay))
+        self.sgd = self.planner.plan(self.update_op, 0)
 
     # ------------------------------------------------------------------ plans
 
+    @property
+    def workspace(self):
+        return self.planner.workspace
+
+    @property
+    def blas(self):
+        return self.planner.blas
+
+    @property
+    def fused(self) -> bool:
+        return self.policy.fused
+
     def plan(self, n: int) -> Step:
-        """Every layer planned for batch size n (made once, then cached)."""
+        """Every operation planned for batch size n (made once, then cached)."""
         step = self._steps.get(n)
         if step is not None:
             return step
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
-        ctx = PlanContext(self.handle, self.policy, self.search, self.workspace, self.blas, self.ones, self.lazy_lt,
-                          self.pool, self.relu, self.side, self.fused, self.cuda_graph)
-        loss = self.loss_op.plan(n)
-        step = Step(n, [s.plan(ctx, n) for s in self.stages], self.head.plan(ctx, n, loss), loss, self.side)
+        plan = self.planner.plan
+        step = Step(n, [plan(s, n) for s in self.stages], plan(self.head, n), plan(self.loss_op, n), self.planner.side)
         self.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
         self._steps[n] = step
         if self.plan_cache is not None:
             self.plan_cache.flush()
         return step
-
-    @staticmethod
-    def _pooling(policy: AlgoPolicy) -> PoolingDescriptor:
-        # Deterministic mode also takes cuDNN's deterministic max pooling.
-        return PoolingDescriptor("max_deterministic" if policy.deterministic else "max", window=2, stride=2)
 
     def _replan(self) -> None:
         sizes = list(self._steps)
@@ -270,41 +297,26 @@ class LeNet:
         for n in sizes:
             self.plan(n)
 
-    def set_policy(self, policy: AlgoPolicy, fused: bool | None = None) -> None:
+    def set_policy(self, policy: Policy, fused: bool | None = None) -> None:
         """Choose every operation again under ``policy`` (and ``fused``, when given) for every
         planned batch size."""
-        if policy.deterministic != self.policy.deterministic:
-            self.pool = self._pooling(policy)
-        self.policy = policy
-        if fused is not None:
-            self.fused = bool(fused)
+        self.policy = self.planner.policy = _policy(policy, fused)
         self._replan()
 
     def set_fused(self, fused: bool) -> None:
-        """Let (or stop letting) the operations fuse: conv+bias+ReLU, cuBLASLt epilogues."""
-        self.fused = bool(fused)
-        self._replan()
+        """Let (or stop letting) the operations fuse: our fused kernels, conv+bias+ReLU, cuBLASLt epilogues."""
+        self.set_policy(self.policy, fused)
 
     def describe(self, n: int | None = None) -> list[dict]:
         """One row per planned operation at batch n: engine, plan or algorithm, chunk, time, workspace."""
         return self.plan(self.max_batch if n is None else n).describe() + self.sgd.describe()
 
-    def supported_names(self, n: int, engine: str = "legacy") -> dict[str, list[str]]:
-        """Per direction, the algorithm (or plan) names ``engine`` offers for every layer that runs
-        that direction at batch n: what a fixed ``--algo`` may name."""
-        from descriptors.engines import ENGINES
-
-        policy = AlgoPolicy(engine=engine, allow_winograd=engine == "legacy")
-        specs = [s.spec for s in self.stages]
-        out = {}
-        for d, epilogue, chosen in (("fwd", "bias_relu", specs), ("bwd-data", "drelu", [s for s in specs if s.dx]),
-                                    ("bwd-filter", "", specs)):
-            sets = []
-            for spec in chosen:
-                cands, _ = ENGINES[engine].candidates(self.handle, spec.conv(d, n, epilogue), policy, self.fused)
-                sets.append({c.name for c in cands})
-            out[d] = sorted(set.intersection(*sets))
-        return out
+    def close(self) -> None:
+        """Free what the engines made for this model (cuDNN's descriptors and graphs) now, not at exit."""
+        self._steps.clear()
+        self.runner.clear()
+        self.planner.close()
+        self.handle.close()
 
     # ------------------------------------------------------------------ data
 
@@ -470,11 +482,6 @@ class LeNet:
         return loss_sum / dataset.size, correct / dataset.size
 
     # ------------------------------------------------------------------ host views
-
-    @property
-    def lt(self):
-        """The model's cuBLASLt handle (lenet.blas.Lt), or None while no plan has used it."""
-        return self.lazy_lt.made
 
     def loss(self) -> float:
         """The loss of the last forward, read from the device (synchronizes)."""

@@ -38,8 +38,16 @@ OFFSETS, TOTAL = _offsets()
 COUNT = sum(math.prod(s) for _, s, _ in LAYOUT)   # 34,622 parameters
 
 
+def check_seed(seed) -> int:
+    """A seed is an integer >= 0 (NumPy's generators take no other): a one-line ValueError naming it."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
 def init_host(seed: int) -> dict[str, np.ndarray]:
     """PyTorch's default init for Conv2d/Linear: weight and bias uniform in +-1/sqrt(fan_in)."""
+    check_seed(seed)
     rng = np.random.Generator(np.random.PCG64(seed))
     return {name: rng.uniform(-1 / math.sqrt(fan), 1 / math.sqrt(fan), size=shape).astype(np.float32)
             for name, shape, fan in LAYOUT}

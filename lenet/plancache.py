@@ -1,16 +1,18 @@
-"""The plan cache: the convolution and pooling choices of earlier runs, on disk, so that a
-second run starts without searching (PyTorch's cudnn.benchmark cache, kept across processes).
+"""The plan cache: the planner's choices of earlier runs (engines, candidates, launch shapes, chunks), on
+disk, so that a second run starts without searching (PyTorch's cudnn.benchmark cache, kept across
+processes).
 
 Where: $LENET_PLAN_CACHE (a file), else $XDG_CACHE_HOME/lenet/plans.json, else
 ~/.cache/lenet/plans.json. ``--no-plan-cache`` neither reads nor writes it.
 
-Each entry's key is the operation's key from descriptors/search.py (the spec with its batch
-size, the policy, fusion, capture; see Note [stored choices] there) together with what the
-choice depends on outside it: the GPU's name, the driver's CUDA version, cuDNN's version and
-nvidia-cudnn-frontend's. Any of these changing gives other keys, so an old entry is never
-used; the file keeps at most MAX_ENTRIES, the newest. A file that cannot be read or parsed
-gets a one-line warning and is treated as empty (then replaced at the next write). Writes
-are atomic (lenet/files.py), once per planned batch size (``flush``).
+Each entry's key is the planner's key of the choice (lenet/plan.py: the operation with its batch
+size, the policy, the competing engines' versions, the device, capture; see Note [stored choices]
+there) together with what the choice depends on outside it: the GPU's name, the driver's CUDA
+version, cuDNN's version and nvidia-cudnn-frontend's. Any of these changing gives other keys, so
+an old entry is never used; the file keeps at most MAX_ENTRIES, the newest. A file of another
+format (an older version of this package's) is set aside without a word and replaced at the next
+write; one that cannot be read or parsed gets a one-line warning and is treated as empty (then
+replaced). Writes are atomic (lenet/files.py), once per planned batch size (``flush``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from pathlib import Path
 
 from .files import cache_path
 
-FORMAT = 1
-MAX_ENTRIES = 2000
+FORMAT = 2
+MAX_ENTRIES = 5000
 
 
 def default_path() -> Path:
@@ -84,6 +86,8 @@ class PlanCache:
                 return self._entries
             try:
                 doc = json.loads(raw.decode())
+                if isinstance(doc, dict) and isinstance(doc.get("format"), int) and doc["format"] != FORMAT:
+                    return self._entries   # another version's cache: its keys would never match; replaced
                 if not (isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("entries"), dict)):
                     raise ValueError("not a plan cache of this version")
                 self._entries = {k: v for k, v in doc["entries"].items() if isinstance(v, dict)}
@@ -130,8 +134,8 @@ class PlanCache:
 
 
 def open_cache(handle, enabled: bool = True, path=None) -> PlanCache | None:
-    """The plan cache for the GPU and libraries of ``handle`` (a model's search keeps it as its store:
-    descriptors.search.Search), or None when disabled."""
+    """The plan cache for the GPU and libraries of ``handle`` (a model's planner keeps it as its store:
+    lenet.plan.Planner), or None when disabled."""
     if not enabled:
         return None
     return PlanCache(path or default_path(), current_environment(handle))

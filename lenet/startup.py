@@ -22,7 +22,7 @@ until the model is built, so python -m lenet.train starts two threads before its
   (descriptors), lenet.model and the frontend, and a first tiny graph;
 - the compiles' (``_start_compiles``), once the driver's thread has GPU 0's architecture: each of
   our kernels' modules compiling on a thread of its own (Note [first run] in
-  descriptors/modules.py), those every program launches at once, the stage kernels once the
+  lenet/kernels/nvrtc.py), those every program launches at once, the stage kernels once the
   program knows its engine and batch sizes; they need no CuPy, so they begin while CuPy is still
   being imported.
 
@@ -133,7 +133,7 @@ _gpu0: tuple | None = None   # GPU 0's (compute capability, SMs) as the driver r
 def start_context() -> bool:
     """cuInit and GPU 0's primary context (the one CuPy's runtime will use), through ctypes
     alone, and GPU 0's compute capability and SM count (``_gpu0``: what our kernels compile for
-    before CuPy is imported, Note [first run] in descriptors/modules.py); False when there is no
+    before CuPy is imported, Note [first run] in lenet/kernels/nvrtc.py); False when there is no
     driver or no GPU (require_gpu() says so, in its turn)."""
     import ctypes
 
@@ -273,7 +273,7 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     from descriptors.graph import ConvGraph, available
     from descriptors.handle import gpu_status
 
-    from descriptors.engines import uses_frontend
+    from .engines import uses_frontend
 
     importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
     mark("preload thread: descriptors, lenet.model imported")
@@ -342,41 +342,37 @@ def started_early() -> bool:
 
 def _start_compiles(engine: str | None, batches: tuple = ()) -> None:
     """Start our kernels' compiles (or their reads from the kernel cache) on threads, as soon as the
-    driver's thread has GPU 0's architecture (Note [first run] in descriptors/modules.py): with no
+    driver's thread has GPU 0's architecture (Note [first run] in lenet/kernels/nvrtc.py): with no
     ``engine`` (start_gpu, before the program's own imports), the modules every program launches
     whatever its flags (lenet.kernels.COMMON_MODULES, the head's among them, one of the longest);
     with the engine and the batch sizes (``starting``, once the flags are parsed), the search's and
     the stage kernels the engine runs at those sizes. The modules that list them are imported here,
     on the main thread, before the preload thread is told the engine: the two threads never import
     one module at once (Note [overlapped start-up])."""
-    from descriptors import modules
-
     from . import kernels
+    from .kernels import nvrtc
 
     if engine is None:
         def names():
             kernels.prefetch(kernels.COMMON_MODULES)
     else:
-        from descriptors import search
-
-        from . import stages
+        from . import engines
 
         def names():
             kernels.prefetch(kernels.COMMON_MODULES)   # started already, unless start_gpu() was not run
-            search.prefetch()
-            stages.warm(engine, batches or None)
+            engines.warm(engine, batches or None)
             mark("compiles' thread: every module started")
 
     def run():
         try:   # NVRTC's libraries loaded (read from disk, on a fresh machine) while cuInit runs
-            modules.nvrtc()
+            nvrtc.nvrtc()
         except Exception:   # noqa: BLE001 (a compile raises it again, on the thread that waits for it)
             pass
         _context_up.wait()
         if _gpu0 is None:   # no GPU, or no facts from the driver: the model compiles what it plans
             return
         arch, sms = _gpu0
-        modules.use_arch(lambda: arch)
+        nvrtc.use_arch(lambda: arch)
         kernels.use_sm_count(sms)
         names()
 
@@ -393,7 +389,7 @@ def starting(engine: str, batches=()):
     start_gpu() (a bad --data-dir, say) goes to cli.run without waiting: it reports the error in
     one line and leaves through os._exit, threads and all. ``batches``: the batch sizes the
     program will plan (a training step's, an evaluation's), so the stage kernels the heuristic
-    runs at them compile first (Note [first run] in descriptors/modules.py)."""
+    runs at them compile first (Note [first run] in lenet/kernels/nvrtc.py)."""
     pre = _start_preload()
     pre.engine, pre.batches = engine, tuple(batches)
     _start_compiles(engine, pre.batches)

@@ -25,7 +25,7 @@ own step is (the search, the plan cache), under the module's engine, algorithm a
   captured with the rest (a batch size must be planned, by one call, before a capture).
 - No operator per stage: the seam's stage 2 backward returns its input's gradient already masked
   by the input being > 0 (the previous stage's ReLU folded in: Note [relu at the pooled level] in
-  lenet/ops/conv.py), and stage 1 computes none, so a stage as an operator would give a wrong input
+  lenet/engines/cudnn.py), and stage 1 computes none, so a stage as an operator would give a wrong input
   gradient for any input that is not a ReLU's output; the network is the unit whose gradients are
   exact.
 - What the backward needs (the pooled outputs, our argmax bytes, fc1's outputs) stays in the
@@ -45,7 +45,6 @@ from torch import nn
 
 from . import params as P
 
-ENGINES = ("auto", "legacy", "graph", "ours")
 IMAGE = (1, 28, 28)
 
 # id -> engine: the operators take the id (an int crosses torch.compile). Held by its module alone: an
@@ -106,16 +105,13 @@ class _Engine:
     """One of our models for a module's flags, grown to the largest batch it has seen, on one device."""
 
     def __init__(self, engine: str, algo: str, fused: bool, plan_cache):
-        from descriptors.algorithms import AlgoPolicy
+        from .engines import FLAGS, Policy
 
-        from . import stages   # noqa: F401 (registers the stage engines' names: engine="ours")
-
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-        if engine == "ours" and not fused:
-            raise ValueError("engine 'ours' runs our fused stage kernels only: keep fused=True, or name a cuDNN engine")
-        self.policy = AlgoPolicy.parse(algo, engine=engine)   # a one-line ValueError for a name it does not know
-        self.fused, self.plan_cache = bool(fused), plan_cache
+        if engine not in FLAGS:   # the registry's flags: auto, ours, legacy, graph
+            raise ValueError(f"engine must be one of {', '.join(FLAGS)}, got {engine!r}")
+        # A one-line ValueError for a name it does not know, or an engine its other arguments rule out.
+        self.policy = Policy.parse(algo, engine=engine, fused=bool(fused))
+        self.plan_cache = plan_cache
         self.model = None
         self.device = None
         self._streams, self._events = {}, None   # torch's streams as CuPy sees them; our two events
@@ -138,7 +134,7 @@ class _Engine:
 
             cap = max(n, 2 * self.model.max_batch if self.model is not None else 64)
             with cupy.cuda.Device(device.index):
-                self.model = Model(max_batch=cap, policy=self.policy, fused=self.fused, cuda_graph=False,
+                self.model = Model(max_batch=cap, policy=self.policy, cuda_graph=False,
                                    plan_cache=self.plan_cache)
             self.device, self.held = device, None
         return self.model

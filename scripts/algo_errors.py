@@ -21,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import descriptors as D  # noqa: E402
-from descriptors import AlgoPolicy, Direction  # noqa: E402
+from descriptors import Direction  # noqa: E402
+from lenet.engines import Policy  # noqa: E402
+from lenet.engines.cudnn import supported_names  # noqa: E402
 from torch_lenet import exact_float32, from_state  # noqa: E402
 
 CASES = [("conv1", (1, 28, 28), (6, 1, 5, 5), 0, 1, 1), ("conv2", (6, 12, 12), (16, 6, 5, 5), 0, 1, 1),
@@ -80,11 +82,11 @@ def model_errors(n):
         lg = m(torch.as_tensor(x, device="cuda", dtype=dt))
         torch.nn.functional.cross_entropy(lg, torch.as_tensor(y, device="cuda").long()).backward()
         refs[dt] = {"logits": lg.detach().cpu().numpy(), **{k: p.grad.cpu().numpy() for k, p in m.named_parameters()}}
-    names = model.supported_names(n)
+    names = supported_names(model.planner, [s.spec for s in model.stages], n)
     rows = []
     model.load_batch(x, y)
     for combo in itertools.product(*(names[d] for d in Direction)):
-        model.set_policy(AlgoPolicy(*combo))
+        model.set_policy(Policy(*combo, engine="legacy", allow_winograd=True))
         model.forward(n)
         model.backward(n)
         ours = {"logits": model.logits(), **model.grad_dict()}

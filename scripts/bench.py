@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from descriptors import AlgoPolicy  # noqa: E402
+from lenet.engines import Policy  # noqa: E402
 from lenet import data  # noqa: E402
 from lenet.model import LeNet  # noqa: E402
 from lenet.params import init_host  # noqa: E402
@@ -42,9 +42,15 @@ def steps_for(batch: int) -> int:
     return int(max(5, min(200, 2_000_000 // (batch * 100))))
 
 
+def lt_workspace(model) -> int:
+    """Bytes of the model's cuBLASLt workspace, where its head made one."""
+    lazy = model.planner.state("cublaslt").get("lt")
+    return lazy.made.workspace_bytes if lazy is not None and lazy.made is not None else 0
+
+
 class Ours:
     def __init__(self, batch, graph, policy, fused=True):
-        """policy: an AlgoPolicy (engine, TF32 and the rest)."""
+        """policy: a lenet.engines.Policy (engine, TF32 and the rest)."""
         import gc
 
         import cupy
@@ -69,7 +75,7 @@ class Ours:
         # the cuDNN and cuBLAS workspaces.
         self.tensor_bytes = (sum(a.nbytes for a in self.m.buf.values()) + 3 * self.m.params.nbytes
                              + self.m.workspace.size + self.m.blas.workspace_bytes
-                             + (self.m.lt.workspace_bytes if self.m.lt is not None else 0))
+                             + lt_workspace(self.m))
         self.stream = self.m.stream
 
     def step(self):
@@ -164,7 +170,7 @@ MICRO = 8192   # PyTorch's micro-batch above this batch size
 
 def makers(batch, algo, compile_):
     ours = lambda engine, graph=True, tf32=False: (lambda: Ours(  # noqa: E731
-        batch, graph, AlgoPolicy.parse(algo, engine=engine, allow_tf32=tf32)))
+        batch, graph, Policy.parse(algo, engine=engine, allow_tf32=tf32)))
     m = {"torch eager": lambda: Torch(batch, False),
          "torch eager bench": lambda: Torch(batch, False, benchmark=True),
          "torch graph": lambda: Torch(batch, True),
@@ -304,7 +310,7 @@ def main():
             print(f"{b:>6} | vs PyTorch TF32 ({r['torch graph tf32']['us_per_step']:.1f} us): ours auto tf32 {t:.2f}x, "
                   f"ours auto float32 {t32:.2f}x")
     if not args.no_epoch:
-        e = bench_epoch(AlgoPolicy.parse(args.algo))
+        e = bench_epoch(Policy.parse(args.algo))
         results["epoch"] = e
         print(f"epoch of 60,000 GPU-resident images at batch 64 ({e['source']}): ours {e['ours_s']:.3f} s | "
               f"PyTorch eager {e['torch_eager_s']:.3f} s | {e['torch_eager_s'] / e['ours_s']:.1f}x")

@@ -3,7 +3,8 @@
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
 # Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then train_step under
 # each engine and policy, then compute-sanitizer memcheck and leak check over a few steps (eager and CUDA graph),
-# racecheck and synccheck over our stage kernels, and ends with one summary line: passed / failed / skipped,
+# racecheck and synccheck over our stage kernels, initcheck over a step of every engine, and ends with one
+# summary line: passed / failed / skipped,
 # programs, sanitizer, GPU, cuDNN.
 # Wheels in .whl/ (packages the machine lacks, e.g. nvmath-python) are installed to /tmp/site.
 set -u -o pipefail
@@ -74,6 +75,16 @@ for tool in racecheck synccheck; do
     grep -E "SUMMARY|^batch" "$log" | sed "s/^/$tool torch: /"
 done
 
+# initcheck (reads of device memory nothing wrote) over a step of every engine, the planning included:
+# every buffer the planner times candidates on is written first, so any report is a real one.
+for engine in ours legacy graph auto; do
+    log="$out/initcheck_$engine.txt"
+    compute-sanitizer --tool initcheck --error-exitcode 7 \
+        python3 scripts/profile_step.py --batch 64 --steps 1 --engine $engine --algo heuristic > "$log" 2>&1 || san_rc=1
+    grep -qE "ERROR SUMMARY: 0 " "$log" || san_rc=1
+    grep -E "SUMMARY|^loss" "$log" | sed "s/^/initcheck $engine: /"
+done
+
 for extra in ${GPU_CHECK_EXTRA:-}; do   # more commands, e.g. a short training run, named by the caller
     bash -c "$extra" 2>&1 | tee -a "$out/extra.txt"; [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
 done
@@ -87,6 +98,7 @@ g, c = gpu[-1] if gpu else ("unknown", "unknown")
 ok = test_rc == 0 and prog_rc == 0 and san_rc == 0 and count("passed") > 0 and count("skipped") == 0
 print(f"gpu-check: {'PASS' if ok else 'FAIL'} | {count('passed')} passed, {count('failed')} failed, "
       f"{count('skipped')} skipped, {count('error')} errors | programs {'ok' if prog_rc == 0 else 'FAILED'} "
-      f"| memcheck + leak check, racecheck, synccheck {'clean' if san_rc == 0 else 'FAILED'} | GPU {g} | cuDNN {c}")
+      f"| memcheck + leak check, racecheck, synccheck, initcheck {'clean' if san_rc == 0 else 'FAILED'} | GPU {g} "
+      f"| cuDNN {c}")
 sys.exit(0 if ok else 1)
 PY

@@ -29,7 +29,7 @@ p1), and it landed 8.1e-4 from float64's decisions (fc1.weight 1.0e-3 max-elemen
 2.8e-6; at its own decisions, 1.5e-6. So FFT's larger rounding does flip more near-ties, but each
 flip is a near-tie that a float32 step may take either way, and the gradient is exact for the
 decisions it took. Candidates therefore need no margin beyond the search's exactness bound
-(EXACT_RTOL in descriptors/search.py): a margin would trade measured speed for moving which
+(EXACT_RTOL in descriptors/exact.py): a margin would trade measured speed for moving which
 near-ties flip, not for a more correct gradient.
 
 Decisions are read from what each engine keeps: our kernels' argmax bytes, or cuDNN's unpooled
@@ -113,7 +113,7 @@ def our_decisions(torch, model, n: int):
 
     out = []
     for stage, planned in zip(model.stages, model.plan(n).stages):
-        own = stage._scratch[planned.engine]
+        own = model.planner.state(planned.engine)[("stage", stage.name)]
         if planned.engine == "ours":
             arg = torch.as_tensor(cupy.asnumpy(own["arg"][:n]), device="cuda").long()
         else:
@@ -167,7 +167,7 @@ def main():
     args = ap.parse_args()
     import torch
 
-    from descriptors import AlgoPolicy
+    from lenet.engines import Policy
     from lenet.model import LeNet
     from lenet.params import init_host
 
@@ -184,7 +184,7 @@ def main():
         state = init_host(args.seed)
         for engine in args.engine:
             for algo in args.algo:
-                model = LeNet(max_batch=n, policy=AlgoPolicy.parse(algo, engine=engine), seed=args.seed)
+                model = LeNet(max_batch=n, policy=Policy.parse(algo, engine=engine), seed=args.seed)
                 r = measure(model, state, x, y)
                 r.update(batch=n, engine=engine, algo=algo, plan=describe(model, n))
                 del model

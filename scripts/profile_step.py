@@ -18,8 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from descriptors import AlgoPolicy  # noqa: E402
-from descriptors.algorithms import engine_names  # noqa: E402
+from lenet.engines import FLAGS, Policy  # noqa: E402
 from lenet.model import LeNet  # noqa: E402
 
 
@@ -28,7 +27,7 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--algo", default="exhaustive")
-    ap.add_argument("--engine", default="auto", choices=engine_names())
+    ap.add_argument("--engine", default="auto", choices=FLAGS)
     ap.add_argument("--graph", action="store_true", help="replay the profiled steps from the CUDA graph")
     ap.add_argument("--no-fused", action="store_true", help="the plain step (no cuDNN/cuBLASLt fusion)")
     ap.add_argument("--torch", action="store_true", help="profile PyTorch's step instead (float32, no TF32)")
@@ -45,9 +44,9 @@ def main():
     y = rng.integers(0, 10, args.batch).astype(np.int32)
     import cupy
 
-    m = LeNet(max_batch=args.batch, policy=AlgoPolicy.parse(args.algo, engine=args.engine,
-                                                            deterministic=args.deterministic),
-              cuda_graph=True, fused=not args.no_fused, plan_cache=args.plan_cache)
+    m = LeNet(max_batch=args.batch, policy=Policy.parse(args.algo, engine=args.engine, deterministic=args.deterministic,
+                                                       fused=not args.no_fused),
+              cuda_graph=True, plan_cache=args.plan_cache)
     m.load_batch(x, y)
     for _ in range(5):
         m.step(args.batch, 0.01)
@@ -62,10 +61,8 @@ def main():
     # Free everything before exit, so a leak check lists only what was really lost.
     import gc
 
-    import descriptors
-
-    del m   # the model's search goes with it (Note [search state])
-    descriptors.clear_caches()
+    m.close()   # what the engines made for it (Note [search state] in lenet/plan.py)
+    del m
     gc.collect()
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()

@@ -163,6 +163,15 @@ def handle():
     return Handle()
 
 
+def make_planner(handle, policy=None, max_batch: int = 65536):
+    """A model's planner without the model (lenet/plan.py), on ``handle``'s stream, under ``policy``
+    (lenet.engines.Policy; default: the defaults)."""
+    from lenet.engines import Policy
+    from lenet.plan import Planner
+
+    return Planner(handle, policy or Policy(), max_batch=max_batch)
+
+
 @pytest.fixture(scope="session")
 def torch_ref():
     torch = pytest.importorskip("torch")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import descriptors as D
-from descriptors.algorithms import ALGORITHM_NAMES, CALLS, AlgoPolicy, Direction, _max_count
+from descriptors.algorithms import ALGORITHM_NAMES, CALLS, Direction, _max_count
+from lenet.engines import Policy
 from conftest import WINOGRAD_RTOL, assert_close
 
 pytestmark = pytest.mark.gpu
@@ -199,63 +200,81 @@ def test_relu_in_place(handle, torch_ref):
 LENET_CONV2 = dict(x=(6, 12, 12), w=(16, 6, 5, 5))
 
 
+def _table(handle):
+    """The cuDNN stage engine's choice among every convolution engine's candidates for one spec
+    (lenet/engines/cudnn.py), as a function of (handle, spec, policy): the candidates passed, fastest first."""
+    from conftest import make_planner
+    from lenet.engines import BY_NAME
+
+    planner = make_planner(handle)
+    return lambda _h, spec, policy: BY_NAME["cudnn"].table(planner, spec, policy).table
+
+
+def _choose(handle):
+    """The cuDNN stage engine's chunk and candidates for a whole batch of one spec, under a policy."""
+    from conftest import make_planner
+    from lenet.engines import BY_NAME
+
+    return lambda _h, spec, policy: BY_NAME["cudnn"].conv_choice(make_planner(handle, policy), spec)
+
+
 def test_search_policies(handle):
-    from descriptors.search import EXACT_RTOL
+    from descriptors.exact import EXACT_RTOL
     spec = D.ConvSpec("fwd", 64, **LENET_CONV2)
-    table = D.Search().table
-    h = table(handle, spec, AlgoPolicy())
+    table = _table(handle)
+    h = table(handle, spec, Policy())
     assert 1 <= len(h) <= 2 and len({t.candidate.engine for t in h}) == len(h), "heuristic: one per engine"
-    assert table(handle, spec, AlgoPolicy()) is h, "a second search comes from the cache"
+    assert table(handle, spec, Policy()) is h, "a second search comes from the cache"
     assert all(not t.candidate.name.startswith("winograd") and t.error <= EXACT_RTOL for t in h)
-    e = table(handle, spec, AlgoPolicy.parse("exhaustive"))
+    e = table(handle, spec, Policy.parse("exhaustive"))
     assert len(e) > len(h) and [t.ms for t in e] == sorted(t.ms for t in e) and all(t.ms > 0 for t in e)
     assert {t.candidate.engine for t in e} == {"legacy", "graph"}
     assert all(t.error <= EXACT_RTOL for t in e), [(t.candidate.label, t.error) for t in e]
     for r in D.supported_algorithms(handle, "fwd", D.ConvolutionDescriptor(), D.TensorDescriptor((64, 6, 12, 12)),
                                     D.FilterDescriptor((16, 6, 5, 5)), D.TensorDescriptor((64, 16, 8, 8))):
-        f = table(handle, spec, AlgoPolicy(fwd=r.name, engine="legacy"))
+        f = table(handle, spec, Policy(fwd=r.name, engine="legacy"))
         assert {t.candidate.name for t in f} == {r.name}
     graph_plan = next(t.candidate.name for t in e if t.candidate.engine == "graph")
-    f = table(handle, spec, AlgoPolicy(fwd=graph_plan))
+    f = table(handle, spec, Policy(fwd=graph_plan))
     assert {(t.candidate.engine, t.candidate.name) for t in f} == {("graph", graph_plan)}
     wgrad = spec.__class__("bwd-filter", 64, **LENET_CONV2)
-    zero = table(handle, wgrad, AlgoPolicy.parse("exhaustive", workspace_limit=0))
+    zero = table(handle, wgrad, Policy.parse("exhaustive", workspace_limit=0))
     assert all(t.candidate.workspace_bytes == 0 for t in zero)
-    det = table(handle, wgrad, AlgoPolicy.parse("exhaustive", deterministic=True))
+    det = table(handle, wgrad, Policy.parse("exhaustive", deterministic=True))
     assert det and all(t.candidate.deterministic for t in det)
 
 
 def test_fixed_unsupported_lists_supported(handle):
-    table = D.Search().table
+    table = _table(handle)
     conv, xd, wd, yd, *_ = _setup(64, CASES[2])   # strided: FFT is not supported
     sup = {r.name for r in D.supported_algorithms(handle, "fwd", conv, xd, wd, yd)}
     missing = [n for n in ALGORITHM_NAMES[Direction.FORWARD] if n not in sup]
     assert missing, "expected some forward algorithm to be unsupported for a strided convolution"
     spec = D.ConvSpec("fwd", 64, (3, 17, 17), (8, 3, 3, 3), pad=(1, 1), stride=(2, 2))
     with pytest.raises(D.AlgorithmNotSupportedError) as e:
-        table(handle, spec, AlgoPolicy(fwd=missing[0], engine="legacy"))
+        table(handle, spec, Policy(fwd=missing[0], engine="legacy"))
     msg = str(e.value)
     assert missing[0] in msg and "supported here:" in msg and all(s in msg for s in sup - {"winograd"}), msg
     with pytest.raises(D.AlgorithmNotSupportedError, match="supported here:"):
-        table(handle, spec, AlgoPolicy(fwd="eng99999", engine="graph"))
+        table(handle, spec, Policy(fwd="eng99999", engine="graph"))
 
 
 def test_workspace_limit_excludes_fixed(handle):
-    table = D.Search().table
+    table = _table(handle)
     conv, xd, wd, yd, *_ = _setup(64, CASES[1])
     big = [r for r in D.supported_algorithms(handle, "fwd", conv, xd, wd, yd) if r.workspace_bytes > 0]
     if not big:
         pytest.fail("expected a forward algorithm that needs workspace")
     with pytest.raises(D.AlgorithmNotSupportedError, match="over the limit of 0 B"):
-        table(handle, D.ConvSpec("fwd", 64, **LENET_CONV2), AlgoPolicy(fwd=big[0].name, workspace_limit=0))
+        table(handle, D.ConvSpec("fwd", 64, **LENET_CONV2), Policy(fwd=big[0].name, workspace_limit=0))
 
 
 def test_chunk_choice_prefers_chunks_for_a_large_weight_gradient(handle):
     # Note [chunks]: conv1's weight gradient costs ~14x more per image in one call of 65536.
-    choose = D.Search().choose
-    c = choose(handle, D.ConvSpec("bwd-filter", 65536, (1, 28, 28), (6, 1, 5, 5)), AlgoPolicy())
+    choose = _choose(handle)
+    c = choose(handle, D.ConvSpec("bwd-filter", 65536, (1, 28, 28), (6, 1, 5, 5)), Policy())
     assert c.chunk < 65536 and c.chunks == 65536 // c.chunk, c
-    forced = choose(handle, D.ConvSpec("bwd-filter", 20000, (1, 28, 28), (6, 1, 5, 5)), AlgoPolicy(chunk=8192))
+    forced = choose(handle, D.ConvSpec("bwd-filter", 20000, (1, 28, 28), (6, 1, 5, 5)), Policy(chunk=8192))
     assert [(s, k) for s, k, _ in forced.calls()] == [(0, 8192), (8192, 8192), (16384, 3616)]
     assert forced.rest is not None and forced.rest.candidate is not None
 

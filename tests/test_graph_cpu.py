@@ -13,7 +13,7 @@ import pytest
 
 import descriptors as D
 from descriptors.algorithms import AlgoPolicy, UnknownAlgorithmError
-from descriptors.engines import ConvSpec
+from descriptors.candidates import ConvSpec
 from descriptors.graph import ConvGraph, available, frontend
 
 pytestmark = pytest.mark.stack   # libcudnn loads without a GPU, but must be installed
@@ -91,19 +91,25 @@ def test_conv_spec():
 
 
 def test_policy_names_engines_and_chunks():
+    from lenet.engines import Policy
+
     p = AlgoPolicy.parse("eng18_k11=0")
     assert p.fwd == p.bwd_data == p.bwd_filter == "eng18_k11=0" and p.fixed("fwd")
-    p = AlgoPolicy.parse("bwd-filter=eng18_k11=0,fwd=implicit_gemm", engine="auto", chunk=4096, allow_tf32=True)
+    p = Policy.parse("bwd-filter=eng18_k11=0,fwd=implicit_gemm", engine="auto", chunk=4096, allow_tf32=True)
     assert (p.fwd, p.bwd_data, p.bwd_filter, p.chunk) == ("implicit_gemm", "heuristic", "eng18_k11=0", 4096)
     assert "engine auto" in str(p) and "chunks of 4096" in str(p) and "tf32 allowed" in str(p)
-    with pytest.raises(ValueError, match="names a graph-API plan, but engine legacy"):
-        AlgoPolicy.parse("eng0", engine="legacy")
-    with pytest.raises(ValueError, match="names a descriptor-API algorithm, but engine graph"):
-        AlgoPolicy.parse("fft", engine="graph")
+    assert p.cudnn() == AlgoPolicy(fwd="implicit_gemm", bwd_filter="eng18_k11=0", allow_tf32=True)
+    with pytest.raises(ValueError, match="--engine legacy offers only the descriptor API's algorithms, and --algo "
+                                         "names the graph-API plan eng0"):
+        Policy.parse("eng0", engine="legacy")
+    if available()[0]:
+        with pytest.raises(ValueError, match="--engine graph offers only graph-API plans, and --algo names the "
+                                             "descriptor-API algorithm fft"):
+            Policy.parse("fft", engine="graph")
     with pytest.raises(ValueError, match="unknown engine 'cpu'"):
-        AlgoPolicy(engine="cpu")
+        Policy(engine="cpu")
     with pytest.raises(ValueError, match="chunk must be a number of images >= 1"):
-        AlgoPolicy(chunk=0)
+        Policy(chunk=0)
     with pytest.raises(UnknownAlgorithmError, match="graph-API plan name"):
         AlgoPolicy.parse("fwd=eng")
 
@@ -126,7 +132,7 @@ def test_engine_graph_without_the_frontend_is_one_line(tmp_path):
 @pytest.mark.parametrize("args,msg", [
     (["--engine", "tpu"], "--engine: invalid choice: 'tpu'"),
     (["--chunk", "0"], "--chunk: invalid value '0'"),
-    (["--algo", "fft", "--engine", "graph"], "names a descriptor-API algorithm, but engine graph"),
+    (["--algo", "fft", "--engine", "graph"], "--engine graph offers only graph-API plans, and --algo names the descriptor-API algorithm fft"),
 ])
 def test_engine_flag_errors(args, msg):
     out = _run("lenet.train_step", *args)

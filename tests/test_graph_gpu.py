@@ -10,7 +10,7 @@ import pytest
 import descriptors as D
 from conftest import assert_close
 from descriptors.graph import ConvGraph
-from descriptors.search import EXACT_RTOL, TF32_RTOL
+from descriptors.exact import EXACT_RTOL, TF32_RTOL
 
 pytestmark = pytest.mark.gpu
 
@@ -99,20 +99,17 @@ def test_tf32_plans_within_their_bound(handle, torch_ref):
 def test_chunked_direction_against_torch(handle, torch_ref, direction, epilogue, engine):
     # A batch of 2500 in chunks of 1024, 1024 and a remainder of 452, each with its own plan;
     # a chunked weight gradient sums per-chunk partials (Note [chunked weight gradient]).
-    import cupy
-
-    from lenet.blas import Blas
-    from lenet.ops.conv import BoundConv
+    from conftest import make_planner
+    from lenet.engines import BY_NAME, Policy
+    from lenet.engines.cudnn import BoundConv
     spec = D.ConvSpec(direction, 2500, *LAYERS["conv2"], epilogue=epilogue)
-    choice = D.Search().choose(handle, spec, D.AlgoPolicy(engine=engine, chunk=1024))
+    planner, cudnn = make_planner(handle, Policy(engine=engine, chunk=1024), 2500), BY_NAME["cudnn"]
+    choice = cudnn.conv_choice(planner, spec)
     assert [(s, k) for s, k, _ in choice.calls()] == [(0, 1024), (1024, 1024), (2048, 452)]
     g = ConvGraph(None, direction, spec.x_shape, spec.w, fuse=epilogue)   # shapes and roles, no plans
     a = _inputs(g, 5)
-    ones = cupy.ones(4096, cupy.float32)
-    with handle.stream:
-        blas = Blas(handle.stream)
-    run = BoundConv(handle, choice, a, D.Workspace(max(choice.full.candidate.workspace_bytes,
-                                                       choice.rest.candidate.workspace_bytes)), blas, ones)
+    run = BoundConv(cudnn, planner, choice, a)
+    planner.workspace.reserve(run.workspace_bytes)
     a[spec.output].fill(np.nan)
     run()
     handle.stream.synchronize()

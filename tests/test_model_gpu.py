@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import WINOGRAD_RTOL, assert_close
-from descriptors import AlgoPolicy
+from lenet.engines import BY_NAME, Policy
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ PARITY += [(n, e, p, f) for n in (1, 7, 256) for e, p, f in (("auto", "heuristic
                          ids=[f"{n}-{e}-{p}-{'fused' if f else 'unfused'}" for n, e, p, f in PARITY])
 def test_parity_engines_and_policies(torch_ref, models, n, policy, engine, fused):
     model = models[n]
-    model.set_policy(AlgoPolicy.parse(policy, engine=engine), fused)
+    model.set_policy(Policy.parse(policy, engine=engine), fused)
     rows = conv_rows(model.describe(n))
     allowed = {"legacy", "graph", "ours"} if engine == "auto" else {engine}
     assert {r["layer"] for r in rows} == {"conv1", "conv2"} and all(r["engine"] in allowed for r in rows), rows
@@ -112,7 +112,7 @@ def test_fusion_is_planned(models):
     # fastest) and the head runs fused (cuBLASLt's epilogues or our kernels, whichever is faster); without
     # fusion nothing fuses and the fully connected layers use cuBLAS.
     model = models[64]
-    model.set_policy(AlgoPolicy.parse("exhaustive"), fused=True)
+    model.set_policy(Policy.parse("exhaustive"), fused=True)
     rows = model.describe(64)
     assert any(r["fused"] for r in conv_rows(rows)), rows
     assert next(r for r in rows if r["layer"] == "fc1+fc2")["engine"] in ("cublaslt", "ours")
@@ -126,7 +126,9 @@ def test_fusion_is_planned(models):
 def _fixed_combinations(model, n, winograd=False, engine="legacy"):
     """Every (fwd, bwd-data, bwd-filter) name combination both layers support at batch n; with
     winograd=False none of them Winograd, with True each combination that has one."""
-    names = model.supported_names(n, engine)
+    from lenet.engines.cudnn import supported_names
+
+    names = supported_names(model.planner, [s.spec for s in model.stages], n, engine)
     combos = list(itertools.product(*(names[d] for d in ("fwd", "bwd-data", "bwd-filter"))))
     return [c for c in combos if any(a.startswith("winograd") for a in c) == winograd]
 
@@ -138,7 +140,7 @@ def test_parity_every_fixed_combination(torch_ref, models, n):
     assert combos
     model.set_fused(True)   # each layer fused where that is fastest with that algorithm
     for fwd, bd, bf in combos:
-        model.set_policy(AlgoPolicy(fwd=fwd, bwd_data=bd, bwd_filter=bf, engine="legacy"))
+        model.set_policy(Policy(fwd=fwd, bwd_data=bd, bwd_filter=bf, engine="legacy"))
         check_one_step(torch_ref, model, n, seed=len(fwd) + len(bd), what=f"n={n} {fwd}/{bd}/{bf}")
     print(f"n={n}: {len(combos)} combinations")
 
@@ -148,18 +150,18 @@ def test_parity_every_graph_plan(torch_ref, models, n):
     # Each exact graph plan both layers build (Note [exact candidates]), named as train_step prints
     # it, one direction at a time.
     model = models[n]
-    table = model.search.table
+    table = (lambda spec, policy: BY_NAME["cudnn"].table(model.planner, spec, policy).table)
     specs = [s.spec for s in model.stages]
     tried = 0
     for d, field, epilogue in (("fwd", "fwd", "bias_relu"), ("bwd-data", "bwd_data", "drelu"),
                                ("bwd-filter", "bwd_filter", "")):
         chosen = [s for s in specs if d != "bwd-data" or s.dx]
-        names = set.intersection(*({t.candidate.name for t in table(model.handle, s.conv(d, n, epilogue),
-                                                                     AlgoPolicy.parse("exhaustive", engine="graph"))}
+        names = set.intersection(*({t.candidate.name for t in table(s.conv(d, n, epilogue),
+                                                                     Policy.parse("exhaustive", engine="graph"))}
                                    for s in chosen))
         assert names, f"no exact graph plan common to both layers for {d}"
         for name in sorted(names):
-            model.set_policy(AlgoPolicy(engine="graph", **{field: name}))
+            model.set_policy(Policy(engine="graph", **{field: name}))
             check_one_step(torch_ref, model, n, seed=tried, what=f"n={n} graph {d}={name}")
             tried += 1
     print(f"n={n}: {tried} graph plans")
@@ -171,7 +173,7 @@ def test_parity_winograd_combinations(torch_ref, models, n):
     combos = _fixed_combinations(model, n, winograd=True)
     assert combos, "cuDNN reports no Winograd algorithm for LeNet's shapes"
     for fwd, bd, bf in combos:
-        model.set_policy(AlgoPolicy(fwd=fwd, bwd_data=bd, bwd_filter=bf, engine="legacy"))
+        model.set_policy(Policy(fwd=fwd, bwd_data=bd, bwd_filter=bf, engine="legacy"))
         check_one_step(torch_ref, model, n, seed=3, what=f"n={n} {fwd}/{bd}/{bf}", winograd=True)
 
 
@@ -179,24 +181,26 @@ def test_deterministic_policy(models):
     # With --deterministic and the heuristic, timing decides nothing: the first stage engine that runs
     # (ours), or under a cuDNN engine its first-ranked deterministic candidates.
     model = models[7]
-    model.set_policy(AlgoPolicy(deterministic=True), fused=True)
-    assert model.pool.read()["mode"] == "max_deterministic"
+    model.set_policy(Policy(deterministic=True), fused=True)
+    pool_modes = (lambda: {r["algo"] for r in model.describe(7) if r["layer"].startswith("pool")})
     rows = conv_rows(model.describe(7))
     assert all(r["deterministic"] for r in rows) and all(r["engine"] == "ours" for r in rows), rows
-    model.set_policy(AlgoPolicy(deterministic=True, engine="legacy"))
+    model.set_policy(Policy(deterministic=True, engine="legacy"))
+    assert pool_modes() == {"max_deterministic"}
     rows = conv_rows(model.describe(7))
     assert all(r["deterministic"] for r in rows) and all(r["engine"] == "legacy" for r in rows), rows
-    model.set_policy(AlgoPolicy(deterministic=True, engine="graph"))
+    model.set_policy(Policy(deterministic=True, engine="graph"))
     assert all(r["deterministic"] for r in conv_rows(model.describe(7)))
-    model.set_policy(AlgoPolicy())
-    assert model.pool.read()["mode"] == "max"
+    model.set_policy(Policy(engine="legacy"))
+    assert pool_modes() == {"max"}
+    model.set_policy(Policy())
 
 
 def test_tf32_step_within_its_bound(torch_ref):
     # --allow-tf32: TF32 candidates may win; the step stays within TF32_RTOL of exact float32.
-    from descriptors.search import TF32_RTOL
+    from descriptors.exact import TF32_RTOL
     from lenet.model import LeNet
-    model = LeNet(max_batch=256, seed=4, policy=AlgoPolicy.parse("exhaustive", allow_tf32=True))
+    model = LeNet(max_batch=256, seed=4, policy=Policy.parse("exhaustive", allow_tf32=True))
     check_one_step(torch_ref, model, 256, what="allow_tf32", rtol=TF32_RTOL)
 
 
@@ -345,7 +349,7 @@ def test_chunks_with_a_remainder(torch_ref):
     # Every convolution and pooling in calls of 16 images: 16, 16 and a remainder of 8, each with its
     # own plan (Note [chunks]); the weight gradients sum per-chunk partials.
     from lenet.model import LeNet
-    model = LeNet(max_batch=40, seed=6, policy=AlgoPolicy(chunk=16))
+    model = LeNet(max_batch=40, seed=6, policy=Policy(chunk=16))
     rows = model.describe(40)
     assert all(r["chunk"] == 16 and r["chunks"] == 3 for r in rows if r["layer"] in ("conv1", "conv2", "pool1", "pool2")
                and r["op"] != "bias-grad"), rows
@@ -362,7 +366,7 @@ def test_large_batch_with_a_remainder(torch_ref, engine, graph, chunk):
     # n = 20000: chunks of 8192 leave a remainder of 3616 (or whatever the timings choose).
     from lenet.model import LeNet
     n = 20000
-    model = LeNet(max_batch=n, seed=11, cuda_graph=graph, policy=AlgoPolicy(engine=engine, chunk=chunk))
+    model = LeNet(max_batch=n, seed=11, cuda_graph=graph, policy=Policy(engine=engine, chunk=chunk))
     rows = conv_rows(model.describe(n))
     if chunk:
         assert all(r["chunk"] == 8192 and r["chunks"] == 3 for r in rows), rows
@@ -397,7 +401,7 @@ def test_recapture_after_the_workspace_grows(torch_ref):
     # larger workspace (the descriptor API's FFT grows with the batch), then step a again: its graph
     # must be captured anew, or it would read the freed workspace.
     from lenet.model import LeNet
-    policy = AlgoPolicy(bwd_data="fft", bwd_filter="fft", engine="legacy")
+    policy = Policy(bwd_data="fft", bwd_filter="fft", engine="legacy")
     model = LeNet(max_batch=4096, seed=12, cuda_graph=True, policy=policy)   # plans nothing yet
     a, b = 64, 4096
     check_one_step_graph(torch_ref, model, a, what="batch a, first capture")

@@ -1,4 +1,4 @@
-"""Our compile path without a GPU (descriptors/modules.py, Note [first run]): NVRTC through ctypes,
+"""Our compile path without a GPU (lenet/kernels/nvrtc.py, Note [first run]): NVRTC through ctypes,
 the kernel cache's location, reuse, repair and pruning, the PTX fallback for a GPU newer than NVRTC,
 and a compile error's message."""
 
@@ -15,7 +15,7 @@ SOURCE = 'extern "C" __global__ void twice_kernel(float* x, int n) { int i = thr
 
 @pytest.fixture
 def modules(tmp_path, monkeypatch):
-    from descriptors import modules
+    from lenet.kernels import nvrtc as modules
 
     monkeypatch.delenv("LENET_KERNEL_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

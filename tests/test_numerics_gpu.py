@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from descriptors import AlgoPolicy
+from lenet.engines import Policy
 
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +26,7 @@ def test_every_gradient_within_1e_5_of_float64(torch_ref, n, engine, algo):
     rng = np.random.default_rng(n)
     x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
     y = rng.integers(0, 10, n).astype(np.int32)
-    model = LeNet(max_batch=n, policy=AlgoPolicy.parse(algo, engine=engine), seed=0)
+    model = LeNet(max_batch=n, policy=Policy.parse(algo, engine=engine), seed=0)
     r = measure(model, init_host(n), x, y)
     over = {k: v for k, v in r["same"].items() if not v[0] <= RTOL_L2}
     assert not over, (f"n={n} {engine} {algo}: relative L2 over {RTOL_L2:g} at the same decisions: {over}; "

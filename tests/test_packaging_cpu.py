@@ -35,7 +35,7 @@ def test_the_wheel_builds_without_warnings_and_holds_the_kernels(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "absent from the `packages` configuration" not in out.stderr + out.stdout, out.stderr
     names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
-    assert {"lenet/kernels/stage2_backward.cu", "lenet/kernels/head.cu", "lenet/stages/ours.py"} <= set(names), names
+    assert {"lenet/kernels/stage2_backward.cu", "lenet/kernels/head.cu", "lenet/engines/ours.py"} <= set(names), names
 
 
 def test_gpu_extras_pin_the_graph_frontend():

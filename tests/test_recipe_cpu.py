@@ -96,7 +96,7 @@ def test_plan_cache_round_trip_and_keys(tmp_path):
     assert c.get(OP) is None and c.misses == 1
     c.put(OP, {"chunk": 64})
     c.flush()
-    assert json.loads(path.read_text())["format"] == 1
+    assert json.loads(path.read_text())["format"] == 2
     again = PlanCache(path, ENV)
     assert again.get(OP) == {"chunk": 64} and again.hits == 1
     assert again.get({**OP, "spec": {"direction": "fwd", "n": 65}}) is None, "another batch size matched"
@@ -115,7 +115,7 @@ def test_plan_cache_keeps_the_newest_entries(tmp_path):
     assert d.get({**OP, "i": 0}) is None and d.get({**OP, "i": MAX_ENTRIES + 4}) == {"chunk": MAX_ENTRIES + 4}
 
 
-@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"format": 99, "entries": {}}', b"\x00\xff" * 10, b""])
+@pytest.mark.parametrize("content", [b"{not json", b"[]", b'{"format": "two", "entries": {}}', b"\x00\xff" * 10, b""])
 def test_a_bad_plan_cache_file_is_one_warning_then_a_search(tmp_path, content):
     path = tmp_path / "plans.json"
     path.write_bytes(content)
@@ -139,17 +139,29 @@ def test_an_unwritable_plan_cache_is_a_warning(tmp_path):
 
 
 def test_stored_choices_round_trip_and_refuse_what_does_not_fit():
-    from descriptors.engines import Candidate, ConvSpec
-    from descriptors.search import ConvChoice, Timed, _decode, _encode
+    from descriptors.candidates import Candidate, ConvSpec
+    from lenet.engines.base import Check, Decision, Trial
+    from lenet.engines.cudnn import Chunk, Cudnn
+
+    class Source:   # an engine that offers every candidate it is asked about
+        def __init__(self, name):
+            self.name = name
+
+        def offers(self, spec, cand, planner):
+            return cand.engine == self.name
 
     spec = ConvSpec("bwd-filter", 3000, (1, 28, 28), (6, 1, 5, 5))
     g = Candidate("graph", "eng0_k2=3", False, 4096, None, "fp32", (False, False, False, None))
     legacy = Candidate("legacy", "algo_1", False, 0, True, "fp32", (False,))
-    choice = ConvChoice(spec, 1024, Timed(g, 0.1, 1e-7), Timed(legacy, 0.09, 2e-7), 0.29, "exhaustive")
-    back = _decode(spec, json.loads(json.dumps(_encode(choice))))
-    assert back == choice
+    pair = (Trial(g, 0.1, Check(1e-7)), Trial(legacy, 0.09, Check(2e-7)))
+    stored = json.loads(json.dumps(Cudnn._encode(Decision([Trial(Chunk(1024), 0.29, Check(), pair)], {}))))
+    engines = [Source("graph"), Source("legacy")]
+    back = Cudnn._decode(None, spec, stored, engines)
+    assert back.candidate == Chunk(1024) and back.ms == 0.29 and back.plan == pair
     with pytest.raises(ValueError):
-        _decode(spec.at(2048), json.loads(json.dumps(_encode(choice))))   # no remainder at 2048
+        Cudnn._decode(None, spec.at(2048), stored, engines)   # no remainder at 2048
+    with pytest.raises(ValueError, match="not offered now"):
+        Cudnn._decode(None, spec, stored, engines[1:])         # the graph API is not allowed (or gone)
 
 
 def test_checkpoints_keep_the_moving_average_and_export_uses_it(tmp_path):

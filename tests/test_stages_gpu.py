@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_close
-from descriptors import AlgoPolicy
+from lenet.engines import Policy
 
 pytestmark = pytest.mark.gpu
 
@@ -16,7 +16,7 @@ STAGE_RTOL = 1e-5   # float32 against float64 at the same decisions: sums of at 
 
 
 def _specs():
-    from lenet.stages import StageSpec
+    from lenet.ops import StageSpec
     return [StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5)), StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True)]
 
 
@@ -38,12 +38,12 @@ def test_kernels_against_float64(torch_ref, n):
     import cupy
     import torch
 
-    from lenet.stages import ours
+    from lenet.kernels import stages as ours
     dev = "cuda"
     stream = cupy.cuda.get_current_stream()
     gen = torch.Generator(device=dev).manual_seed(n)
     for spec in _specs():
-        ks = ours.KERNELS[(spec.x, spec.w, spec.dx)]
+        ks = ours.kernels()[(spec.x, spec.w, spec.dx)]
         x = torch.randn((n, *spec.x), device=dev, generator=gen)
         if spec.dx:
             x = x.clamp_min(0)
@@ -55,7 +55,7 @@ def test_kernels_against_float64(torch_ref, n):
         for cand in ks.forward_candidates():
             y = cupy.full((n, *spec.y), cupy.nan, cupy.float32)
             arg = cupy.full((n, *spec.y), 255, cupy.uint8)
-            ours.forward_launcher(ks, cand, n, stream, cx, cw, cb, y, arg)()
+            ours.stage_forward(ks, cand, n, stream, cx, cw, cb, y, arg)()
             assert_close(cupy.asnumpy(y), p64.cpu().numpy(), f"{spec.name} n={n} {cand.name} pooled", STAGE_RTOL)
             live = (p64 > 0).cpu().numpy()
             differ = (cupy.asnumpy(arg) != arg64.cpu().numpy()) & live
@@ -81,39 +81,53 @@ def test_kernels_against_float64(torch_ref, n):
             part = cupy.empty((cand.grid(n), ks.width), cupy.float32)
             dw, db = cupy.full(spec.w, cupy.nan, cupy.float32), cupy.full(spec.w[0], cupy.nan, cupy.float32)
             dx = cupy.full((n, *spec.x), cupy.nan, cupy.float32) if spec.dx else None
-            ours.backward_launcher(ks, cand, n, stream, part, cx, cw, carg, cdy, dw, db, dx)()
+            ours.stage_backward(ks, cand, n, stream, part, cx, cw, carg, cdy, dw, db, dx)()
             what = f"{spec.name} n={n} {cand.name}"
             assert_close(cupy.asnumpy(dw), gw.cpu().numpy(), f"{what} dw", STAGE_RTOL)
             assert_close(cupy.asnumpy(db), gb.cpu().numpy(), f"{what} db", STAGE_RTOL)
             if spec.dx:
                 assert_close(cupy.asnumpy(dx), gx.cpu().numpy(), f"{what} dx", STAGE_RTOL)
             again = dw.copy()
-            ours.backward_launcher(ks, cand, n, stream, part, cx, cw, carg, cdy, dw, db, dx)()
+            ours.stage_backward(ks, cand, n, stream, part, cx, cw, carg, cdy, dw, db, dx)()
             assert cupy.array_equal(again, dw), f"{what}: a rerun is not bit-identical"
 
 
-def test_the_search_check_passes_ours_and_catches_a_wrong_decision():
+def test_the_check_passes_ours_and_catches_a_wrong_decision():
+    """Note [checking a stage]: every launch shape passes against cuDNN's exact result on the check's
+    operands, half of them quantized pictures on a constant background (Note [real-data operands]); a
+    wrong argmax away from a near-tie, the first maximum not taken at an exact four-way tie, a wrong dw,
+    and a data gradient that leaks through an exact zero all fail."""
     import cupy
 
+    from conftest import make_planner
     from descriptors import Handle
-    from lenet.stages import check, ours
+    from lenet.engines import BY_NAME
+    from lenet.engines import reference as check
+    from lenet.kernels import stages as ours
     h = Handle()
-    engine, memo = ours.OursStage(), {}
+    planner, engine = make_planner(h), BY_NAME["ours"]
     for spec in _specs():
-        ks = ours.KERNELS[(spec.x, spec.w, spec.dx)]
-        fwd, bwd = engine.candidates(spec, AlgoPolicy.parse("exhaustive"))
+        ks = ours.kernels()[(spec.x, spec.w, spec.dx)]
+        fwd, bwd = engine.stage_candidates(spec, Policy.parse("exhaustive"))
         for cand in fwd + bwd:
-            err, ties, why = engine.check(memo, h, spec, cand)
-            assert why is None and err < 1e-5, (spec.name, cand, err, why)
-        ref = engine._reference(memo, h, spec)
+            c = engine.check_stage(planner, spec, cand)
+            assert c.why is None and c.error < 1e-5, (spec.name, cand, c)
+        ref = engine._reference(planner, spec)
+        assert ref.flat.sum() > 100, f"{spec.name}: the pictures gave {int(ref.flat.sum())} exact ties"
         m = ref.x.shape[0]
         y, arg = cupy.empty(ref.y.shape, cupy.float32), cupy.empty_like(ref.arg)
-        ours.forward_launcher(ks, fwd[0], m, h.stream, ref.x, ref.w, ref.b, y, arg)()
-        bad = arg.copy()
-        i = int(np.flatnonzero(ref.decided.ravel())[0])
-        bad.ravel()[i] = (int(bad.ravel()[i]) + 1) % 4
-        assert check.check_forward(ref, y, bad)[2] is not None, "a wrong argmax passed the check"
+        ours.stage_forward(ks, fwd[0], m, h.stream, ref.x, ref.w, ref.b, y, arg)()
+        for where in (ref.decided & ~ref.flat, ref.flat):
+            bad = arg.copy()
+            i = int(np.flatnonzero(where.ravel())[0])
+            bad.ravel()[i] = (int(bad.ravel()[i]) + 1) % 4
+            assert check.check_forward(ref, y, bad)[2] is not None, "a wrong argmax passed the check"
         assert check.check_backward(ref, ref.dw * 1.001, ref.db, ref.dx)[1] is not None, "a wrong dw passed"
+        if spec.dx:
+            assert ref.x_zero.any()
+            leak = ref.dx.copy()
+            leak[ref.x_zero] = 1e-30   # below any distance bound: only the mask check sees it
+            assert "exactly 0" in check.check_backward(ref, ref.dw, ref.db, leak)[1]
 
 
 STEP = [(n, e, g) for n in (1, 7, 64, 256) for e in ("ours", "auto") for g in (False, True)]
@@ -124,7 +138,7 @@ def test_step_parity(torch_ref, n, engine, graph):
     from lenet.model import LeNet
     from test_model_gpu import check_one_step, check_one_step_graph
     for policy in ("heuristic", "exhaustive"):
-        model = LeNet(max_batch=n, seed=n, cuda_graph=graph, policy=AlgoPolicy.parse(policy, engine=engine))
+        model = LeNet(max_batch=n, seed=n, cuda_graph=graph, policy=Policy.parse(policy, engine=engine))
         rows = [r for r in model.describe(n) if r["layer"] in ("conv1", "conv2")]
         if engine == "ours":
             assert {r["engine"] for r in rows} == {"ours"}, rows
@@ -134,7 +148,7 @@ def test_step_parity(torch_ref, n, engine, graph):
 def test_large_batch_ours(torch_ref):
     from lenet.model import LeNet
     from test_model_gpu import check_one_step_graph
-    model = LeNet(max_batch=20000, seed=11, cuda_graph=True, policy=AlgoPolicy(engine="ours"))
+    model = LeNet(max_batch=20000, seed=11, cuda_graph=True, policy=Policy(engine="ours"))
     check_one_step_graph(torch_ref, model, 20000, what="ours n=20000")
 
 
@@ -144,7 +158,7 @@ def test_deterministic_ours_is_bit_identical():
     x, y = rng.standard_normal((300, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 300).astype(np.int32)
     runs = []
     for graph in (True, True, False):
-        m = LeNet(max_batch=300, seed=3, momentum=0.9, cuda_graph=graph, policy=AlgoPolicy(deterministic=True))
+        m = LeNet(max_batch=300, seed=3, momentum=0.9, cuda_graph=graph, policy=Policy(deterministic=True))
         assert {r["engine"] for r in m.describe(300) if r["layer"] in ("conv1", "conv2")} == {"ours"}
         m.load_batch(x, y)
         for _ in range(4):
@@ -156,9 +170,9 @@ def test_deterministic_ours_is_bit_identical():
 def test_stored_stage_choice_is_reused(tmp_path):
     from lenet.model import LeNet
     path = tmp_path / "plans.json"
-    a = LeNet(max_batch=64, seed=0, plan_cache=path, policy=AlgoPolicy.parse("exhaustive"))
+    a = LeNet(max_batch=64, seed=0, plan_cache=path, policy=Policy.parse("exhaustive"))
     rows_a = a.describe(64)
-    b = LeNet(max_batch=64, seed=0, plan_cache=path, policy=AlgoPolicy.parse("exhaustive"))
+    b = LeNet(max_batch=64, seed=0, plan_cache=path, policy=Policy.parse("exhaustive"))
     rows_b = b.describe(64)
     pick = (lambda rows: [(r["layer"], r["engine"], r["algo"]) for r in rows if r["layer"] in ("conv1", "conv2")])
     assert pick(rows_a) == pick(rows_b)
@@ -172,7 +186,7 @@ def test_five_graph_replays_follow_pytorch(torch_ref, engine):
     from lenet.model import LeNet
     from test_model_gpu import torch_step
     from torch_lenet import well_conditioned_batch
-    model = LeNet(max_batch=64, seed=9, cuda_graph=True, policy=AlgoPolicy(engine=engine))
+    model = LeNet(max_batch=64, seed=9, cuda_graph=True, policy=Policy(engine=engine))
     state = model.state_dict()
     x, y = well_conditioned_batch(state, 64, 5)
     ref, ref_after = torch_step(torch_ref, state, x, y, lr=0.05, steps=5)

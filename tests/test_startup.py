@@ -122,7 +122,8 @@ def test_bytecode_left_to_python(tmp_path, env):
 
 
 # What the flag parse may import while the start-up thread imports CuPy and its stack (Note
-# [overlapped start-up]): descriptors and our light modules, never a module that thread imports too.
+# [overlapped start-up]): descriptors and our light modules (the engines' registry and the operations, which
+# that thread imports only once the parse is done), never a module that thread imports before it.
 _PARSE = """
 import sys
 before = set(sys.modules)   # what the interpreter's own start-up imported (site hooks of installed packages)
@@ -130,7 +131,7 @@ import lenet.train, lenet.train_step
 lenet.train.parser(); lenet.train_step.parser()
 print(" ".join(sorted(m for m in set(sys.modules) - before
                       if m.split(".")[0] in ("cupy", "nvmath", "cuda", "importlib")
-                      or m.startswith(("lenet.ops", "lenet.blas", "lenet.model")))))
+                      or m.startswith(("lenet.blas", "lenet.model", "lenet.plan")))))
 """
 
 
@@ -163,10 +164,10 @@ def _cache_kernels(folder: Path) -> dict:
 @pytest.mark.gpu
 def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path):
     """python -m lenet.train_step with every cache empty (a fresh machine: Note [first run] in
-    descriptors/modules.py) completes and leaves our kernel cache holding one binary per module it
+    lenet/kernels/nvrtc.py) completes and leaves our kernel cache holding one binary per module it
     launches and CuPy's kernel cache empty (no generic CuPy kernel on the way to the step), and our
     plans and bytecode under $XDG_CACHE_HOME/lenet; a second run finds everything and compiles nothing."""
-    from lenet.stages import ours as ours_stage
+    from lenet.kernels import stages as ours_stage
 
     cupy_cache, xdg = tmp_path / "cupy", tmp_path / "xdg"
     env = {k: v for k, v in os.environ.items() if not k.startswith("LENET_") and k != "PYTHONPYCACHEPREFIX"}

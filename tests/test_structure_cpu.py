@@ -1,6 +1,9 @@
-"""The code's own structure: imports go one way (no module of ours imports, at any depth, one
-that imports it back), checked on the source, so a circle fails here before it bites at start-up
-(Note [overlapped start-up] in lenet/startup.py)."""
+"""The code's own structure, checked on the source: imports go one way. No module of ours imports, at any
+depth, one that imports it back, counting what Python runs on the way (importing ``a.b.c`` from outside
+``a.b`` runs ``a/b/__init__.py`` first: an edge to the package, Note [overlapped start-up] in
+lenet/startup.py says why a circle bites at start-up), and no module imports one of a higher floor
+(FLOORS: cuDNN's layer, then lenet's basics, kernels, operations, engines, the planner, the model, the
+programs)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,20 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Lowest first; a module's floor is its longest matching prefix's. Within a floor any direction, no circle.
+FLOORS = [
+    ("descriptors",),
+    ("lenet", "lenet.params", "lenet.files", "lenet.timing", "lenet.blas", "lenet.background", "lenet.schedule",
+     "lenet.runner", "lenet.data", "lenet.checkpoint", "lenet.plancache"),
+    ("lenet.kernels",),
+    ("lenet.ops",),
+    ("lenet.engines",),
+    ("lenet.plan",),
+    ("lenet.model",),
+    ("lenet.cli", "lenet.startup", "lenet.plot", "lenet.train", "lenet.train_step", "lenet.export", "lenet.predict",
+     "lenet.torch", "lenet.__main__"),
+]
 
 
 def _modules() -> dict[str, Path]:
@@ -21,12 +38,26 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _packages_run(importer: str, target: str, mods) -> set[str]:
+    """The packages whose __init__ importing ``target`` runs, seen from ``importer``: each ancestor package
+    of target that does not also hold the importer (its own packages are running already)."""
+    parts = target.split(".")
+    out = set()
+    for i in range(1, len(parts)):
+        pkg = ".".join(parts[:i])
+        if pkg in mods and not (importer == pkg or importer.startswith(pkg + ".")):
+            out.add(pkg)
+    return out
+
+
 def import_graph() -> dict[str, set[str]]:
-    """module -> the modules of ours it imports, at module level or inside a function."""
+    """module -> the modules of ours it imports, at module level or inside a function, and the packages
+    whose __init__ those imports run."""
     mods = _modules()
     graph = {m: set() for m in mods}
     for m, path in mods.items():
         package = m if path.name == "__init__.py" else m.rsplit(".", 1)[0]
+        targets = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
@@ -36,11 +67,13 @@ def import_graph() -> dict[str, set[str]]:
                     target = node.module or ""
                 for alias in node.names:
                     sub = f"{target}.{alias.name}"
-                    t = sub if sub in mods else target
-                    if t in mods and t != m:
-                        graph[m].add(t)
+                    targets.add(sub if sub in mods else target)
             elif isinstance(node, ast.Import):
-                graph[m].update(a.name for a in node.names if a.name in mods and a.name != m)
+                targets.update(a.name for a in node.names)
+        for t in targets:
+            if t in mods and t != m:
+                graph[m].add(t)
+                graph[m].update(p for p in _packages_run(m, t, mods) if p != m)
     return graph
 
 
@@ -63,13 +96,56 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def floor(module: str) -> int:
+    best = None
+    for i, prefixes in enumerate(FLOORS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    assert best is not None, f"{module} is on no floor: add it to FLOORS"
+    return best[0]
+
+
+def upward(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) where the imported module lives on a higher floor."""
+    return sorted((m, t) for m, ts in graph.items() for t in ts if floor(t) > floor(m))
+
+
 def test_no_import_circles():
     found = cycles(import_graph())
     assert not found, "import circles: " + "; ".join(" -> ".join(c) for c in found)
 
 
-def test_the_checker_sees_a_circle():
+def test_no_import_from_a_lower_floor_to_a_higher_one():
+    found = upward(import_graph())
+    assert not found, "imports that go up a floor: " + "; ".join(f"{a} -> {b}" for a, b in found)
+
+
+def test_the_checker_sees_a_circle_a_package_edge_and_a_floor():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     graph = import_graph()
-    assert "lenet.stages.check" in graph["lenet.stages.ours"] and "lenet.kernels" in graph["lenet.stages.ours"]
+    assert "lenet.engines.reference" in graph["lenet.engines.ours"] and "lenet.kernels" in graph["lenet.engines.ours"]
     assert "lenet.startup" in graph["lenet.cli"] and not graph["lenet.startup"] & {"lenet.train", "lenet.cli"}
+    # Importing a submodule from outside its package runs the package's __init__: an edge to it.
+    assert "lenet.engines" in graph["lenet.plan"] and "lenet.kernels" in graph["lenet.engines.ours"]
+    mods = {"p": 1, "p.a": 1, "p.b": 1, "q": 1}
+    assert _packages_run("q", "p.a", mods) == {"p"} and _packages_run("p.b", "p.a", mods) == set()
+    # The circle the package edge exposes: p/__init__ imports p.a, which imports q, which imports p.b.
+    assert cycles({"p": {"p.a"}, "p.a": {"q"}, "q": {"p.b", "p"}, "p.b": set()})
+    assert upward({"descriptors.graph": {"lenet.plan"}, "lenet.plan": {"descriptors"}}) == [
+        ("descriptors.graph", "lenet.plan")]
+
+
+def test_engines_are_named_in_the_registry_and_their_own_files_only():
+    """No module outside lenet/engines/ compares an engine's name: every answer comes from the registry."""
+    import re
+
+    pattern = re.compile(r"""(==|!=|\bin)\s*\(?\s*["'](ours|legacy|graph|cudnn|cublaslt)["']""")
+    found = []
+    for module, path in _modules().items():
+        if module.startswith("lenet.engines") or not module.startswith("lenet"):
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not found, "engine names compared outside the engines: " + "; ".join(found)

@@ -201,7 +201,7 @@ def test_training_loop_matches_pytorch_step_by_step(dataset, torch_ref):
     torch = torch_ref
     from torch_lenet import from_state
 
-    from descriptors import AlgoPolicy
+    from lenet.engines import Policy
     from lenet import data
     from lenet.model import LeNet
     from lenet.params import init_host
@@ -212,7 +212,7 @@ def test_training_loop_matches_pytorch_step_by_step(dataset, torch_ref):
     mean, std = data.pixel_stats(x)
     B, steps = 64, 40
     sched = Schedule("inv", 0.02)
-    model = LeNet(max_batch=B, seed=0, momentum=0.9, weight_decay=5e-4, policy=AlgoPolicy(deterministic=True),
+    model = LeNet(max_batch=B, seed=0, momentum=0.9, weight_decay=5e-4, policy=Policy(deterministic=True),
                   cuda_graph=True)
     ds = data.GpuDataset(x, y, mean, std, model.stream)
     ref = from_state(init_host(0))

@@ -1,84 +1,148 @@
-"""Launchers for our CUDA kernels, whose sources are this package's *.cu files (compiled once by CuPy)."""
+"""Our CUDA kernels (this package's *.cu files), their declarations, and their launchers.
+
+Note [module declarations]: each module (a unit NVRTC compiles, holding one kernel or one idea) is
+declared once, in the .cu file its kernel is written in, by a line
+
+    // module NAME: key=value ...
+
+uses=A,B      the files compiled before it, in order (shared device functions, shapes)
+define=M=V    a macro it is compiled with (one file, several versions: stage2_backward.cu)
+stage=S direction=forward|backward version=V threads=T [images=1,2 smem=A+B*images] [prefer=small|large]
+              a version of a stage kernel (lenet/engines/ours.py makes its candidates from these):
+              T threads per image (forward) or per block (backward), the images a block takes at a
+              time, its dynamic shared memory in floats, and the batches the heuristic takes it first at.
+Every name, source list, macro and candidate elsewhere derives from these lines (``declared()``); a
+module's kernel is named after it (``NAME_kernel``) where it holds one.
+"""
 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 SCE_THREADS = 256      # must match SCE_THREADS in softmax_ce_row.cu
 SCE_MAX_BLOCKS = 64    # partial sums buffer size
 SGD_THREADS = 256
-
-
-# What each module is compiled from, in order, where that is more than its own file, and the macros
-# it is compiled with: the head's two modules share its shapes (head_common.cu), and its forward runs
-# the loss's per-row math (softmax_ce_row.cu's device functions, which softmax_ce.cu's kernel is
-# compiled after too); each stage module begins with what the stage kernels share (stage_common.cu);
-# stage2_backward.cu holds one template and compiles one version per module. Every module begins with PRELUDE (griddep_entry(), Note [programmatic launch]
-# in lenet/kernels/launch.py).
-STAGE_MODULES = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward",
-                 "stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage_reduce")
-SOURCES = {"head": ("softmax_ce_row", "head_common", "head"),
-           "softmax_ce": ("softmax_ce_row", "softmax_ce"),
-           "head_weights": ("head_common", "head_weights"),
-           **{m: ("stage_common", m) for m in STAGE_MODULES},
-           **{m: ("stage_common", "stage2_backward") for m in STAGE_MODULES if m.startswith("stage2_backward")}}
-DEFINES = {"stage2_backward": ("S2B_KS=1",), "stage2_backward_split": ("S2B_KS=2",),
-           "stage2_backward_split4": ("S2B_KS=4",)}
 # The modules every program may launch, whatever its engine (stage_reduce: the head's kernels sum
 # their partial rows with it too).
 COMMON_MODULES = ("head", "head_weights", "softmax_ce", "sgd", "data", "stage_reduce")
-PRELUDE = "griddep"
+PRELUDE = "griddep"   # compiled first in every module: griddep_entry(), Note [programmatic launch] in launch.py
+FOLDER = Path(__file__).resolve().parent   # a plain path, not importlib.resources: see declared()
 
 
-def _folder():
-    """This package's folder of kernel sources."""
-    # importlib.resources here, not at import: the flag parse imports this module while the start-up
-    # thread imports CuPy, and two threads importing importlib.resources met Python's import-deadlock
-    # guard (Note [overlapped start-up] in lenet/startup.py).
-    from importlib import resources
+@dataclass(frozen=True)
+class Module:
+    """One module as its .cu file declares it (Note [module declarations])."""
 
-    return resources.files("lenet").joinpath("kernels")
+    name: str
+    file: str
+    uses: tuple = ()
+    defines: tuple = ()
+    stage: str | None = None
+    direction: str | None = None
+    version: int = 0
+    threads: int = 0
+    images: tuple = ()
+    smem: tuple = (0, 0)        # dynamic shared memory in floats: (fixed, per image)
+    prefer: str | None = None
+
+    @property
+    def kernel(self) -> str:
+        return f"{self.name}_kernel"
+
+    def smem_bytes(self, images: int) -> int:
+        return 4 * (self.smem[0] + self.smem[1] * int(images))
+
+
+_DECLARATION = re.compile(r"^// module (\w+):(.*)$", re.M)
+
+
+def _parse(name: str, file: str, fields: str) -> Module:
+    kw: dict = {}
+    for item in fields.split():
+        key, _, value = item.partition("=")
+        if key == "uses":
+            kw["uses"] = tuple(value.split(","))
+        elif key == "define":
+            kw["defines"] = kw.get("defines", ()) + (value,)
+        elif key in ("stage", "direction", "prefer"):
+            kw[key] = value
+        elif key in ("version", "threads"):
+            kw[key] = int(value)
+        elif key == "images":
+            kw["images"] = tuple(int(v) for v in value.split(","))
+        elif key == "smem":
+            m = re.fullmatch(r"(?:(\d+)\+)?(\d+)\*images", value)
+            if m is None:
+                raise ValueError(f"{file}: module {name}: smem={value} is not A+B*images")
+            kw["smem"] = (int(m.group(1) or 0), int(m.group(2)))
+        else:
+            raise ValueError(f"{file}: module {name}: unknown key {key!r}")
+    return Module(name, file[:-3], **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def declared() -> dict[str, Module]:
+    """Every module, by name, as the .cu files declare them (Note [module declarations]). Read with plain
+    file reads: the flag parse imports this package while the start-up thread imports CuPy, and two
+    threads importing importlib.resources met Python's import-deadlock guard (Note [overlapped start-up]
+    in lenet/startup.py)."""
+    out = {}
+    for path in sorted(FOLDER.glob("*.cu")):
+        for m in _DECLARATION.finditer(path.read_text()):
+            out[m.group(1)] = _parse(m.group(1), path.name, m.group(2))
+    return out
+
+
+def stage_modules() -> tuple[str, ...]:
+    """The modules of our stage kernels, every version, and the reduction they share."""
+    return tuple(n for n, m in declared().items() if m.stage) + ("stage_reduce",)
+
+
+def __getattr__(name: str):
+    if name == "STAGE_MODULES":
+        return stage_modules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def source(name: str) -> str:
     """The CUDA source module ``name`` is compiled from (its macros: ``options(name)``)."""
-    parts = (PRELUDE, *SOURCES.get(name, (name,)))
-    return "\n".join(_folder().joinpath(f"{part}.cu").read_text() for part in parts)
+    m = declared()[name]
+    return "\n".join((FOLDER / f"{part}.cu").read_text() for part in (PRELUDE, *m.uses, m.file))
 
 
 def options(name: str) -> tuple[str, ...]:
     """NVRTC's options for module ``name``."""
-    return ("-std=c++17", *(f"-D{d}" for d in DEFINES.get(name, ())))
+    return ("-std=c++17", *(f"-D{d}" for d in declared()[name].defines))
 
 
 @functools.lru_cache(maxsize=None)
 def source_digest() -> str:
     """A digest of every kernel source of this package: stored choices of our kernels name it, so a
-    changed kernel is searched and checked again (Note [checking a stage] in lenet/stages/check.py)."""
+    changed kernel is searched and checked again (Note [checking a stage] in lenet/engines/reference.py)."""
     import hashlib
 
     h = hashlib.blake2b(digest_size=8)
-    for f in sorted(_folder().iterdir(), key=lambda f: f.name):
-        if f.name.endswith(".cu"):
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
-    h.update(repr(sorted(DEFINES.items())).encode())
+    for f in sorted(FOLDER.glob("*.cu")):   # the declarations, macros included, are in the files
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()
 
 
 def prefetch(names) -> None:
     """Start compiling (or reading from the kernel cache) these modules now, each on a thread of its
-    own (Note [first run] in descriptors/modules.py); ``kernel`` finds them ready, or waits."""
+    own (Note [first run] in lenet/kernels/nvrtc.py); ``kernel`` finds them ready, or waits."""
     for name in names:
         _future(name)
 
 
 def _future(name: str):
-    from descriptors import modules
+    from . import nvrtc
 
-    return modules.prefetch(f"lenet.{name}", functools.partial(source, name), options(name))
+    return nvrtc.prefetch(f"lenet.{name}", functools.partial(source, name), options(name))
 
 
 def _module(name: str):
@@ -194,6 +258,29 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
         np.uint32(epoch & 0xFFFFFFFF)))
 
 
+DISTANCE_THREADS, DISTANCE_BLOCKS = 256, 264
+
+
+def distance(out, ref) -> float:
+    """|out - ref| / |ref| over two float32 device arrays of one size, accumulated in float64 in one pass
+    (distance.cu), on CuPy's current stream; waits for it."""
+    import math
+
+    import cupy
+
+    if out.size != ref.size or out.dtype != np.float32 or ref.dtype != np.float32:
+        raise ValueError(f"distance takes two float32 arrays of one size, got {out.dtype} {out.shape} "
+                         f"and {ref.dtype} {ref.shape}")
+    out, ref = cupy.ascontiguousarray(out), cupy.ascontiguousarray(ref)
+    n = out.size
+    blocks = max(1, min(DISTANCE_BLOCKS, -(-n // DISTANCE_THREADS)))
+    sums = cupy.empty(2 * blocks, dtype=cupy.float64)
+    kernel("distance", "distance_kernel")((blocks,), (DISTANCE_THREADS,), (out, ref, np.int64(n), sums))
+    d, r = sums.get().reshape(blocks, 2).sum(axis=0, dtype=np.float64)   # get(): waits for the stream
+    num, den = math.sqrt(d), math.sqrt(r)
+    return num / den if den > 0 else num
+
+
 def count_nonfinite(x) -> int:
     """How many values of device array ``x`` are NaN or infinite (as float32: what the model trains
     on), counted by data.cu's kernel on CuPy's current stream; waits for it."""
@@ -210,7 +297,7 @@ def count_nonfinite(x) -> int:
 def device_copy(dst, src) -> None:
     """dst[...] = src on CuPy's current stream as one device-to-device copy: CuPy's own assignment
     runs a copy kernel, one more NVRTC compile on a first run (Note [first run] in
-    descriptors/modules.py). Both contiguous, of one dtype and size; may be captured in a graph."""
+    lenet/kernels/nvrtc.py). Both contiguous, of one dtype and size; may be captured in a graph."""
     if not (dst.flags.c_contiguous and src.flags.c_contiguous and dst.dtype == src.dtype and dst.size == src.size):
         raise ValueError(f"device_copy takes two contiguous arrays of one dtype and size, got {dst.dtype} "
                          f"{dst.shape} and {src.dtype} {src.shape}")
@@ -228,7 +315,7 @@ def copy_of(a):
 
 def fill(a, value) -> None:
     """a[...] = value on CuPy's current stream, asynchronously and without CuPy's fill kernel (Note
-    [first run] in descriptors/modules.py): a memset for 0, else sgd.cu's fill_kernel (contiguous
+    [first run] in lenet/kernels/nvrtc.py): a memset for 0, else sgd.cu's fill_kernel (contiguous
     float32 only). Either may be captured in a graph."""
     if value == 0:
         a.data.memset_async(0, a.nbytes)

@@ -1,3 +1,4 @@
+// module data:
 // Gather one batch from the GPU-resident uint8 dataset, augment it and normalize it, in one launch:
 //   x[b, r, c] = (pixel / 255 - mean) / std     b < n, r, c < 28
 //   y[b]       = labels[order[start + b]]

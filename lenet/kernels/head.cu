@@ -1,5 +1,6 @@
+// module head: uses=softmax_ce_row,head_common
 // LeNet's head, fc1 (256 -> 120) + bias + ReLU and fc2 (120 -> 10) + bias, on our kernels. Launchers:
-// lenet/ops/fc.py (OursHead). This module is compiled after softmax_ce_row.cu, whose per-row loss (sce_row)
+// lenet/kernels/head.py (HeadLaunches). This module is compiled after softmax_ce_row.cu, whose per-row loss (sce_row)
 // and reduction (block_sum, sce_finish) the forward runs in a training step, and head_common.cu (the
 // shapes); the weights' kernel is a module of its own (head_weights.cu).
 //
@@ -15,7 +16,7 @@
 // not the multiply-adds (256 x 120 + 120 x 10 per image and direction). So: one kernel runs everything
 // an image needs on the step's critical path (the forward, the loss, the gradients the layer below
 // waits for), the weight gradients, which only the update reads, run beside it on the side stream
-// (Note [side stream] in lenet/ops/context.py), and each phase issues its loads together: fc1's warps
+// (Note [side stream] in lenet/plan.py), and each phase issues its loads together: fc1's warps
 // load five rows of W1 (1 KB each, two coalesced 16-byte loads per lane) before using any; W2 is staged
 // in shared memory once per block; dp2 reads W1 by columns, from the L1 copy fc1's loads left.
 // A weight gradient summed over a range of images per block needs no partial rows when one range
@@ -24,7 +25,7 @@
 //
 // Layouts: p2 (N, 256) the flattened stage output; h1, dh1 (N, 120); logits, dlogits (N, 10);
 // W1 (120, 256), W2 (10, 120) as PyTorch stores them. dp2 is masked by p2 > 0 (Note [relu at the
-// pooled level] in lenet/ops/conv.py). A row of weight gradients is laid out as the flat gradient
+// pooled level] in lenet/engines/cudnn.py). A row of weight gradients is laid out as the flat gradient
 // buffer from fc1.weight to fc2.bias (lenet/params.py: each tensor starts on a 64-float boundary, the
 // padding written 0).
 //

@@ -1,5 +1,6 @@
+// module head_weights: uses=head_common
 // LeNet's head: its weight and bias gradients (the head's forward: head.cu, whose Note [head latency]
-// says why they run beside it on the side stream). Launcher: lenet/ops/fc.py (OursHead).
+// says why they run beside it on the side stream). Launcher: lenet/kernels/head.py (HeadLaunches).
 
 // Weight and bias gradients over images [s * per, min(N, (s + 1) * per)), s = blockIdx.y; blockIdx.x = j
 // (a hidden unit), blockDim.x = 256. Thread i: dW1[j, i] = sum_n dh1[n, j] p2[n, i]; thread c < 10 also

@@ -61,6 +61,30 @@ def _driver_launch():
 
 
 @functools.lru_cache(maxsize=None)
+def _driver_error_name():
+    """The driver's cuGetErrorName."""
+    fn = ctypes.CDLL("libcuda.so.1").cuGetErrorName
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def error_name(code: int) -> str:
+    """The driver's name of error ``code`` (CUDA_ERROR_ILLEGAL_ADDRESS), or the number where it has none."""
+    name = ctypes.c_char_p()
+    try:
+        if _driver_error_name()(int(code), ctypes.byref(name)) == 0 and name.value:
+            return name.value.decode()
+    except (OSError, AttributeError):
+        pass
+    return f"CUDA driver error {int(code)}"
+
+
+class LaunchError(RuntimeError):
+    """A launch of ours the driver refused: the message names the error, the kernel and its grid."""
+
+
+@functools.lru_cache(maxsize=None)
 def programmatic_grid_limit(device_id: int) -> int:
     """The largest grid GPU ``device_id`` launches programmatically: one wave of its SMs (Note
     [programmatic launch]), or 0 before compute capability 9.0 (no programmatic dependent launch)."""
@@ -90,7 +114,7 @@ class Launch:
     threads with ``shared_mem`` bytes of dynamic shared memory and ``args``, on ``stream``; each call
     launches it once (Note [programmatic launch]). The arrays among ``args`` must outlive it."""
 
-    __slots__ = ("_launch", "_config", "_fn", "_params", "_keep")
+    __slots__ = ("_launch", "_config", "_fn", "_params", "_keep", "name", "grid", "block", "shared_mem")
 
     def __init__(self, fn, grid, block, args, stream, shared_mem: int = 0):
         import cupy
@@ -109,8 +133,13 @@ class Launch:
         self._params = ctypes.addressof(pointers)
         self._launch = _driver_launch()
         self._keep = (config, values, pointers, tuple(args), attrs)
+        self.name, self.grid, self.block, self.shared_mem = getattr(fn, "name", "kernel"), grid, block, int(shared_mem)
 
     def __call__(self) -> None:
         err = self._launch(self._config, self._fn, self._params, None)
         if err:
-            raise RuntimeError(f"kernel launch failed: CUDA driver error {err}")
+            raise LaunchError(self.describe_failure(err))
+
+    def describe_failure(self, err: int) -> str:
+        return (f"{self.name} failed to launch on grid {self.grid}, block {self.block}, {self.shared_mem} B of "
+                f"shared memory: {error_name(err)} ({err})")

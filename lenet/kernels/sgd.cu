@@ -1,3 +1,4 @@
+// module sgd:
 // One SGD step over the flat parameter buffer (PyTorch's torch.optim.SGD rule):
 //   d = g + weight_decay * p
 //   v = momentum * v + d        (v starts at 0, so the first step has v = d)

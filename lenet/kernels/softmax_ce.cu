@@ -1,3 +1,4 @@
+// module softmax_ce: uses=softmax_ce_row
 // Softmax cross-entropy, forward and backward in one launch: the kernel over softmax_ce_row.cu's
 // per-row math (sce_row) and sums (block_sum, sce_finish), which this module is compiled after
 // (lenet/kernels/__init__.py: SOURCES).

@@ -1,3 +1,4 @@
+// module stage1_backward: stage=conv1 direction=backward version=1 threads=192 uses=stage_common
 // Stage 1 backward: the weight and bias gradients (nothing needs conv1's data gradient).
 // blockDim.x = 192, one warp per output channel k = t / 32, one image per block iteration: lane
 // l < 25 owns weight (k, r, s) = (k, l / 5, l % 5), lane 25 the bias of channel k (in step with the

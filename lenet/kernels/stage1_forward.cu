@@ -1,3 +1,4 @@
+// module stage1_forward: stage=conv1 direction=forward version=1 threads=144 images=1,2,4 smem=784*images uses=stage_common
 // Stage 1 forward. blockDim.x = 144 * imgs: thread t works on image slot t / 144 of the block's
 // current group of imgs images, at pooled position (pi, pj) = (t % 144 / 12, t % 144 % 12), for all
 // 6 channels: its 6 x 6 input patch in registers, 4 conv outputs per channel, their max and argmax.

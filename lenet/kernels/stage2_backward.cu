@@ -1,3 +1,6 @@
+// module stage2_backward: stage=conv2 direction=backward version=1 threads=160 define=S2B_KS=1 uses=stage_common
+// module stage2_backward_split: stage=conv2 direction=backward version=2 threads=320 define=S2B_KS=2 prefer=large uses=stage_common
+// module stage2_backward_split4: stage=conv2 direction=backward version=3 threads=640 define=S2B_KS=4 prefer=small uses=stage_common
 // Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients, in three versions:
 // KS = 1 (stage2_backward_kernel, 160 threads), KS = 2 (stage2_backward_split_kernel, 320 threads)
 // and KS = 4 (stage2_backward_split4_kernel, 640 threads), where each of KS parts of the block takes
@@ -227,7 +230,7 @@ stage2_backward_split_kernel(const float* __restrict__ x, const float* __restric
 #elif S2B_KS == 4
 // Note [registers of the split kernel]: 640 threads at 72 registers take 46 K of an SM's 64 K
 // registers, and leave room for a block of the head's weight-gradient kernel, which runs beside the
-// stages' backward on the side stream (Note [side stream] in lenet/ops/context.py). Left to ptxas,
+// stages' backward on the side stream (Note [side stream] in lenet/plan.py). Left to ptxas,
 // __launch_bounds__(640, 1) took 96 registers: the whole register file, so at batch 128 (a grid of
 // 128 blocks) the side stream waited, and the step took 69.7 us against 62.6. __launch_bounds__(640)
 // alone took 48 registers and spilled.

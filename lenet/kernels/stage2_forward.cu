@@ -1,3 +1,4 @@
+// module stage2_forward: stage=conv2 direction=forward version=1 threads=256 images=1,2 smem=2400+864*images uses=stage_common
 // Stage 2 forward. blockDim.x = 256 * imgs: thread t works on image slot t / 256 at pooled output
 // o = t % 256 = (k, pi, pj): 4 conv outputs in registers over 6 channels x 25 taps, then max and argmax.
 // Shared (dynamic): sw (2400) the weights, then sx (imgs * 864) the group's images; sb (16) the bias.

@@ -1,6 +1,6 @@
 // LeNet's two stages, conv (5x5, valid) + bias + ReLU + 2x2/2 max-pool, forward and backward, each
 // direction fused into one kernel (plus one small reduction for the weight and bias gradients).
-// Launchers and the engine around them: lenet/stages/ours.py. This file is what the stage modules
+// Launchers and the engine around them: lenet/engines/ours.py and lenet/kernels/stages.py. This file is what the stage modules
 // share (each begins with it): stage1_forward.cu, stage2_forward.cu, stage2_forward_tiled.cu,
 // stage1_backward.cu, stage2_backward.cu and stage_reduce.cu hold one kernel each, compiled as
 // modules of their own and in parallel (Note [first run] in descriptors/modules.py).
@@ -16,7 +16,7 @@
 // argmax, and the data gradient gathers, for each input position, the at most 3 x 3 windows per
 // output channel whose argmax lies within the filter's reach: a quarter of the multiply-adds of a
 // dense weight or data gradient. The incoming dp is the gradient of the pooled output already
-// masked by this stage's ReLU (see Note [relu at the pooled level] in lenet/ops/conv.py); the data
+// masked by this stage's ReLU (see Note [relu at the pooled level] in lenet/engines/cudnn.py); the data
 // gradient is masked by the previous stage's ReLU, whose output is this stage's input x.
 //
 // Weight and bias gradients are deterministic: each block sums its images in a fixed order into

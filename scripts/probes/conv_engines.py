@@ -1,4 +1,4 @@
-"""Probe: LeNet's convolutions on both cuDNN engines, timed the same way (descriptors.timing).
+"""Probe: LeNet's convolutions on both cuDNN engines, timed the same way (lenet.timing).
 
     python3 scripts/probes/conv_engines.py --out probe.json
 
@@ -25,7 +25,7 @@ import cupy  # noqa: E402
 import descriptors as D  # noqa: E402
 from descriptors.algorithms import Direction, supported_algorithms  # noqa: E402
 from descriptors.graph import ConvGraph, frontend  # noqa: E402
-from descriptors.timing import time_launcher  # noqa: E402
+from lenet.timing import time_launcher  # noqa: E402
 
 OPS = {   # name: (direction, x shape without N, w shape, fuse)
     "conv1.fwd": ("fwd", (1, 28, 28), (6, 1, 5, 5), ""),

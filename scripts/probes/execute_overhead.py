@@ -14,7 +14,7 @@ import cupy  # noqa: E402
 
 import descriptors as D  # noqa: E402
 from descriptors.graph import ConvGraph  # noqa: E402
-from descriptors.timing import time_launcher  # noqa: E402
+from lenet.timing import time_launcher  # noqa: E402
 
 
 def host_us(fn, stream, k=200):

@@ -1,5 +1,5 @@
 """How long NVRTC takes over the modules of ours (lenet/kernels/*.cu) as a first run on a fresh
-machine compiles them (Note [first run] in descriptors/modules.py): each alone, then all at once on
+machine compiles them (Note [first run] in lenet/kernels/nvrtc.py): each alone, then all at once on
 threads of one process, then all at once in processes of their own; each measurement in a fresh
 process (NVRTC answered a second compile of one source in a process from memory). No GPU needed:
 the architecture is named.
@@ -22,8 +22,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def compile_once(name: str, arch: str) -> float:
-    """Seconds of one compile as the programs run it (descriptors.modules), without the cache."""
-    from descriptors import modules
+    """Seconds of one compile as the programs run it (lenet.kernels.nvrtc), without the cache."""
+    from lenet.kernels import nvrtc as modules
 
     from lenet import kernels
 
@@ -37,7 +37,7 @@ def compile_once(name: str, arch: str) -> float:
 def child(mode: str, names: list[str], arch: str) -> dict:
     """Seconds per module, and the wall clock of them all, compiled ``mode``: one after the other
     (serial), or all at once on threads (threads)."""
-    from descriptors import modules
+    from lenet.kernels import nvrtc as modules
 
     modules.nvrtc()   # loaded before the clock starts
     took, t = {}, time.perf_counter()
@@ -71,7 +71,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, names, args.arch)))
         return 0
-    from descriptors import modules
+    from lenet.kernels import nvrtc as modules
 
     print(f"NVRTC {'.'.join(map(str, modules.nvrtc().version))}, sm_{args.arch}, {len(names)} modules")
     alone = {n: run_child("serial", [n], args.arch)["took"][n] for n in names}

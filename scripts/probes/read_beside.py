@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default=str(ROOT / "data" / "fashion-mnist"))
     ap.add_argument("--arch", default="90")
     args = ap.parse_args()
-    from descriptors import modules
+    from lenet.kernels import nvrtc as modules
 
     from lenet import data, kernels
 

@@ -27,8 +27,8 @@ def main() -> int:
     args = ap.parse_args()
     import cupy
 
-    from descriptors.timing import time_launcher
-    from lenet.stages import ours
+    from lenet.timing import time_launcher
+    from lenet.kernels import stages as ours
 
     from lenet import kernels
 
@@ -42,8 +42,8 @@ def main() -> int:
         ours.kernel = lambda module, name: mods[module].get_function(name)   # this variant's kernels
         try:
             for n in args.batch:
-                for ks in ours.KERNELS.values():
-                    first = ks.forward[0][0].startswith("stage1")
+                for ks in ours.kernels().values():
+                    first = ks.forward[0].name.startswith("stage1")
                     c_in, k_out = (784, 864) if first else (864, 256)
                     x = cupy.maximum(rng.standard_normal((n, c_in), dtype=cupy.float32), 0)
                     w = rng.standard_normal(ks.mw, dtype=cupy.float32) * 0.2
@@ -53,17 +53,17 @@ def main() -> int:
                     dy = rng.standard_normal((n, k_out), dtype=cupy.float32)
                     dx = None if first else cupy.empty_like(x)
                     dw, db = cupy.empty(ks.mw, cupy.float32), cupy.empty(ks.mb, cupy.float32)
-                    part = cupy.empty((max(ours.BACKWARD_BLOCKS_PER_SM) * ours._sms(), ks.width), cupy.float32)
+                    part = cupy.empty((max(ours.BACKWARD_BLOCKS_PER_SM) * ours.sm_count(), ks.width), cupy.float32)
                     start = len(rows)
                     for cand in ks.forward_candidates():
-                        run = ours.forward_launcher(ks, cand, n, stream, x, w, b, y, arg)
+                        run = ours.stage_forward(ks, cand, n, stream, x, w, b, y, arg)
                         ms = time_launcher(run, stream)
-                        rows.append({"define": define, "kernel": ks.forward[cand.version][0], "shape": cand.name, "n": n,
+                        rows.append({"define": define, "kernel": ks.forward[cand.version].name, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
                     for cand in ks.backward_candidates():
-                        run = ours.backward_launcher(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
+                        run = ours.stage_backward(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
                         ms = time_launcher(run, stream)
-                        rows.append({"define": define, "kernel": ks.backward[cand.version][0], "shape": cand.name, "n": n,
+                        rows.append({"define": define, "kernel": ks.backward[cand.version].name, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
                     for r in rows[start:]:
                         print(f"{r['define'] or '-':<22} {r['kernel']:<24} {r['shape']:<20} n={r['n']:<6} "

@@ -55,7 +55,9 @@ def main():
         kernels._module(mod).get_function({"data": "gather_batch_kernel", "sgd": "sgd_kernel",
                                            "softmax_ce": "softmax_ce_kernel"}[mod])
     mark("compile/load our kernels")
-    policy = descriptors.AlgoPolicy.parse(args.algo, engine=args.engine)
+    from lenet.engines import Policy
+
+    policy = Policy.parse(args.algo, engine=args.engine)
     m = lenet_model.LeNet(max_batch=args.batch, policy=policy, cuda_graph=True, stream=h.stream)
     mark("LeNet(...) (buffers, cuBLAS)")
     m.plan(args.batch)

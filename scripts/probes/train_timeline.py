@@ -19,7 +19,7 @@ too, so a second compile of one source took 0.06-0.29 s where the first took 1.0
 machine), removed afterwards (--keep keeps them). The timeline then shows each of our
 modules' compile beside the rest, and both kernel caches are listed afterwards (ours, and CuPy's,
 where NVRTC's builds of CuPy's own functions would go), with the time each file was written (Note
-[first run] in descriptors/modules.py).
+[first run] in lenet/kernels/nvrtc.py).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     finally:
         events.append((f"{program}.main total", t0, at()))
         events += [(label, t - t_start, t - t_start) for label, t in startup.MARKS]
-        from descriptors import modules   # each of our modules' compile (or cache read), on its thread
+        from lenet.kernels import nvrtc as modules   # each of our modules' compile (or cache read), on its thread
         events += [(f"module {key} ({how})", t0 - t_start, t1 - t_start) for key, t0, t1, how in modules.BUILT]
         Path(events_path).write_text(json.dumps({"events": events, "end": at(), "profiles": profiles,
                                                  "epoch_start": time.time() - at()}))

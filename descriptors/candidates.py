@@ -1,14 +1,17 @@
-"""A convolution problem, and the cuDNN engines that offer candidates for it, behind one interface.
+"""A convolution problem, and cuDNN's two APIs as sources of candidates for it, behind one interface.
 
     spec = ConvSpec("fwd", 64, (1, 28, 28), (6, 1, 5, 5), epilogue="bias_relu")
-    for engine in engines_for(policy):
-        candidates, excluded = engine.candidates(handle, spec, policy, fused=True)
-        run = engine.bind(handle, spec, candidates[0], arrays, workspace)   # a zero-argument launcher
-        run()
+    convs = LegacyConvs()                     # or GraphConvs(): each holds the cuDNN objects it made
+    candidates, excluded = convs.candidates(handle, spec, policy, fused=True)
+    run = convs.bind(handle, spec, candidates[0], arrays, workspace)   # a zero-argument launcher
+    run()
+    convs.close()
 
-Engines never choose: descriptors/search.py times every candidate of every engine in one
-table. ``legacy`` is the descriptor API (descriptors/convolution.py), ``graph`` the graph API
-(descriptors/graph.py). A third source of candidates is one more class with these two methods.
+Sources never choose: the caller times and checks their candidates (lenet/plan.py does, against
+descriptors/exact.py's reference). ``legacy`` is the descriptor API (descriptors/convolution.py),
+``graph`` the graph API (descriptors/graph.py). A source's cuDNN objects (descriptors, graphs with
+their plans) are its own, made on first use and closed by ``close()``: whoever owns the source
+owns them, and two owners share nothing.
 
 Epilogues: "bias_relu" (forward: y = relu(conv(x, w) + b)) and "drelu" (data gradient:
 dx = dgrad(dy, w) * (act > 0), act being the ReLU output that fed the convolution). A
@@ -19,13 +22,12 @@ as cuDNN's add-tensor and activation calls.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 
 from .activation import ActivationDescriptor
 from .algorithms import AlgoPolicy, AlgoResult, Direction, _filter_reason, supported_algorithms
 from .convolution import ConvolutionDescriptor
-from .graph import FUSIONS, ROLES, ConvGraph, GraphUnavailable, available, output_hw
+from .graph import FUSIONS, ROLES, ConvGraph, output_hw
 from .tensor import FilterDescriptor, TensorDescriptor, add_tensor
 
 # Roles whose first dimension is the batch: chunks slice these.
@@ -112,7 +114,7 @@ class ConvSpec:
 class Candidate:
     """One way to run a ConvSpec: an engine's algorithm or plan, with or without its epilogue fused."""
 
-    engine: str                 # "legacy" | "graph"
+    engine: str                 # the API: "legacy" | "graph"
     name: str                   # the algorithm or plan, as cuDNN names it
     fused: bool                 # the epilogue inside the convolution's call
     workspace_bytes: int
@@ -138,14 +140,18 @@ class _Epilogue:
         add_tensor(h, self.bd, b, self.yd, y)
         self.relu.forward(h, self.yd, y, self.yd, y)
 
+    def close(self) -> None:
+        for o in (self.bd, self.yd, self.xd, self.relu):
+            o.close()
+
     def drelu(self, h, act, dx) -> None:
         # dx *= (act > 0): ReLU's backward given its output act (see Note [relu at the pooled level]
-        # in lenet/ops/conv.py for why act may be a pooled tensor).
+        # in lenet/engines/cudnn.py for why act may be a pooled tensor).
         self.relu.backward(h, self.xd, act, self.xd, dx, self.xd, act, self.xd, dx)
 
 
 class _Cache:
-    """Engine objects by key, closed together by ``clear``."""
+    """cuDNN objects by key, closed together by ``clear``."""
 
     def __init__(self):
         self._d: dict = {}
@@ -168,11 +174,9 @@ class _Cache:
         self._d.clear()
 
 
-_epilogues = _Cache()
-
-
-def _epilogue(spec: ConvSpec) -> _Epilogue:
-    return _epilogues.get(dataclasses.replace(spec, direction="fwd", epilogue=""), lambda: _Epilogue(spec))
+def _epilogue(cache: _Cache, spec: ConvSpec) -> _Epilogue:
+    key = ("epilogue", dataclasses.replace(spec, direction="fwd", epilogue=""))
+    return cache.get(key, lambda: _Epilogue(spec))
 
 
 class _LegacyConv:
@@ -203,7 +207,7 @@ class _LegacyConv:
             o.close()
 
 
-class LegacyEngine:
+class LegacyConvs:
     """cuDNN's descriptor API: its algorithms, each with the epilogue fused
     (cudnnConvolutionBiasActivationForward, forward only) or after it."""
 
@@ -212,12 +216,13 @@ class LegacyEngine:
     def __init__(self):
         self._convs = _Cache()
 
-    def _conv(self, spec: ConvSpec, tf32: bool) -> _LegacyConv:
-        return self._convs.get((spec, tf32), lambda: _LegacyConv(spec, tf32))
+    def _conv(self, handle, spec: ConvSpec, tf32: bool) -> _LegacyConv:
+        # Per device: what cuDNN supports (``supported``) is asked of the handle's GPU.
+        return self._convs.get((handle.device_id, spec, tf32), lambda: _LegacyConv(spec, tf32))
 
     def candidates(self, handle, spec: ConvSpec, policy: AlgoPolicy, fused: bool = True):
         """(candidates in cuDNN's heuristic order, {name: why excluded})."""
-        lc = self._conv(spec, policy.allow_tf32)
+        lc = self._conv(handle, spec, policy.allow_tf32)
         fixed = policy.fixed(spec.direction)
         out, excluded = [], {}
         forms = (True, False) if (spec.epilogue == "bias_relu" and fused) else (False,)
@@ -237,10 +242,10 @@ class LegacyEngine:
 
     def bind(self, handle, spec: ConvSpec, cand: Candidate, arrays: dict, workspace):
         """A zero-argument launcher of ``cand`` on ``arrays`` (role -> CuPy array)."""
-        lc = self._conv(spec, cand.key[0])
+        lc = self._conv(handle, spec, cand.key[0])
         algo, conv, h = lc.algo(handle, cand.name), lc.conv, handle
         xd, wd, yd = lc.xd, lc.wd, lc.yd
-        ep = _epilogue(spec) if spec.epilogue else None
+        ep = _epilogue(self._convs, spec) if spec.epilogue else None
         a = arrays
         if spec.direction == "fwd":
             if cand.fused:
@@ -260,11 +265,11 @@ class LegacyEngine:
             return dgrad
         return lambda: conv.backward_filter(h, xd, a["x"], yd, a["dy"], wd, a["dw"], algo, workspace)
 
-    def clear(self) -> None:
+    def close(self) -> None:
         self._convs.clear()
 
 
-class GraphEngine:
+class GraphConvs:
     """cuDNN's graph API: the execution plans of one graph per direction, the epilogue in the
     graph (fused) or after it."""
 
@@ -319,7 +324,7 @@ class GraphEngine:
         g = self.graph(handle, spec, spec.epilogue if cand.fused else "", cand.key, only=cand.name)
         plan = g.plan_named(cand.name)
         pack = g.pack({r: arrays[r] for r in g.roles}, handle.device_id)   # checked once, here
-        ep = _epilogue(spec) if (spec.epilogue and not cand.fused) else None
+        ep = _epilogue(self._graphs, spec) if (spec.epilogue and not cand.fused) else None
         if ep is None:
             return lambda: g.run(plan, pack, workspace, handle)
         a = arrays
@@ -331,46 +336,8 @@ class GraphEngine:
             finish()
         return run
 
-    def clear(self) -> None:
+    def close(self) -> None:
         self._graphs.clear()
 
 
-ENGINES = {"legacy": LegacyEngine(), "graph": GraphEngine()}
-_said_unavailable = False
-
-
-def engines_for(policy: AlgoPolicy) -> list:
-    """The engines ``policy.engine`` names. "auto" without the frontend is the descriptor API
-    alone, said once (a RuntimeWarning); "graph" without it raises GraphUnavailable."""
-    global _said_unavailable
-    if policy.engine not in ("auto", "legacy", "graph"):   # an engine outside descriptors
-        return []
-    if policy.engine == "legacy":
-        return [ENGINES["legacy"]]
-    ok, why = available()
-    if policy.engine == "graph":
-        if not ok:
-            raise GraphUnavailable(f"--engine graph: {why}")
-        return [ENGINES["graph"]]
-    if not ok:
-        if not _said_unavailable:
-            warnings.warn(f"engine auto uses the descriptor API only: {why}", RuntimeWarning, stacklevel=2)
-            _said_unavailable = True
-        return [ENGINES["legacy"]]
-    return [ENGINES["legacy"], ENGINES["graph"]]
-
-
-def uses_frontend(engine: str) -> bool:
-    """Whether a policy's ``engine`` may build graph-API plans (and so load the frontend)."""
-    return engine in ("auto", "graph")
-
-
-def clear_caches() -> None:
-    """Close every cached descriptor and graph the engines hold."""
-    for e in ENGINES.values():
-        e.clear()
-    _epilogues.clear()
-
-
-__all__ = ["ConvSpec", "Candidate", "LegacyEngine", "GraphEngine", "ENGINES", "BATCH_ROLES", "engines_for",
-           "uses_frontend", "clear_caches"]
+__all__ = ["ConvSpec", "Candidate", "LegacyConvs", "GraphConvs", "BATCH_ROLES"]

@@ -4,28 +4,37 @@ Note [checking a stage]: a stage holds two decisions, the pooling's argmax and t
 float32 decision taken at a near-tie may go either way: two exact float32 implementations that sum
 in different orders can route a gradient to different positions, and one such decision moves a
 weight-gradient entry by a whole term. So a candidate is checked against the same decisions:
-  forward   its pooled output within EXACT_RTOL (norm-wise) of the reference, and its argmax equal
-            to the reference's at every window with a live output (> 0) whose top two values are
-            more than TIE_RTOL * max|conv| apart (the ties it may decide either way are counted);
+  forward   its pooled output within EXACT_RTOL (norm-wise) of the reference, its ReLU decisions
+            (pooled output > 0) equal to the reference's away from zero, and its argmax equal to the
+            reference's at every window with a live output (> 0) whose top two values are more than
+            TIE_RTOL * max|conv| apart, and at every live window whose four values are exactly equal
+            (a constant background: the first maximum, a00, wins in every implementation); the
+            near-ties it may decide either way are counted;
   backward  given the reference's argmax and the gradient masked by the reference's ReLU, its weight,
-            bias and input gradients within EXACT_RTOL of the reference's.
-The reference is cuDNN's exact descriptor-API convolutions (descriptors.search.reference, FMA
+            bias and input gradients within EXACT_RTOL of the reference's, and its input gradient
+            exactly 0 wherever the input is exactly 0 (the previous ReLU's mask).
+Note [real-data operands]: random normals never tie and are never exactly 0. Every Fashion-MNIST batch
+has both: a constant background (every window of it an exact tie, every conv output over it equal),
+pixels quantized to 256 levels, and after a ReLU, exact zeros. So half the check's images are
+random normals and half are quantized pictures of strokes on a constant background (``operands``),
+and the stage's input, where it is a ReLU's output, holds exact zeros in both halves.
+The reference is cuDNN's exact descriptor-API convolutions (descriptors.exact.reference, FMA
 float32); the operands, the bias, the pooling, the routing through the argmax and every comparison
 are NumPy's, on the host. Note [no generic kernels in the check]: done by CuPy on the GPU, they
 took about 20 of CuPy's generic kernels and six CUB reductions (count_nonzero, max) that a first
 run on a fresh machine compiled with NVRTC before its first step: 16 s of its 26 (H100, every
 cache empty). At CHECK_BATCH images the host's work takes milliseconds.
 A candidate is checked once per model before it is timed; a stored choice (Note [stored choices] in
-descriptors/search.py) was checked when it was stored, and its key names the GPU, the driver, the
-libraries and a digest of our kernel sources (lenet.kernels.source_digest), so it is not checked
-again: a later run's start-up skips the reference's cuDNN calls (0.4 s measured on an H100).
+lenet/plan.py) was checked when it was stored, and its key names the GPU, the driver, the libraries
+and a digest of our kernel sources (lenet.kernels.source_digest), so it is not checked again: a later
+run's start-up skips the reference's cuDNN calls (0.4 s measured on an H100).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from descriptors.search import EXACT_RTOL, reference
+from descriptors.exact import EXACT_RTOL, reference
 
 TIE_RTOL = 1e-4
 CHECK_BATCH = 256
@@ -42,19 +51,42 @@ class StageReference:
     # What they must produce, on the host (NumPy):
     y: object      # pooled output
     arg_host: object
-    decided: object  # bool: live windows whose argmax is not a near-tie
+    decided: object  # bool: live windows whose argmax is no near-tie, or an exact four-way tie
+    flat: object     # bool: live windows whose four values are exactly equal (a constant background)
+    live: object     # bool: windows whose ReLU decision is no near-tie of 0 (y > 0 must agree there)
     dw: object
     db: object
     dx: object     # masked by x > 0, or None
+    x_zero: object   # bool: where the input is exactly 0 (dx must be exactly 0 there), or None
+
+
+def pictures(rng, m: int, shape) -> "object":
+    """m quantized pictures (Note [real-data operands]): a constant background level, a few rectangles
+    of random levels and one random-level stroke each, in 256 levels, normalized like Fashion-MNIST
+    (mean 0.286, std 0.353)."""
+    import numpy as np
+
+    c, h, w = shape
+    q = np.zeros((m, c, h, w), np.float32)
+    for i in range(m):
+        q[i] = rng.integers(0, 3) * 40   # the background: 0, 40 or 80 of 255
+        for _ in range(rng.integers(1, 4)):
+            r0, c0 = rng.integers(0, h - 2), rng.integers(0, w - 2)
+            q[i, :, r0:r0 + rng.integers(2, h // 2), c0:c0 + rng.integers(2, w // 2)] = rng.integers(0, 256)
+        r = rng.integers(0, h)
+        q[i, :, r, :] = rng.integers(0, 256, w)
+    return ((q / np.float32(255) - np.float32(0.286)) / np.float32(0.353)).astype(np.float32)
 
 
 def operands(spec, m: int, seed: int = 0):
-    """Random x (a ReLU output when the stage has an input gradient), w, b, dy at batch m (NumPy)."""
+    """x (half random normals, half quantized pictures; a ReLU output, with exact zeros, when the stage
+    has an input gradient), w, b, dy at batch m (NumPy)."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
     f32 = np.float32
-    x = rng.standard_normal((m, *spec.x), dtype=f32)
+    half = m // 2
+    x = np.concatenate([rng.standard_normal((m - half, *spec.x), dtype=f32), pictures(rng, half, spec.x)])
     if spec.dx:
         x = np.maximum(x, f32(0))
     w = rng.standard_normal(spec.w, dtype=f32) * f32(0.2)
@@ -79,7 +111,13 @@ def distance(out, ref) -> float:
     return num / den if den > 0 else num
 
 
-def stage_reference(handle, spec, m: int = CHECK_BATCH) -> StageReference:
+def _windows(c, k, h, ww):
+    m = c.shape[0]
+    return c.reshape(m, k, h // 2, 2, ww // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(m, k, h // 2, ww // 2, 4)
+
+
+def stage_reference(handle, spec, m: int = CHECK_BATCH, legacy=None) -> StageReference:
+    """The reference at m images (``legacy``: the descriptor-API source whose descriptors it may use)."""
     import cupy
     import numpy as np
 
@@ -88,13 +126,16 @@ def stage_reference(handle, spec, m: int = CHECK_BATCH) -> StageReference:
     with handle.stream:   # made on the stream cuDNN reads them on (the model's, which does not wait for others)
         x, w, b = cupy.asarray(xh), cupy.asarray(wh), cupy.asarray(bh)
         c = cupy.empty((m, k, h, ww), cupy.float32)
-    reference(handle, spec.conv("fwd", m), {"x": x, "w": w, "y": c})
+    reference(handle, spec.conv("fwd", m), {"x": x, "w": w, "y": c}, legacy)
     ch = c.get(stream=handle.stream) + bh.reshape(1, k, 1, 1)
-    win = ch.reshape(m, k, h // 2, 2, ww // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(m, k, h // 2, ww // 2, 4)
+    win = _windows(ch, k, h, ww)
     arg = win.argmax(axis=-1).astype(np.uint8)   # the first maximum, as our kernels take it
     top2 = np.sort(win, axis=-1)[..., 2:]
     top = top2[..., 1]
-    decided = (top > 0) & (top2[..., 1] - top2[..., 0] > TIE_RTOL * float(np.abs(ch).max()))
+    scale = TIE_RTOL * float(np.abs(ch).max())
+    flat = (win == win[..., :1]).all(axis=-1) & (top > 0)
+    decided = (top > 0) & ((top2[..., 1] - top2[..., 0] > scale) | flat)
+    live = np.abs(top) > scale
     y = np.maximum(top, np.float32(0))
     dy = (dy_raw * (top > 0)).astype(np.float32)
     routed = (np.arange(4, dtype=np.uint8) == arg[..., None]) * dy[..., None]
@@ -104,35 +145,41 @@ def stage_reference(handle, spec, m: int = CHECK_BATCH) -> StageReference:
     with handle.stream:
         dcd, dyd, argd = cupy.asarray(dc), cupy.asarray(dy), cupy.asarray(arg)
         dw = cupy.empty(spec.w, cupy.float32)
-    reference(handle, spec.conv("bwd-filter", m), {"x": x, "dy": dcd, "dw": dw})
+    reference(handle, spec.conv("bwd-filter", m), {"x": x, "dy": dcd, "dw": dw}, legacy)
     dx = None
     if spec.dx:
         with handle.stream:
             dxd = cupy.empty_like(x)
-        reference(handle, spec.conv("bwd-data", m), {"dy": dcd, "w": w, "dx": dxd})
+        reference(handle, spec.conv("bwd-data", m), {"dy": dcd, "w": w, "dx": dxd}, legacy)
         dx = dxd.get(stream=handle.stream) * (xh > 0)
     dwh = dw.get(stream=handle.stream)
     handle.stream.synchronize()
-    return StageReference(x, w, b, dyd, argd, y, arg, decided, dwh, db, dx)
+    return StageReference(x, w, b, dyd, argd, y, arg, decided, flat, live, dwh, db, dx, (xh == 0) if spec.dx else None)
 
 
 def check_forward(ref: StageReference, y, arg) -> tuple[float, int, str | None]:
     """(distance of y, number of windows decided otherwise at a near-tie, why it fails or None)."""
     import numpy as np
 
-    err = distance(y, ref.y)
+    yh = _host(y)
+    err = distance(yh, ref.y)
     differ = _host(arg) != ref.arg_host
     wrong = int(np.count_nonzero(differ & ref.decided))
     ties = int(np.count_nonzero(differ)) - wrong
+    relu = int(np.count_nonzero(((yh > 0) != (ref.y > 0)) & ref.live))
     if not err <= EXACT_RTOL:
         return err, ties, f"pooled output is {err:.1e} from cuDNN's exact result (bound {EXACT_RTOL:.0e})"
     if wrong:
-        return err, ties, f"{wrong} pooling windows took another argmax than cuDNN's away from any tie"
+        return err, ties, f"{wrong} pooling windows took another argmax than cuDNN's away from any near-tie"
+    if relu:
+        return err, ties, f"{relu} pooled outputs took another ReLU decision than cuDNN's away from 0"
     return err, ties, None
 
 
 def check_backward(ref: StageReference, dw, db, dx=None) -> tuple[float, str | None]:
     """(largest distance of dw, db, dx from the reference's, why it fails or None)."""
+    import numpy as np
+
     errs = {"dw": distance(dw, ref.dw), "db": distance(db, ref.db)}
     if ref.dx is not None:
         errs["dx"] = distance(dx, ref.dx)
@@ -140,4 +187,8 @@ def check_backward(ref: StageReference, dw, db, dx=None) -> tuple[float, str | N
     err = errs[worst]
     if not err <= EXACT_RTOL:
         return err, f"{worst} is {err:.1e} from cuDNN's exact result (bound {EXACT_RTOL:.0e})"
+    if ref.x_zero is not None:
+        leaked = int(np.count_nonzero(_host(dx)[ref.x_zero]))
+        if leaked:
+            return err, f"dx is nonzero at {leaked} inputs that are exactly 0 (the previous ReLU's mask)"
     return err, None

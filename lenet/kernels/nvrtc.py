@@ -1,6 +1,6 @@
 """CUDA modules of ours compiled by NVRTC (through ctypes) into a cache of compiled binaries of our
 own, each on a thread of its own, started before they are needed: lenet's kernels (lenet/kernels/)
-and the search's distance kernel (descriptors/search.py) use it.
+including the planner's distance kernel (distance.cu), use it.
 
 Note [first run]: on a program's first run on a machine (the kernel cache empty), NVRTC compiles
 every module it launches. Measured on an H100 machine (scripts/probes/train_timeline.py --cold): our

@@ -1,0 +1,133 @@
+"""The protocol every engine follows, and what the planner hands back and forth with it.
+
+An engine is whatever can run operations of the network (lenet/ops.py: a stage, the head, the loss,
+the update) or the parts of one (a convolution direction, a max pooling): one class in one file of
+this package, listed once in lenet/engines/registry.py. The planner (lenet/plan.py) asks every engine
+the registry lists for an operation, and chooses by measurement:
+
+    class Engine(Protocol):
+        name: str                                    # what stored choices and describe() say
+        flag: str | None                             # the --engine value that runs it (None: it runs beside)
+        kinds: tuple[str, ...]                       # the operations (and parts) it offers
+        def refuses(self, op, policy) -> str | None  # None, or why it cannot run op under policy
+        def candidates(self, op, planner) -> list    # its ways to run op: named, each bound by bind
+        def check(self, op, candidate, planner)      # -> Check: its distance from the exact reference
+        def bind(self, op, candidate, planner)       # -> a PlannedOp on op's tensors
+        def recall(self, op, stored, planner)        # -> the candidate a stored choice names, if offered still
+
+A planned operation holds its tensors, plans and workspace share, runs with no arguments (so a step
+can be captured in a CUDA graph) and describes itself for the programs:
+
+    class PlannedOp(Protocol):
+        workspace_bytes: int
+        def forward(self) -> None: ...               # (a stage's, the head's; the loss and update run
+        def backward(self) -> None: ...              #  as their own kinds say)
+        def describe(self) -> list[dict]: ...        # engine, plan or kernel, chunk, time, workspace, error
+
+An engine keeps nothing mutable of its own: what it makes for a model (cuDNN's descriptors and graphs,
+scratch buffers, its checks) lives in ``planner.state(engine)``, which the model owns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+@dataclass(frozen=True)
+class Check:
+    """A candidate against its operation's exact reference: the distance (norm-wise relative, or None
+    where the engine is the reference), near-tie decisions it took otherwise (counted, allowed), and why
+    it fails (None: it passes)."""
+
+    error: float | None = None
+    ties: int = 0
+    why: str | None = None
+
+
+@dataclass
+class Trial:
+    """A candidate that passed its check: its time (ms per call, None where it was not timed), its check,
+    and what binding it made (a planned operation, a launcher)."""
+
+    candidate: object
+    ms: float | None
+    check: Check = field(default_factory=Check)
+    plan: object = None
+
+    @property
+    def error(self) -> float | None:
+        return self.check.error
+
+
+@dataclass
+class Decision:
+    """What the planner's loop found: the surviving candidates, fastest first (in the order tried where
+    timing decides nothing), those refused with why, and whether it came from the store."""
+
+    table: list
+    refused: dict
+    recalled: bool = False
+
+    @property
+    def best(self) -> Trial:
+        return self.table[0]
+
+
+class Candidate(Protocol):
+    engine: str
+    name: str
+
+    def encode(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class Named:
+    """A candidate that is its name (an engine with one way to run an operation)."""
+
+    engine: str
+    name: str
+
+    def encode(self) -> dict:
+        return {"name": self.name}
+
+
+class PlannedOp(Protocol):
+    workspace_bytes: int
+
+    def describe(self) -> list[dict]: ...
+
+
+class Engine(Protocol):
+    name: str
+    flag: str | None
+    kinds: tuple
+
+    def refuses(self, op, policy) -> str | None: ...
+
+    def candidates(self, op, planner) -> list: ...
+
+    def check(self, op, candidate, planner) -> Check: ...
+
+    def bind(self, op, candidate, planner): ...
+
+    def recall(self, op, stored: dict, planner): ...
+
+
+def serves_flag(engine, policy, flags: tuple) -> str | None:
+    """None when ``policy.engine`` is one of ``flags`` (or auto), else why ``engine`` does not run."""
+    if policy.engine == "auto" or policy.engine in flags:
+        return None
+    return f"engine {policy.engine} runs {'cuDNN only' if policy.engine in ('legacy', 'graph') else policy.engine}"
+
+
+def launcher(*fns: Callable[[], None]) -> Callable[[], None]:
+    """One call running ``fns`` in order."""
+    fns = tuple(f for f in fns if f is not None)
+    if len(fns) == 1:
+        return fns[0]
+
+    def run():
+        for f in fns:
+            f()
+    return run

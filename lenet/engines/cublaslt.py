@@ -1,0 +1,166 @@
+"""The head on NVIDIA's libraries as an engine: fc1 (+ bias, ReLU) and fc2 (+ bias) as six cuBLASLt
+matmuls with epilogues where cuBLASLt runs them and fusion is on, else cuBLAS GEMMs with cuDNN's bias
+and ReLU calls; the loss after it is its own operation (our kernel). It runs beside --engine legacy and
+--engine graph, and competes with our head under auto (timed as the step runs it, the loss included;
+with --deterministic and the heuristic, ours by rule).
+
+Note [cuBLASLt epilogues]: forward fc1 = GEMM+bias+ReLU (ReLU mask bits kept), fc2 =
+GEMM+bias; backward dW2 with db2 (BGRADB), dh1 with the ReLU gradient from the mask
+(DRELU), dW1 with db1 (BGRADB), dp2. Twelve launches become six. Where cuBLASLt has no
+algorithm for one of them, the whole plan keeps the cuBLAS path (gemm, cuDNN bias and
+ReLU, gemv bias gradients), and ``note`` says why.
+
+The input gradient dx takes the ReLU mask of the input x itself (the pooled p2, a ReLU's output;
+see Note [relu at the pooled level] in lenet/engines/cudnn.py).
+"""
+
+from __future__ import annotations
+
+from descriptors import ActivationDescriptor, TensorDescriptor, add_tensor
+
+from ..ops import Loss
+from .base import Check, Named
+
+
+class Cublaslt:
+    name = "cublaslt"
+    flag = None
+    beside = ("legacy", "graph")   # --engine flags it runs under besides auto
+    kinds = ("head",)
+
+    def refuses(self, op, policy) -> str | None:
+        if policy.engine == "ours":
+            return "engine ours runs our head"
+        return None
+
+    def version(self) -> str:
+        return ""   # the library's version is the store's (lenet/plancache.py)
+
+    @staticmethod
+    def scratch_per_image(op) -> int:
+        """Bytes per image of max_batch this engine allocates for the head: fc1's ReLU bits."""
+        from ..blas import LtMatmul   # here: the flag parse imports this module (Note [overlapped start-up])
+
+        return LtMatmul.AUX_LD // 8
+
+    def candidates(self, op, n: int, planner) -> list:
+        return [Named(self.name, "cuBLASLt epilogues" if planner.policy.fused else "cuBLAS")]
+
+    def check(self, op, candidate, planner) -> Check:
+        return Check()   # NVIDIA's float32 GEMM; held to PyTorch's by the GPU tests
+
+    def recall(self, op, n: int, stored: dict, planner):
+        return self.candidates(op, n, planner)[0]
+
+    def bind(self, op, n: int, candidate, planner) -> "PlannedHead":
+        from ..blas import LazyLt, LtMatmul
+
+        state = planner.state(self.name)
+        if "relu" not in state:
+            import cupy
+
+            state["relu"] = ActivationDescriptor("relu")
+            state["lt"] = LazyLt(planner.stream)   # cuBLASLt, made on first use
+            with planner.stream:   # fc1's ReLU bits, cuBLASLt's aux output
+                state["mask"] = cupy.zeros(op.max_batch * LtMatmul.AUX_LD // 8, cupy.uint8)
+        loss = planner.plan(Loss(op.loss, op.max_batch), n)
+        return PlannedHead(op.tensors, n, loss, planner, state["relu"],
+                           state["lt"] if planner.policy.fused else None, state["mask"])
+
+    def close(self, state: dict) -> None:
+        if "relu" in state:
+            state.pop("relu").close()
+        state.clear()
+
+
+class PlannedHead:
+    """The head on cuBLASLt (with epilogues) or cuBLAS + cuDNN's bias and ReLU, at batch n."""
+
+    workspace_bytes = 0
+    fuses_loss = False   # a training forward runs the planned loss after it
+
+    def __init__(self, t, n: int, loss, planner, relu, lt=None, relu_mask=None):
+        self.n, self.h, self.blas, self.ones, self.relu = n, planner.handle, planner.blas, planner.ones, relu
+        self.loss, self.w, self.g = loss, t.w, t.g
+        self.x, self.dx = t.x[:n], t.dx[:n]                          # (n, 256)
+        self.h1, self.logits = t.h1[:n], t.logits[:n]                # (n, 120), (n, 10)
+        self.dlogits = t.dlogits[:n]                                 # (n, 10)
+        self.dh1 = t.dh1[:n]                                         # (n, 120)
+        self.hd, self.ld = TensorDescriptor((n, 120, 1, 1)), TensorDescriptor((n, 10, 1, 1))
+        self.h14, self.l4, self.dh14 = self.h1.reshape(n, 120, 1, 1), self.logits.reshape(n, 10, 1, 1), \
+            self.dh1.reshape(n, 120, 1, 1)
+        self.bd = {k: TensorDescriptor((1, t.w[k].shape[0], 1, 1)) for k in ("fc1.bias", "fc2.bias")}
+        self.b4 = {k: t.w[k].reshape(1, -1, 1, 1) for k in ("fc1.bias", "fc2.bias")}   # (1, C, 1, 1)
+        self.x4 = self.x.reshape(n, -1, 1, 1)
+        self.dx4 = self.dx.reshape(n, -1, 1, 1)
+        self.xd = TensorDescriptor(self.x4.shape)
+        from ..blas import LtMatmul, LtUnavailable
+
+        self.lt, self.note = None, "fusion off"
+        if lt is not None:
+            try:
+                self.lt = self._lt(lt.get(), relu_mask[: n * LtMatmul.AUX_LD // 8])
+                self.note = ""
+            except (LtUnavailable, ImportError) as e:
+                self.note = str(e)
+
+    def _lt(self, lt, aux):
+        from ..blas import LtMatmul
+
+        w, g = self.w, self.g
+        return {
+            "fc1": LtMatmul(lt, self.x, w["fc1.weight"], self.h1, trans_b=True, epilogue="relu_aux_bias",
+                            bias=w["fc1.bias"], aux=aux),
+            "fc2": LtMatmul(lt, self.h1, w["fc2.weight"], self.logits, trans_b=True, epilogue="bias",
+                            bias=w["fc2.bias"]),
+            "dW2": LtMatmul(lt, self.dlogits, self.h1, g["fc2.weight"], trans_a=True, epilogue="bgradb",
+                            bias=g["fc2.bias"]),
+            "dh1": LtMatmul(lt, self.dlogits, w["fc2.weight"], self.dh1, epilogue="drelu", aux=aux),
+            "dW1": LtMatmul(lt, self.dh1, self.x, g["fc1.weight"], trans_a=True, epilogue="bgradb",
+                            bias=g["fc1.bias"]),
+            "dp2": LtMatmul(lt, self.dh1, w["fc1.weight"], self.dx),
+        }
+
+    def forward(self) -> None:
+        if self.lt is not None:   # see Note [cuBLASLt epilogues]
+            self.lt["fc1"]()
+            self.lt["fc2"]()
+            return
+        h, w, blas = self.h, self.w, self.blas
+        blas.gemm(self.x, w["fc1.weight"], self.h1, trans_b=True)              # (n,256)@(256,120)
+        add_tensor(h, self.bd["fc1.bias"], self.b4["fc1.bias"], self.hd, self.h14)
+        self.relu.forward(h, self.hd, self.h14, self.hd, self.h14)
+        blas.gemm(self.h1, w["fc2.weight"], self.logits, trans_b=True)         # (n,120)@(120,10)
+        add_tensor(h, self.bd["fc2.bias"], self.b4["fc2.bias"], self.ld, self.l4)
+
+    def forward_loss(self) -> None:
+        """The training forward: logits, then the loss and dlogits."""
+        self.forward()
+        self.loss.train()
+
+    def backward_given(self) -> None:
+        """Every gradient from dlogits written by the caller (a loss of its own)."""
+        self.backward()
+
+    def backward(self) -> None:
+        if self.lt is not None:
+            for op in ("dW2", "dh1", "dW1", "dp2"):
+                self.lt[op]()
+        else:
+            h, w, g, blas = self.h, self.w, self.g, self.blas
+            blas.gemm(self.dlogits, self.h1, g["fc2.weight"], trans_a=True)    # (10,n)@(n,120)
+            blas.column_sums(self.dlogits, self.ones, g["fc2.bias"])
+            blas.gemm(self.dlogits, w["fc2.weight"], self.dh1)                 # (n,10)@(10,120)
+            self.relu.backward(h, self.hd, self.h14, self.hd, self.dh14, self.hd, self.h14, self.hd, self.dh14)
+            blas.gemm(self.dh1, self.x, g["fc1.weight"], trans_a=True)         # (120,n)@(n,256)
+            blas.column_sums(self.dh1, self.ones, g["fc1.bias"])
+            blas.gemm(self.dh1, w["fc1.weight"], self.dx)                      # (n,120)@(120,256)
+        # dx masked by x > 0 (x is a ReLU's output: Note [relu at the pooled level])
+        xd = self.xd
+        self.relu.backward(self.h, xd, self.x4, xd, self.dx4, xd, self.x4, xd, self.dx4)
+
+    def describe(self) -> list[dict]:
+        how = ("cuBLASLt, bias/ReLU/bias-gradient epilogues" if self.lt is not None
+               else f"cuBLAS gemm + cuDNN bias/ReLU ({self.note})")
+        return [{"layer": "fc1+fc2", "op": "fwd+bwd", "engine": "cublaslt" if self.lt is not None else "cublas",
+                 "algo": how, "chunk": self.n, "chunks": 1, "workspace_bytes": 0}]

@@ -1,0 +1,538 @@
+"""A stage by parts on cuDNN: conv + bias + ReLU, each direction (forward with bias and ReLU, weight
+gradient, data gradient) chosen among the candidates of every engine that offers convolutions (the
+descriptor API's algorithms, the graph API's plans: lenet/engines/legacy.py, graph.py), in chunks; the
+bias gradient as two cuBLAS gemv; then cuDNN's max pooling (the descriptor API: the graph API's Python
+frontend 1.28 has none) on the unpooled output, which this engine keeps per stage. It runs beside
+--engine legacy and --engine graph, and competes under auto; ``--engine legacy|graph`` is a
+cuDNN-only stage.
+
+Note [chunks]: per image, cuDNN's kernels for LeNet's shapes cost about the same from 1024 to 16384
+images a call, and up to 14x more in one call of 65536 (conv1's weight gradient: 48 against 662 ns per
+image on an H100). A batch of n therefore runs as calls of ``chunk`` images and one remainder call,
+where chunk is n or one of CHUNK_SIZES below n, whichever the timings say is fastest (``--chunk``
+fixes it). Each chunk size has its own candidate table, so a remainder runs its own best candidate.
+With --deterministic and the heuristic, chunks by rule: the whole batch up to DETERMINISTIC_CHUNK
+images, calls of DETERMINISTIC_CHUNK above (Note [reproducible choices] in lenet/plan.py).
+
+Note [relu at the pooled level]: ReLU commutes with max pooling (both are monotone), so
+p = maxpool(relu(c)) = relu(maxpool(c)) and the ReLU mask of a stage can be applied to the
+pooled gradient, before the pool's backward routes it: maxpool_backward(dp * (p > 0))
+equals relu_backward(maxpool_backward(dp)) exactly (the routed position holds p itself;
+where p == 0 both give 0). The pooled tensor is 4x smaller, and the mask becomes the
+epilogue of whatever computes dp: conv2's data gradient (``act`` = p1, fused into the graph
+where cuDNN builds it) and fc1's input gradient (act = p2).
+
+Note [chunked weight gradient]: the graph API's weight gradient has no beta, so each chunk
+writes its own partial (chunks x K*C*R*S floats, allocated at plan time) and one gemv adds them in
+a fixed order: deterministic, and equal to one call's result up to float32 summation order. Each
+partial starts on a 256-byte boundary: graph plans refuse a pointer that is not aligned
+(CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen on an H100 for rows of 150 floats).
+
+Note [conv bias gradient]: cudnnConvolutionBackwardBias launches one block per channel; measured
+with ncu on an H100 (cuDNN 9.19, batch 64) it took 58 us for conv1 and 32 us for conv2, the largest
+items of the step. Two gemv take ~4 us each.
+
+Note [pooling batch limit]: cuDNN's max-pooling forward kernel puts the batch in the grid's z
+dimension, which CUDA caps at 65535: at N = 65536 cudnnPoolingForward answers NOT_SUPPORTED (seen on
+an H100, cuDNN 9.19). Chunk sizes above POOL_LIMIT are therefore not candidates; below it the chunk
+size is timed like a convolution's. A single size is not timed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from descriptors import PoolingDescriptor, TensorDescriptor
+from descriptors.algorithms import AlgorithmNotSupportedError, Workspace
+from descriptors.candidates import BATCH_ROLES, Candidate
+from descriptors.errors import CudnnError
+from descriptors.exact import reference, tolerance
+
+from ..kernels import distance, prefetch
+from .base import Check, Named, Trial
+
+CHUNK_SIZES = (1024, 2048, 4096, 8192, 16384)
+DETERMINISTIC_CHUNK = 16384
+POOL_LIMIT = 32768
+
+
+def chunk_sizes(n: int, forced: int | None = None, reproducible: bool = False) -> list[int]:
+    """The chunk sizes a batch of n may run in (Note [chunks])."""
+    if forced is not None:
+        return [min(int(forced), n)]
+    if reproducible:
+        return [min(n, DETERMINISTIC_CHUNK)]
+    return [n] + [c for c in CHUNK_SIZES if c < n]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A chunk size as a candidate of the planner's loop."""
+
+    size: int
+    engine = None
+
+    @property
+    def name(self) -> str:
+        return f"chunks of {self.size}"
+
+
+@dataclass(frozen=True)
+class ConvChoice:
+    """How a whole batch runs one convolution direction: calls of ``chunk`` images by ``full``, and the
+    remainder (if any) by ``rest`` (lenet.engines.base.Trial each: candidate, ms per call, check).
+    ``ms`` is the estimate for the whole batch."""
+
+    spec: object
+    chunk: int
+    full: Trial
+    rest: Trial | None
+    ms: float
+    policy: str
+
+    def calls(self):
+        """(start, count, Trial) per call, in order."""
+        n, c = self.spec.n, self.chunk
+        for start in range(0, n - n % c, c):
+            yield start, c, self.full
+        if n % c:
+            yield n - n % c, n % c, self.rest
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.spec.n // self.chunk)
+
+
+def _operands(spec) -> dict:
+    import cupy
+
+    rng = cupy.random.default_rng(0)
+    out = {r: rng.standard_normal(spec.shape(r), dtype=cupy.float32) for r in spec.roles}
+    cupy.cuda.get_current_stream().synchronize()
+    return out
+
+
+def _unsupported_message(spec, policy, choice, cands, excluded) -> str:
+    listed = ", ".join(sorted({c.name for _, c in cands})) or "none"
+    why = excluded.get(choice)
+    if why:
+        return f"{spec.direction} {choice} {why}; supported here: {listed}"
+    return (f"cuDNN does not support {spec.direction} {choice} for {spec} with pad {spec.pad}, stride "
+            f"{spec.stride}, dilation {spec.dilation} (engine {policy.engine}); supported here: {listed}")
+
+
+class Cudnn:
+    name = "cudnn"
+    flag = None
+    beside = ("legacy", "graph")   # --engine flags it runs under besides auto
+    kinds = ("stage",)
+
+    def refuses(self, op, policy) -> str | None:
+        if policy.engine == "ours":
+            return "engine ours runs no cuDNN convolution"
+        theirs = [name for name, owner in policy.owners().items() if owner is not None]
+        if theirs:
+            return f"--algo names {theirs[0]}, not a cuDNN algorithm"
+        return None
+
+    def version(self) -> str:
+        import descriptors
+
+        return descriptors.version_string()
+
+    @staticmethod
+    def scratch_per_image(op) -> int:
+        """Bytes per image of max_batch this engine allocates for a stage: the unpooled output and its gradient."""
+        return 2 * 4 * math.prod(op.spec.conv_chw)
+
+    def warm(self, batches=None) -> None:
+        prefetch(("distance",))   # the check of every convolution candidate (Note [exact candidates])
+
+    def candidates(self, op, n: int, planner) -> list:
+        return [Named(self.name, "cuDNN by parts")]
+
+    def check(self, op, candidate, planner) -> Check:
+        return Check()   # its parts are cuDNN's exact reference or checked against it as they are chosen
+
+    def recall(self, op, n: int, stored: dict, planner):
+        return self.candidates(op, n, planner)[0]
+
+    def bind(self, op, n: int, candidate, planner) -> "CudnnPlan":
+        import cupy
+
+        spec = op.spec
+        k, h, w = spec.conv_chw
+
+        def make():
+            N = op.max_batch
+            return {"c": cupy.zeros((N, k, h, w), cupy.float32),      # (N, K, H, W) relu(conv + bias)
+                    "dc": cupy.zeros((N, k, h, w), cupy.float32),     # (N, K, H, W) its gradient
+                    "bias": cupy.zeros(k * h * w, cupy.float32)}      # (K*H*W,) bias-gradient scratch
+        state = planner.state(self.name)
+        if ("stage", op.name) not in state:
+            with planner.stream:   # zeroed on the model's stream, which waits for no other
+                state[("stage", op.name)] = make()
+        own, t = state[("stage", op.name)], op.tensors.rows(n)
+        c, dc = own["c"][:n], own["dc"][:n]
+        conv = PlannedConv(self, planner, spec.name, spec.conv, n, x=t.x, w=t.w, b=t.b, y=c, dy=dc, dw=t.dw, db=t.db,
+                           dx=t.dx, act=t.x if t.dx is not None else None, bias_scratch=own["bias"])
+        pool = PlannedPool(self, planner, spec.name.replace("conv", "pool"), n, x=c, y=t.y, dx=dc, dy=t.dy)
+        return CudnnPlan(conv, pool)
+
+    # ---------------------------------------------------------------- convolutions
+
+    def table(self, planner, spec, policy=None):
+        """The planner's decision among every convolution engine's candidates for ``spec`` (one chunk
+        size), fastest first: heuristic, each engine's first candidate that runs and is exact; exhaustive,
+        all of them; a fixed name, that one (kept whatever its distance). Timed on random operands as the
+        step runs them, each checked against the exact reference (Note [exact candidates] in
+        descriptors/exact.py). Not stored: the chunk choice is (``conv_choice``)."""
+        policy = policy or planner.policy
+        engines = planner.part_engines("conv", spec, policy)
+        by_name = {e.name: e for e in engines}
+        choice, fixed = policy.choice(spec.direction), policy.fixed(spec.direction)
+        reproducible = choice == "heuristic" and policy.deterministic   # Note [reproducible choices]
+        tol, kept = tolerance(policy), {}
+
+        def offered():
+            cands, excluded = [], {}
+            for e in engines:
+                c, ex = e.conv_candidates(spec, planner, policy)
+                cands += [(e, x) for x in c]
+                excluded.update(ex)
+            if fixed:
+                named = [(e, c) for e, c in cands if c.name == choice]
+                if not named:
+                    raise AlgorithmNotSupportedError(_unsupported_message(spec, policy, choice, cands, excluded))
+                cands = named
+            if not cands:
+                raise AlgorithmNotSupportedError(
+                    f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "
+                    + ("; ".join(f"{k} {v}" for k, v in list(excluded.items())[:6]) or "none listed"))
+            kept["arrays"] = _operands(spec)
+            kept["ref"] = reference(planner.handle, spec, kept["arrays"])
+            kept["ws"] = Workspace(max(c.workspace_bytes for _, c in cands))
+            return [c for _, c in cands]
+
+        def trial(c, best):
+            arrays, out = kept["arrays"], kept["arrays"][spec.output]
+            with planner.stream:
+                out.data.memset_async(0xFF, out.nbytes)   # NaN everywhere: an output not written cannot pass
+            try:
+                run = by_name[c.engine].bind_conv(spec, c, arrays, kept["ws"], planner)
+                ms = planner.time(run, cutoff_ms=3 * best if best < math.inf else None)
+            except CudnnError as e:
+                if e.is_not_supported or e.is_alloc_failure or e.is_execution_failure:   # Note [algorithm fallback]
+                    return e.status_name
+                raise
+            with planner.stream:
+                err = distance(out, kept["ref"])
+            if not fixed and not err <= tol:   # NaN fails too
+                return f"is {err:.1e} from the exact reference (bound {tol:.0e}; see Note [exact candidates])"
+            return Trial(c, ms, Check(err))
+        key = planner.key(f"conv {spec.direction}", {"spec": dataclasses.asdict(spec)}, engines, policy)
+        rule = "first" if reproducible else "first-per-engine" if choice == "heuristic" else "fastest"
+        return planner.choose(key, offered, trial, rule=rule, what=f"{spec.direction} {spec} under {policy}")
+
+    def conv_choice(self, planner, spec) -> ConvChoice:
+        """How to run ``spec`` (a whole batch): the candidate and chunk size with the least time (Note [chunks])."""
+        import cupy
+
+        policy, n, first_error = planner.policy, spec.n, []
+        engines = planner.part_engines("conv", spec, policy)
+        reproducible = policy.choice(spec.direction) == "heuristic" and policy.deterministic
+
+        def best_at(c):
+            return self.table(planner, spec.at(c)).best
+
+        def trial(chunk, best):
+            c = chunk.size
+            try:
+                full, rest = best_at(c), (best_at(n % c) if n % c else None)
+            except (AlgorithmNotSupportedError, cupy.cuda.memory.OutOfMemoryError) as e:
+                first_error.append(e)
+                return str(e).splitlines()[0]
+            return Trial(chunk, (n // c) * full.ms + (rest.ms if rest else 0.0), Check(), (full, rest))
+        key = planner.key(f"conv {spec.direction} chunks", {"spec": dataclasses.asdict(spec)}, engines)
+        try:
+            d = planner.choose(key, [Chunk(c) for c in chunk_sizes(n, policy.chunk, reproducible)], trial,
+                               recall=lambda v: self._decode(planner, spec, v, engines), encode=self._encode,
+                               what=f"{spec.direction} {spec} in chunks")
+        except AlgorithmNotSupportedError:
+            if first_error:
+                raise first_error[0] from None
+            raise
+        full, rest = d.best.plan
+        c = policy.choice(spec.direction)
+        return ConvChoice(spec, d.best.candidate.size, full, rest, d.best.ms,
+                          c if c in ("heuristic", "exhaustive") else "fixed")
+
+    @staticmethod
+    def _encode(d) -> dict:
+        def timed(t):
+            return None if t is None else {"candidate": dataclasses.asdict(t.candidate), "ms": t.ms,
+                                           "error": t.check.error}
+        full, rest = d.best.plan
+        return {"chunk": d.best.candidate.size, "full": timed(full), "rest": timed(rest), "ms": d.best.ms}
+
+    @staticmethod
+    def _decode(planner, spec, v: dict, engines):
+        """A stored chunk choice, if every candidate in it is still offered by an engine that serves."""
+        by_name = {e.name: e for e in engines}
+
+        def timed(d, count):
+            if d is None:
+                return None
+            c = dict(d["candidate"])
+            c["key"] = tuple(c.get("key") or ())
+            cand = Candidate(**c)
+            e = by_name.get(cand.engine)
+            if e is None or not e.offers(spec.at(count), cand, planner):
+                raise ValueError(f"{cand.label} is not offered now")
+            return Trial(cand, float(d["ms"]), Check(float(d["error"])))
+        chunk = int(v["chunk"])
+        if not 1 <= chunk <= spec.n or (v["rest"] is None) != (spec.n % chunk == 0):
+            raise ValueError(f"chunk {chunk} does not fit a batch of {spec.n}")
+        pair = (timed(v["full"], chunk), timed(v["rest"], spec.n % chunk))
+        return Trial(Chunk(chunk), float(v["ms"]), Check(), pair)
+
+    # ---------------------------------------------------------------- pooling
+
+    def pooling(self, planner) -> PoolingDescriptor:
+        """cuDNN's 2x2/2 max pooling for this model; deterministic mode takes its deterministic form."""
+        mode = "max_deterministic" if planner.policy.deterministic else "max"
+        state = planner.state(self.name)
+        if ("pool", mode) not in state:
+            state[("pool", mode)] = PoolingDescriptor(mode, window=2, stride=2)
+        return state[("pool", mode)]
+
+    def close(self, state: dict) -> None:
+        for k, v in list(state.items()):
+            if isinstance(k, tuple) and k[0] == "pool":
+                v.close()
+        state.clear()
+
+
+def supported_names(planner, specs, n: int, engine: str = "legacy") -> dict[str, list[str]]:
+    """Per direction, the algorithm (or plan) names convolution engine ``engine`` offers for every stage
+    (lenet.ops.StageSpec) that runs that direction at batch n: what a fixed ``--algo`` may name."""
+    from descriptors.algorithms import AlgoPolicy
+
+    e = next(e for e in planner.part_engines("conv", None, planner.policy.replace(engine="auto")) if e.name == engine)
+    policy = AlgoPolicy(allow_winograd=engine == "legacy")
+    out = {}
+    for d, epilogue, chosen in (("fwd", "bias_relu", specs), ("bwd-data", "drelu", [s for s in specs if s.dx]),
+                                ("bwd-filter", "", specs)):
+        sets = [{c.name for c in e.source(planner).candidates(planner.handle, s.conv(d, n, epilogue), policy,
+                                                              planner.policy.fused)[0]} for s in chosen]
+        out[d] = sorted(set.intersection(*sets))
+    return out
+
+
+class CudnnPlan:
+    engine = "cudnn"
+
+    def __init__(self, conv, pool):
+        self.conv, self.pool = conv, pool
+        self.workspace_bytes = conv.workspace_bytes
+
+    def forward(self) -> None:
+        self.conv.forward()
+        self.pool.forward()
+
+    def backward(self) -> None:
+        self.pool.backward()
+        self.conv.backward()
+
+    def describe(self) -> list[dict]:
+        return self.conv.describe() + self.pool.describe()
+
+
+class BoundConv:
+    """A ConvChoice bound to full-batch arrays: one launcher per chunk, and, for a weight gradient in
+    several chunks, per-chunk partials summed into ``dw`` by one cuBLAS gemv (Note [chunked weight
+    gradient])."""
+
+    def __init__(self, engine: Cudnn, planner, choice: ConvChoice, arrays: dict):
+        import cupy
+
+        self.choice, spec = choice, choice.spec
+        self.partials, self._reduce = None, None
+        engines = {e.name: e for e in planner.part_engines("conv", spec, planner.policy)}
+        if spec.direction == "bwd-filter" and choice.chunks > 1:
+            size = math.prod(spec.w)
+            with planner.stream:
+                rows = cupy.zeros((choice.chunks, -(-size // 64) * 64), dtype=cupy.float32)   # (chunks, padded K*C*R*S)
+            self.partials = rows[:, :size]
+            dw, blas, ones = arrays["dw"].reshape(-1), planner.blas, planner.ones
+            self._reduce = lambda: blas.column_sums(self.partials, ones, dw)
+        self.calls = []
+        for i, (start, count, trial) in enumerate(choice.calls()):
+            a = {r: (arr[start:start + count] if r in BATCH_ROLES else arr) for r, arr in arrays.items()}
+            if self.partials is not None:
+                a["dw"] = self.partials[i].reshape(spec.w)
+            cand = trial.candidate
+            self.calls.append(engines[cand.engine].bind_conv(spec.at(count), cand, a, planner.workspace, planner))
+
+    def __call__(self) -> None:
+        for call in self.calls:
+            call()
+        if self._reduce is not None:
+            self._reduce()
+
+    @property
+    def workspace_bytes(self) -> int:
+        c = self.choice
+        return max(c.full.candidate.workspace_bytes, c.rest.candidate.workspace_bytes if c.rest else 0)
+
+    def describe(self, layer: str) -> dict:
+        c, t = self.choice, self.choice.full.candidate
+        row = {"layer": layer, "op": c.spec.direction + (f"+{c.spec.epilogue}" if c.spec.epilogue else ""),
+               "engine": t.engine, "algo": t.name, "fused": t.fused, "chunk": c.chunk, "chunks": c.chunks,
+               "time_ms": c.ms, "workspace_bytes": self.workspace_bytes, "error": c.full.check.error,
+               "deterministic": t.deterministic, "math": t.math, "policy": c.policy}
+        if c.rest is not None and c.rest.candidate != t:
+            row["rest"] = c.rest.candidate.label
+        return row
+
+
+class PlannedConv:
+    """conv + bias + ReLU of one stage at batch n, bound to its tensors: the forward, the weight and bias
+    gradient, and (when ``dx`` is given) the data gradient masked by ``act > 0``. ``x``, ``y``, ``dy``,
+    ``dx``, ``act`` are the batch's rows; ``conv(direction, n, epilogue)`` makes the ConvSpec of each
+    direction; ``bias_scratch`` holds C*H*W floats of y for the bias gradient."""
+
+    def __init__(self, engine: Cudnn, planner, name: str, conv, n: int, *, x, w, b, y, dy, dw, db, dx=None, act=None,
+                 bias_scratch):
+        self.name, self.n = name, n
+
+        def bound(direction, epilogue, arrays):
+            return BoundConv(engine, planner, engine.conv_choice(planner, conv(direction, n, epilogue)), arrays)
+        self.forward = bound("fwd", "bias_relu", {"x": x, "w": w, "b": b.reshape(1, -1, 1, 1), "y": y})
+        self.wgrad = bound("bwd-filter", "", {"x": x, "dy": dy, "dw": dw})
+        self.dgrad = None
+        if dx is not None:
+            arrays = {"dy": dy, "w": w, "dx": dx}
+            if act is not None:
+                arrays["act"] = act
+            self.dgrad = bound("bwd-data", "drelu" if act is not None else "", arrays)
+        self._bias = _bias_gradient(planner.blas, planner.ones, dy, db, bias_scratch)
+
+    def backward(self) -> None:
+        self.wgrad()
+        self._bias()
+        if self.dgrad is not None:
+            self.dgrad()
+
+    @property
+    def workspace_bytes(self) -> int:
+        return max(c.workspace_bytes for c in (self.forward, self.wgrad, self.dgrad) if c is not None)
+
+    def describe(self) -> list[dict]:
+        rows = [c.describe(self.name) for c in (self.forward, self.wgrad, self.dgrad) if c is not None]
+        rows.append({"layer": self.name, "op": "bias-grad", "engine": "cublas", "algo": "2 x gemv",
+                     "chunk": self.n, "chunks": 1})
+        return rows
+
+
+def _bias_gradient(blas, ones, dy, db, scratch):
+    """db[c] = sum of dy[:, c, :, :], as two cuBLAS gemv: over the batch, then over H*W (Note [conv bias
+    gradient])."""
+    n, c, hh, ww = dy.shape
+    tmp = scratch[: c * hh * ww]
+    flat = dy.reshape(n, c * hh * ww)
+
+    def run():
+        blas.column_sums(flat, ones, tmp)                    # (C*H*W,) sum over N
+        blas.row_sums(tmp.reshape(c, hh * ww), ones, db)     # (C,) sum over H*W
+    return run
+
+
+class PlannedPool:
+    """y = maxpool2x2(x) at batch n over the batch's rows of x (N, C, H, W) and y, and its backward dx
+    from dy, in chunks chosen by timing (Note [pooling batch limit])."""
+
+    workspace_bytes = 0
+
+    def __init__(self, engine: Cudnn, planner, name: str, n: int, *, x, y, dx, dy):
+        self.name, self.n = name, n
+        h, pool, pol = planner.handle, engine.pooling(planner), planner.policy
+        self.mode = pool.read()["mode"]
+        chw = tuple(x.shape[1:])
+        sizes = chunk_sizes(n, pol.chunk, pol.deterministic and pol.choice("fwd") == "heuristic")
+        if min(sizes) > POOL_LIMIT:       # a forced chunk above the limit: the largest that runs
+            sizes = [POOL_LIMIT]
+        self.chunk, self.ms = self._choose(engine, planner, pool, chw, n, sizes)
+        descs = {}
+        self._fwd, self._bwd = [], []
+        for start in range(0, n, self.chunk):
+            k = min(self.chunk, n - start)
+            if k not in descs:
+                descs[k] = (TensorDescriptor((k, *chw)), TensorDescriptor((k, chw[0], chw[1] // 2, chw[2] // 2)))
+            xd, yd = descs[k]
+            s = slice(start, start + k)
+            xs, ys, dxs, dys = x[s], y[s], dx[s], dy[s]
+            self._fwd.append(lambda xd=xd, yd=yd, xs=xs, ys=ys: pool.forward(h, xd, xs, yd, ys))
+            self._bwd.append(lambda xd=xd, yd=yd, xs=xs, ys=ys, dxs=dxs, dys=dys:
+                             pool.backward(h, yd, ys, yd, dys, xd, xs, xd, dxs))
+        self._descs = descs   # the descriptors live as long as the plan
+
+    def _choose(self, engine: Cudnn, planner, pool, chw: tuple, n: int, sizes: list) -> tuple[int, float | None]:
+        """(chunk, estimated ms for the whole batch, None when not timed)."""
+        if len(sizes) == 1:
+            return sizes[0], None
+
+        def trial(chunk, best):
+            c = chunk.size
+            full = self._time_at(engine, planner, pool, chw, c)
+            rest = self._time_at(engine, planner, pool, chw, n % c) if n % c else 0.0
+            return "over the pooling's batch limit" if full is None or rest is None else \
+                Trial(chunk, (n // c) * full + rest, Check())
+
+        def recall(v):
+            return Trial(Chunk(int(v["chunk"])), v.get("ms"), Check()) if v.get("chunk") in sizes else None
+        key = planner.key("pool", {"chw": list(chw), "n": n, "sizes": list(sizes), "mode": self.mode}, (engine,))
+        d = planner.choose(key, [Chunk(c) for c in sizes], trial, recall=recall,
+                           encode=lambda d: {"chunk": d.best.candidate.size, "ms": d.best.ms},
+                           what=f"{self.name} in chunks")
+        return d.best.candidate.size, d.best.ms
+
+    @staticmethod
+    def _time_at(engine: Cudnn, planner, pool, chw: tuple, c: int) -> float | None:
+        """ms of forward + backward on c random images (kept in the engine's state); None above POOL_LIMIT."""
+        if c > POOL_LIMIT:
+            return None
+        mode = pool.read()["mode"]
+        state = planner.state(engine.name)
+        key = ("pool time", planner.handle.device_id, chw, c, mode, planner.captured)
+        if key not in state:
+            import cupy
+
+            ch, hh, ww = chw
+            xd, yd = TensorDescriptor((c, ch, hh, ww)), TensorDescriptor((c, ch, hh // 2, ww // 2))
+            rng = cupy.random.default_rng(0)
+            x, dy = rng.standard_normal(xd.shape, dtype=cupy.float32), rng.standard_normal(yd.shape, dtype=cupy.float32)
+            y, dx = cupy.zeros(yd.shape, cupy.float32), cupy.zeros(xd.shape, cupy.float32)
+            cupy.cuda.get_current_stream().synchronize()
+
+            def run():
+                pool.forward(planner.handle, xd, x, yd, y)
+                pool.backward(planner.handle, yd, y, yd, dy, xd, x, xd, dx)
+            state[key] = planner.time(run)
+            for d in (xd, yd):
+                d.close()
+        return state[key]
+
+    def forward(self) -> None:
+        for f in self._fwd:
+            f()
+
+    def backward(self) -> None:
+        for f in self._bwd:
+            f()
+
+    def describe(self) -> list[dict]:
+        return [{"layer": self.name, "op": "pool fwd+bwd", "engine": "legacy", "algo": self.mode,
+                 "chunk": self.chunk, "chunks": -(-self.n // self.chunk), "time_ms": self.ms, "workspace_bytes": 0}]

@@ -1,0 +1,70 @@
+"""cuDNN's graph API as an engine (nvidia-cudnn-frontend 1.28): the execution plans of one graph per
+convolution direction (6 to 9 exact plans for LeNet's shapes), the epilogue in the graph (fused) or
+after it, as candidates for a convolution direction (a part of a stage on cuDNN: lenet/engines/cudnn.py).
+``--engine graph`` runs it alone beside cuDNN's pooling and a cuBLAS head; without the frontend,
+``--engine graph`` is a one-line error naming the package, and ``auto`` leaves this engine out and
+says so once. Its graphs are the model's (descriptors.GraphConvs in ``planner.state``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from descriptors.algorithms import POLICIES, is_graph_plan_name
+from descriptors.candidates import GraphConvs
+from descriptors.graph import available
+
+
+class Graph:
+    name = "graph"
+    flag = "graph"
+    kinds = ("conv",)
+    frontend = True   # may load nvidia-cudnn-frontend (lenet/startup.py imports it early where so)
+
+    def refuses(self, op, policy) -> str | None:
+        if policy.engine not in ("auto", self.flag):
+            return f"engine {policy.engine} runs {'our kernels' if policy.engine == 'ours' else 'the descriptor API'}"
+        ok, why = available()
+        if not ok:   # --engine graph without it is refused with the flags (refuses_flags)
+            warnings.warn(f"engine auto uses the descriptor API only: {why}", RuntimeWarning, stacklevel=2)
+            return why
+        return None
+
+    def refuses_flags(self, policy) -> str | None:
+        ok, why = available()
+        if not ok:
+            return f"cannot run here: {why}"
+        fixed = [c for c in policy.fixed_choices() if c not in POLICIES and not is_graph_plan_name(c)]
+        if fixed:
+            return f"offers only graph-API plans, and --algo names the descriptor-API algorithm {fixed[0]}"
+        return None
+
+    @staticmethod
+    def source(planner) -> GraphConvs:
+        state = planner.state("graph")
+        if "convs" not in state:
+            state["convs"] = GraphConvs()
+        return state["convs"]
+
+    def conv_candidates(self, spec, planner, policy=None):
+        """(candidates, fused plans first, each graph's in cuDNN's heuristic order; {name: why excluded})."""
+        policy = policy or planner.policy
+        return self.source(planner).candidates(planner.handle, spec, policy.cudnn(), policy.fused)
+
+    def offers(self, spec, cand, planner) -> bool:
+        return self.source(planner).offers(planner.handle, spec, cand, planner.policy.cudnn(), planner.policy.fused)
+
+    def bind_conv(self, spec, cand, arrays, workspace, planner):
+        return self.source(planner).bind(planner.handle, spec, cand, arrays, workspace)
+
+    def version(self) -> str:
+        import importlib.metadata
+
+        try:
+            return importlib.metadata.version("nvidia-cudnn-frontend")
+        except importlib.metadata.PackageNotFoundError:
+            return "none"
+
+    def close(self, state: dict) -> None:
+        if "convs" in state:
+            state.pop("convs").close()

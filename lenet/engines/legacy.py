@@ -1,0 +1,55 @@
+"""cuDNN's descriptor API as an engine: its convolution algorithms (5 to 8 per direction for LeNet's
+shapes), each with its epilogue fused (cudnnConvolutionBiasActivationForward, forward only) or run
+after it, as candidates for a convolution direction (a part of a stage on cuDNN: lenet/engines/cudnn.py).
+``--engine legacy`` runs it alone beside cuDNN's pooling and a cuBLAS head. Its cuDNN objects are the
+model's (descriptors.LegacyConvs in ``planner.state``).
+"""
+
+from __future__ import annotations
+
+from descriptors.candidates import LegacyConvs
+from descriptors.algorithms import is_graph_plan_name
+
+
+class Legacy:
+    name = "legacy"
+    flag = "legacy"
+    kinds = ("conv",)
+
+    def refuses(self, op, policy) -> str | None:
+        if policy.engine not in ("auto", self.flag):
+            return f"engine {policy.engine} runs {'our kernels' if policy.engine == 'ours' else 'the graph API'}"
+        return None
+
+    def refuses_flags(self, policy) -> str | None:
+        fixed = [c for c in policy.fixed_choices() if is_graph_plan_name(c)]
+        if fixed:
+            return f"offers only the descriptor API's algorithms, and --algo names the graph-API plan {fixed[0]}"
+        return None
+
+    @staticmethod
+    def source(planner) -> LegacyConvs:
+        state = planner.state("legacy")
+        if "convs" not in state:
+            state["convs"] = LegacyConvs()
+        return state["convs"]
+
+    def conv_candidates(self, spec, planner, policy=None):
+        """(candidates in cuDNN's heuristic order, {name: why excluded})."""
+        policy = policy or planner.policy
+        return self.source(planner).candidates(planner.handle, spec, policy.cudnn(), policy.fused)
+
+    def offers(self, spec, cand, planner) -> bool:
+        return self.source(planner).offers(planner.handle, spec, cand, planner.policy.cudnn(), planner.policy.fused)
+
+    def bind_conv(self, spec, cand, arrays, workspace, planner):
+        return self.source(planner).bind(planner.handle, spec, cand, arrays, workspace)
+
+    def version(self) -> str:
+        import descriptors
+
+        return descriptors.version_string()
+
+    def close(self, state: dict) -> None:
+        if "convs" in state:
+            state.pop("convs").close()

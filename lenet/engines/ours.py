@@ -1,0 +1,371 @@
+"""Our engine: kernels of our own (lenet/kernels/), for every operation of the network.
+
+  stage   each direction fused into one kernel (stage*.cu; the backward plus one reduction of the
+          per-block weight and bias gradients): the candidates are launch shapes and kernel versions
+          (lenet/kernels/stages.py), chosen per direction by the planner, each checked against cuDNN's
+          exact result first (Note [checking a stage] in lenet/engines/reference.py)
+  head    two kernels (head.cu: an image's forward, loss, dlogits and data gradients; head_weights.cu:
+          the weight gradients on the side stream), G images per block iteration a candidate
+          (Note [head latency] in lenet/kernels/head.cu)
+  loss    softmax cross-entropy (softmax_ce.cu), where the head does not fuse it; and evaluation's
+  update  SGD with momentum, weight decay and the moving average, one launch (sgd.cu)
+
+``heuristic`` takes each list's first launch shape (a rule: no timing), ``exhaustive`` times them all.
+Our kernels are exact float32 (FMA, no TF32) and deterministic: a fixed launch shape sums the
+gradients in a fixed order (Note [stage backward through the argmax] in stage_common.cu).
+
+Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
+``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both backward
+directions of the policy). A pinned candidate still passes the check against cuDNN's exact result;
+one a stage does not offer (``fused-fwd-v2-...``, ``fused-bwd-v2-...``, ``fused-bwd-v3-...``: only conv2
+has more than one version) is an error naming those it has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from descriptors.algorithms import AlgorithmNotSupportedError
+
+from ..kernels import SoftmaxCE, prefetch, sgd_launch, sm_count, source_digest
+from ..kernels import head as head_kernels
+from ..kernels import stages
+from ..kernels.stages import Backward, Forward
+from . import reference
+from .base import Check, Named, Trial
+
+
+def pins(name: str) -> tuple[str, ...]:
+    """The policy directions a candidate name of ours fixes: a forward's, "fwd"; a backward's, both
+    backward directions (one kernel computes the stage's data and weight gradients)."""
+    c = stages.parse_name(name)
+    return () if c is None else ("fwd",) if isinstance(c, Forward) else ("bwd-data", "bwd-filter")
+
+
+@dataclass(frozen=True)
+class HeadShape:
+    """Our head's launch shape: images per forward block iteration, images per weight-gradient range."""
+
+    group: int
+    per: int
+    engine = "ours"
+
+    @property
+    def name(self) -> str:
+        return f"fused head g{self.group} w{self.per}"
+
+    def encode(self) -> dict:
+        return {"group": self.group, "per": self.per}
+
+
+class Ours:
+    name = "ours"
+    flag = "ours"
+    kinds = ("stage", "head", "loss", "update")
+    pins = staticmethod(pins)
+
+    # ---------------------------------------------------------------- rules
+
+    def refuses(self, op, policy) -> str | None:
+        if op.kind in ("loss", "update"):
+            return None   # our kernels alone run these, under every engine
+        if policy.engine not in ("auto", self.flag):
+            return f"engine {policy.engine} runs cuDNN only"
+        if not policy.fused:
+            return "fusion is off (--no-fused), and our stages and head are fused kernels"
+        if op.kind != "stage":
+            return None
+        if policy.chunk is not None:
+            return "runs the whole batch in one launch, and --chunk fixes cuDNN's calls"
+        theirs = [name for name, owner in policy.owners().items() if owner != self.name]
+        if theirs:
+            return f"--algo names cuDNN's {theirs[0]}"
+        if stages.for_spec(op.spec) is None:
+            return f"no kernel of ours for x {op.spec.x}, w {op.spec.w}"
+        return None
+
+    def refuses_flags(self, policy) -> str | None:
+        if not policy.fused:
+            return "runs our fused stage kernels only: drop --no-fused, or name a cuDNN engine"
+        if policy.chunk is not None:
+            return "runs each stage in one launch over the whole batch: --chunk applies to cuDNN's engines only"
+        return None
+
+    def version(self) -> str:
+        return source_digest()
+
+    @staticmethod
+    def scratch_per_image(op) -> int:
+        """Bytes per image of max_batch this engine allocates for ``op``: a stage's argmax bytes."""
+        return int(np.prod(op.spec.y)) if op.kind == "stage" else 0
+
+    def warm(self, batches=None) -> None:
+        """Start compiling the kernels the heuristic runs at these batch sizes (or reading them from the
+        kernel cache) on threads of their own (Note [first run] in lenet/kernels/nvrtc.py); the rest
+        compile when a plan asks for them: versions only a search times would share the CPU with the
+        compiles a first step waits for."""
+        prefetch(stages.heuristic_modules(batches))
+
+    # ---------------------------------------------------------------- the protocol
+
+    def candidates(self, op, n: int, planner) -> list:
+        if op.kind == "head":
+            return [HeadShape(g, p) for g, p in head_kernels.shapes(n, planner.policy.choice("fwd") == "heuristic")]
+        return [Named(self.name, {"stage": "fused kernels", "loss": "softmax_ce", "update": "sgd"}[op.kind])]
+
+    def check(self, op, candidate, planner) -> Check:
+        # A stage's directions are checked as they are chosen (``_direction``); the head, the loss and the
+        # update are held to PyTorch's in float64 by the GPU tests, not at plan time.
+        return Check()
+
+    def recall(self, op, n: int, stored: dict, planner):
+        if op.kind == "head":
+            shape = (int(stored["group"]), int(stored["per"]))
+            return HeadShape(*shape) if shape in head_kernels.HEAD_SHAPES else None
+        return self.candidates(op, n, planner)[0]
+
+    def bind(self, op, n: int, candidate, planner):
+        if op.kind == "stage":
+            return self._stage(op, n, planner)
+        if op.kind == "head":
+            return self._head(op, n, candidate, planner)
+        if op.kind == "loss":
+            return PlannedLoss(op.tensors, n, self._scratch(planner, "sce", SoftmaxCE), planner.stream)
+        return PlannedUpdate(op.tensors, planner.stream)
+
+    @staticmethod
+    def _scratch(planner, key, make):
+        """This engine's buffers for one model, made (and zeroed) once, on the model's stream."""
+        state = planner.state("ours")
+        if key not in state:
+            with planner.stream:
+                state[key] = make()
+        return state[key]
+
+    # ---------------------------------------------------------------- stages
+
+    def stage_candidates(self, spec, policy, n: int | None = None) -> tuple[list, list]:
+        """(forward candidates, backward candidates) of a stage under ``policy`` at batch n: the first of
+        each (heuristic), all (exhaustive), or the one --algo names (Note [pinned candidates])."""
+        ks = stages.for_spec(spec)
+        out = []
+        for cands, directions in ((ks.forward_candidates(n), ("fwd",)),
+                                  (ks.backward_candidates(n), ("bwd-filter", "bwd-data"))):
+            named = {policy.choice(d) for d in directions if policy.fixed(d)}
+            if len(named) > 1:
+                raise AlgorithmNotSupportedError(f"--algo pins two backwards of ours ({', '.join(sorted(named))}); "
+                                                 f"one kernel runs both gradients: name one")
+            if named:
+                pick = stages.parse_name(named.pop())
+                if not ks.offers(pick):
+                    raise AlgorithmNotSupportedError(
+                        f"stage {spec.name} has no candidate {pick.name}; it offers "
+                        f"{', '.join(c.name for c in cands[:3])} ... ({len(cands)} in all, as train_step "
+                        f"--algo exhaustive lists the winners)")
+                cands = [pick]
+            elif all(policy.choice(d) == "heuristic" for d in directions):
+                cands = cands[:1]
+            out.append(cands)
+        return out[0], out[1]
+
+    def _reference(self, planner, spec):
+        state = planner.state("ours")
+        key = ("reference", planner.handle.device_id, spec)
+        if key not in state:
+            state[key] = reference.stage_reference(planner.handle, spec)
+        return state[key]
+
+    def check_stage(self, planner, spec, cand) -> Check:
+        """A launch shape against cuDNN's exact result, once per candidate and model (Note [checking a
+        stage])."""
+        state = planner.state("ours")
+        key = ("check", planner.handle.device_id, spec, cand)
+        if key not in state:
+            state[key] = self._run_check(planner, spec, cand)
+        return state[key]
+
+    def _run_check(self, planner, spec, cand) -> Check:
+        import cupy
+
+        ks, handle = stages.for_spec(spec), planner.handle
+        ref = self._reference(planner, spec)
+        m = ref.x.shape[0]
+
+        def unset(shape, dtype=np.float32):
+            """Every bit set, as a search marks its outputs: NaN as float32, 255 as a byte, what a kernel
+            that does not write there leaves; a memset, no fill kernel to compile (Note [no generic
+            kernels in the check] in lenet/engines/reference.py)."""
+            a = cupy.empty(shape, dtype)
+            a.data.memset_async(0xFF, a.nbytes)
+            return a
+        with handle.stream:
+            if isinstance(cand, Forward):
+                y, arg = unset(ref.y.shape), unset(ref.arg.shape, np.uint8)
+                stages.stage_forward(ks, cand, m, handle.stream, ref.x, ref.w, ref.b, y, arg)()
+                err, ties, why = reference.check_forward(ref, y, arg)
+            else:
+                part = cupy.zeros((cand.grid(m), ks.width), cupy.float32)
+                dw, db = unset(spec.w), unset(spec.w[0])
+                dx = unset(ref.x.shape) if spec.dx else None
+                stages.stage_backward(ks, cand, m, handle.stream, part, ref.x, ref.w, ref.arg, ref.dy, dw, db, dx)()
+                (err, why), ties = reference.check_backward(ref, dw, db, dx), 0
+        handle.stream.synchronize()
+        return Check(err, ties, why)
+
+    def _stage(self, op, n: int, planner) -> "OursStagePlan":
+        spec, ks, stream, side = op.spec, stages.for_spec(op.spec), planner.stream, planner.side
+
+        def make():
+            import cupy
+
+            rows = max(stages.BACKWARD_BLOCKS_PER_SM) * sm_count()
+            return {"arg": cupy.zeros((op.max_batch, *spec.y), cupy.uint8),   # (N, K, H/2, W/2) argmax bytes
+                    "part": cupy.zeros((rows, ks.width), cupy.float32)}      # (blocks, mw + mb) partial sums
+        own = self._scratch(planner, ("stage", op.name), make)
+        t, arg = op.tensors.rows(n), own["arg"][:n]
+        fwds, bwds = self.stage_candidates(spec, planner.policy, n)
+        prefetch({ks.forward[c.version].name for c in fwds} | {ks.backward[c.version].name for c in bwds})   # at once
+
+        def forward(c):
+            run = stages.stage_forward(ks, c, n, stream, t.x, t.w, t.b, t.y, arg)
+            return run, run
+
+        def backward(c):   # the reduction goes to the side stream only while the grid leaves SMs idle
+            run = stages.stage_backward(ks, c, n, stream, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx,
+                                        side if side.fits(c.grid(n)) else None)
+            return run, side.joined(run)
+        fwd = self._direction(op, n, "fwd", fwds, forward, planner)
+        bwd = self._direction(op, n, "bwd", bwds, backward, planner, before=fwd.best.plan)
+        return OursStagePlan(spec, n, fwd.best, bwd.best)
+
+    def _direction(self, op, n, d: str, cands: list, launcher, planner, before=None):
+        """The planner's decision for one direction of a stage: every candidate checked, then timed (where
+        there is more than one) as the step runs it; ``before`` runs first (the backward reads what the
+        chosen forward leaves: the argmax)."""
+        ks = stages.for_spec(op.spec)
+        kind = Forward if d == "fwd" else Backward
+
+        def trial(c, best):
+            check = self.check_stage(planner, op.spec, c)
+            if check.why is not None:
+                return check.why
+            run, timed = launcher(c)
+            if before is not None:
+                before()
+            return Trial(c, planner.time(timed) if len(cands) > 1 else None, check, run)
+
+        def recall(stored):   # checked when it was stored (Note [checking a stage])
+            c = stages.parse_name(stored["name"])
+            if not isinstance(c, kind) or not ks.offers(c):
+                return None
+            return Trial(c, stored.get("ms"), Check(stored.get("error"), int(stored.get("ties") or 0)), launcher(c)[0])
+
+        def encode(dec):
+            b = dec.best
+            return {"name": b.candidate.name, "ms": b.ms, "error": b.check.error, "ties": b.check.ties}
+        key = planner.key(f"stage {op.name} {d}", {"n": n, **op.key()}, (self,))
+        return planner.choose(key, cands, trial, recall=recall, encode=encode,
+                              what=f"the {d} kernel of ours for stage {op.name}")
+
+    # ---------------------------------------------------------------- the head
+
+    def _head(self, op, n: int, shape: HeadShape, planner) -> "OursHeadPlan":
+        part, sce = self._scratch(planner, "head", head_kernels.scratch)
+        return OursHeadPlan(head_kernels.HeadLaunches(op.tensors, op.loss, n, shape.group, shape.per, part, sce,
+                                                      planner.stream, planner.side), shape, n)
+
+
+class OursStagePlan:
+    """A stage on our kernels at batch n: the chosen forward and backward (lenet.plan.Trial each)."""
+
+    engine = "ours"
+    workspace_bytes = 0
+
+    def __init__(self, spec, n: int, fwd, bwd):
+        self.spec, self.n, self.fwd, self.bwd = spec, n, fwd, bwd
+        self.forward, self.backward = fwd.plan, bwd.plan
+
+    def describe(self) -> list[dict]:
+        name, f, b = self.spec.name, self.fwd, self.bwd
+        return [
+            {"layer": name, "op": "fwd+bias_relu_pool", "engine": "ours", "algo": f.candidate.name, "fused": True,
+             "chunk": self.n, "chunks": 1, "time_ms": f.ms, "workspace_bytes": 0, "error": f.check.error,
+             "ties": f.check.ties, "deterministic": True, "math": "fp32"},
+            {"layer": name, "op": "bwd" + ("+data" if self.spec.dx else "") + "+filter+bias", "engine": "ours",
+             "algo": b.candidate.name, "fused": True, "chunk": self.n, "chunks": 1, "time_ms": b.ms,
+             "workspace_bytes": 0, "error": b.check.error, "deterministic": True, "math": "fp32"},
+        ]
+
+
+class OursHeadPlan:
+    """The head on our kernels at batch n (lenet.kernels.head.HeadLaunches)."""
+
+    engine = "ours"
+    workspace_bytes = 0
+    fuses_loss = True    # a training forward computes the loss and dlogits itself
+
+    def __init__(self, launches, shape: HeadShape, n: int):
+        self.shape, self.n = shape, n
+        self.forward, self.forward_loss = launches.forward, launches.forward_loss
+        self.backward, self.backward_given = launches.backward, launches.backward_given
+
+    def describe(self) -> list[dict]:
+        return [{"layer": "fc1+fc2", "op": "fwd+loss+bwd", "engine": "ours", "algo": self.shape.name,
+                 "fused": True, "chunk": self.n, "chunks": 1, "time_ms": (self.times or {}).get(f"ours:{self.shape.name}"),
+                 "workspace_bytes": 0, "deterministic": True}]
+
+    times: dict | None = None
+
+
+class PlannedLoss:
+    """Softmax cross-entropy at batch n. ``train()``: the mean loss (label-smoothed) into ``loss``,
+    dlogits, and the running sum; ``evaluate()``: the summed plain loss and right answers added to the
+    device totals, scored on the mean of the logits and ``mean_with`` when given."""
+
+    engine = "ours"
+    workspace_bytes = 0
+
+    def __init__(self, t, n: int, sce: SoftmaxCE, stream):
+        self.n, self.t, self.sce, self.stream = n, t, sce, stream
+        self.logits, self.labels, self.dlogits = t.logits[:n], t.labels[:n], t.dlogits[:n]
+
+    def train(self) -> None:
+        t, n = self.t, self.n
+        with self.stream:
+            self.sce.forward_backward(self.logits, self.labels, self.dlogits, t.loss, t.correct, n,
+                                      grad_scale=1.0 / n, loss_scale=1.0 / n, running=t.running,
+                                      label_smoothing=t.label_smoothing)
+
+    def evaluate(self, mean_with=None) -> None:
+        t, n = self.t, self.n
+        with self.stream:
+            self.sce.forward_backward(self.logits, self.labels, None, t.loss, t.correct, n,
+                                      grad_scale=1.0 / n, loss_scale=1.0, accumulate=True, mean_with=mean_with)
+
+    def describe(self) -> list[dict]:
+        return [{"layer": "loss", "op": "softmax-CE fwd+bwd", "engine": "ours", "algo": "softmax_ce_kernel",
+                 "chunk": self.n, "chunks": 1, "workspace_bytes": 0}]
+
+
+class PlannedUpdate:
+    """PyTorch's torch.optim.SGD rule with momentum (plain or Nesterov) and weight decay, the learning
+    rate read from device memory; then ema += (1 - ema_decay) * (params - ema) when the model keeps a
+    moving average. One launch over the flat buffers (lenet.ops.UpdateTensors)."""
+
+    engine = "ours"
+    workspace_bytes = 0
+
+    def __init__(self, t, stream):
+        self.t = t
+        self._launch = sgd_launch(stream, t.params, t.grads, t.velocity, t.lr, t.momentum, t.weight_decay,
+                                  t.nesterov, t.ema, t.ema_decay or 0.0)
+
+    def __call__(self) -> None:
+        self._launch()
+
+    def describe(self) -> list[dict]:
+        what = ("nesterov " if self.t.nesterov else "") + ("+ ema" if self.t.ema_decay else "")
+        return [{"layer": "sgd", "op": ("update " + what).strip(), "engine": "ours", "algo": "sgd_kernel",
+                 "chunk": None, "chunks": 1, "workspace_bytes": 0}]

@@ -1,0 +1,192 @@
+"""The network's operations: what each one computes and the tensors it reads and writes, with no word of
+how. An engine (lenet/engines/) runs an operation; the planner (lenet/plan.py) chooses which.
+
+    stage    conv (5x5, valid) + bias + ReLU + 2x2/2 max-pool, forward and backward
+    head     fc1 + ReLU + fc2, forward and backward (an engine may fuse the loss into it)
+    loss     softmax cross-entropy, mean over the batch, and its gradient
+    update   SGD with momentum (plain or Nesterov), weight decay, and the weights' moving average
+
+Each holds its full-batch tensors (a batch of n uses their first n rows) and the largest batch it
+takes; ``key()`` is what a stored choice names of it (pointer-free).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from descriptors.candidates import ConvSpec
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """conv (K x C x R x S, valid, stride 1) + bias + ReLU + 2x2/2 max-pool on (C, H, W) inputs:
+    pointer-free, so it keys caches and stored choices. ``dx``: the stage computes its input's
+    gradient, masked by the input being > 0 (the input is the previous stage's ReLU output)."""
+
+    name: str       # the parameters' prefix: "conv1"
+    x: tuple        # (C, H, W)
+    w: tuple        # (K, C, R, S)
+    dx: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "x", tuple(int(v) for v in self.x))
+        object.__setattr__(self, "w", tuple(int(v) for v in self.w))
+        if len(self.x) != 3 or len(self.w) != 4 or self.x[0] != self.w[1]:
+            raise ValueError(f"stage {self.name}: x must be (C, H, W) and w (K, C, R, S) with the same C, "
+                             f"got {self.x} and {self.w}")
+        h, w = self.conv_hw
+        if h < 2 or w < 2 or h % 2 or w % 2:
+            raise ValueError(f"stage {self.name}: the {h}x{w} convolution output cannot be pooled 2x2/2")
+
+    @property
+    def conv_hw(self) -> tuple[int, int]:
+        return self.x[1] - self.w[2] + 1, self.x[2] - self.w[3] + 1
+
+    @property
+    def conv_chw(self) -> tuple[int, int, int]:
+        return (self.w[0], *self.conv_hw)
+
+    @property
+    def y(self) -> tuple[int, int, int]:
+        """The pooled output's (K, H / 2, W / 2)."""
+        h, w = self.conv_hw
+        return self.w[0], h // 2, w // 2
+
+    def conv(self, direction: str, n: int, epilogue: str = "") -> ConvSpec:
+        """The ConvSpec of one direction of this stage's convolution at batch n."""
+        return ConvSpec(direction, int(n), self.x, self.w, epilogue=epilogue)
+
+    def key(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _rows(a, n: int):
+    return None if a is None else a[:n]
+
+
+@dataclass(frozen=True)
+class StageTensors:
+    """x (N, C, H, W) input; y (N, K, H/2, W/2) pooled output; dy its gradient, already masked by
+    y > 0 (Note [relu at the pooled level] in lenet/engines/cudnn.py); dx the input's gradient (or None),
+    masked by x > 0; w, b the parameters; dw, db their gradients (views into the flat buffers)."""
+
+    x: object
+    y: object
+    dy: object
+    w: object
+    b: object
+    dw: object
+    db: object
+    dx: object = None
+
+    def rows(self, n: int) -> "StageTensors":
+        return dataclasses.replace(self, x=self.x[:n], y=self.y[:n], dy=self.dy[:n], dx=_rows(self.dx, n))
+
+
+@dataclass(frozen=True)
+class HeadTensors:
+    """x (N, 256) the flattened stage output, a ReLU's output (its mask masks dx); dx (N, 256) its
+    gradient; h1 (N, 120) relu(fc1), dh1 its gradient; logits, dlogits (N, 10); w, g the parameters'
+    and gradients' named views (fc1.weight .. fc2.bias); grads the flat gradient buffer from fc1.weight
+    to fc2.bias (padding included)."""
+
+    x: object
+    dx: object
+    h1: object
+    dh1: object
+    logits: object
+    dlogits: object
+    w: dict
+    g: dict
+    grads: object
+
+
+@dataclass(frozen=True)
+class LossTensors:
+    """labels (N,) int32; loss (1,) the mean loss of the last training forward, or the summed loss of
+    an evaluation; correct (1,) int32 right answers; running (1,) the sum of step losses since its
+    reset; label_smoothing, PyTorch's cross_entropy(label_smoothing=)."""
+
+    logits: object
+    dlogits: object
+    labels: object
+    loss: object
+    correct: object
+    running: object
+    label_smoothing: float = 0.0
+
+
+@dataclass(frozen=True)
+class UpdateTensors:
+    """The flat buffers of one layout: params, grads, velocity (momentum), ema (the weights' moving
+    average, or None); lr (1,) the learning rate on the device; and the rule's constants."""
+
+    params: object
+    grads: object
+    velocity: object
+    lr: object
+    ema: object = None
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    ema_decay: float | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    kind = "stage"
+    spec: StageSpec
+    tensors: StageTensors
+    max_batch: int
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def key(self) -> dict:
+        return self.spec.key()
+
+
+@dataclass(frozen=True, eq=False)
+class Head:
+    """fc1 + ReLU + fc2, and the loss after it (which an engine may fuse into its forward)."""
+
+    kind = "head"
+    tensors: HeadTensors
+    loss: LossTensors
+    max_batch: int
+    name = "fc1+fc2"
+
+    def key(self) -> dict:
+        return {"fc1": list(self.tensors.w["fc1.weight"].shape), "fc2": list(self.tensors.w["fc2.weight"].shape)}
+
+    def totals(self) -> tuple:
+        """The device totals a training forward adds to, which planning puts back (lenet/plan.py)."""
+        return self.loss.loss, self.loss.correct, self.loss.running
+
+
+@dataclass(frozen=True, eq=False)
+class Loss:
+    kind = "loss"
+    tensors: LossTensors
+    max_batch: int
+    name = "loss"
+
+    def key(self) -> dict:
+        return {"classes": int(self.tensors.logits.shape[1])}
+
+
+@dataclass(frozen=True, eq=False)
+class Update:
+    kind = "update"
+    tensors: UpdateTensors
+    name = "sgd"
+
+    def key(self) -> dict:
+        t = self.tensors
+        return {"size": int(t.params.size), "nesterov": t.nesterov, "ema": t.ema is not None}
+
+
+__all__ = ["StageSpec", "StageTensors", "HeadTensors", "LossTensors", "UpdateTensors", "Stage", "Head", "Loss",
+           "Update"]

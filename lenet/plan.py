@@ -1,0 +1,283 @@
+"""The one planner: for an operation of the network at a batch size, recall a stored choice, else check
+every candidate of every engine the policy lets compete against the exact reference, time the
+survivors as the step runs them, pick, and store. A model owns one (its decisions, its store, every
+engine's GPU objects for it); nothing here is shared between two models.
+
+    planner = Planner(handle, policy, max_batch=64, store=plan_cache)
+    planned = planner.plan(stage, n)          # lenet/ops.py's operation at batch n: a PlannedOp
+    planned.forward(); planned.backward()     # no arguments: a step can be captured in a CUDA graph
+
+Every choice made by measurement goes through ``choose`` (the loop) under a key from ``key`` (the one
+format: the operation, its shape, the policy, the versions of the competing engines, the device and
+how candidates are timed); engines make their own finer choices (a convolution's candidate, its chunk
+size, a kernel's launch shape) through the same two.
+
+Note [search state]: what planning learns (every decision, the checks and references the engines
+keep, the cuDNN objects they make) and the store of choices across processes belong to one Planner,
+which a model owns: two models in one process share nothing mutable, and a model's state goes with it
+(``close``).
+
+Note [stage engines]: what a stage's forward leaves for its backward differs by engine (cuDNN's
+pooling backward reads the unpooled output, ours one argmax byte per window), so one engine runs both
+directions of a stage. Each engine chooses its candidates for each direction itself (cuDNN: the
+convolution's candidates and chunks; ours: launch shapes), and the engines then compete on forward +
+backward, each timed on the stage's own tensors as the step runs them (in a CUDA graph, or as eager
+launches). Planning therefore writes the stage's outputs and gradients, never a parameter; planning
+the head runs a training forward, whose loss totals are put back after (an evaluation may be planning
+a batch size in the middle of its sums).
+
+Note [reproducible choices]: timing is not reproducible, and a different candidate or chunk size
+changes float32 rounding. With ``deterministic`` and the heuristic policy, timing therefore decides
+nothing: the first engine (in the registry's order) that runs an operation wins, each engine takes its
+first-ranked candidate that runs and passes its check, and chunks are chosen by rule, so reruns and
+resumed runs are bit-identical. exhaustive always times.
+
+Note [stored choices]: a search times candidates (0.3 to 1 s for LeNet's step at batch 64, minutes at
+65536). A Planner given a store (lenet/plancache.py keeps one on disk) puts every choice there under
+its key and, before searching, recalls one: the choice's engine must still serve the operation and
+the engine must still offer the stored candidate (a graph plan is built alone for it: Note [one plan]
+in descriptors/graph.py), else it is searched again. The store adds the GPU, the driver and the
+libraries' versions to the key; the key holds the rest (ours: a digest of our kernel sources).
+
+Note [side stream]: a weight gradient summed from per-block partial rows (our stage and head kernels)
+is read by nothing but the update, while the layer below waits for the data gradient only.
+``SideStream.run(fn)`` launches fn on a second stream after everything queued on the main stream so
+far; ``join()`` makes the main stream wait for all of it. Inside a captured step the pair becomes a
+parallel branch of the CUDA graph, so at small batches the reduction kernels (a few microseconds each,
+plus their launch) leave the chain of dependent launches that sets the step's time. Every step (and
+every timed candidate) joins before it ends: nothing is left running. Only while the work beside it
+leaves SMs idle, though: our stage kernels split their images among their blocks up front, so a
+reduction sharing their SMs at a large batch slows the blocks it meets and with them the whole kernel
+(the step at batch 8192 went from 817 to 889 us on an H100 when every reduction forked). Ops fork
+only when their grid fits in the SMs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from descriptors.algorithms import AlgorithmNotSupportedError, Workspace
+
+from .blas import Blas
+from .engines import registry
+from .engines.base import Check, Decision, Trial
+from .timing import time_forward_backward, time_launcher
+
+
+class SideStream:
+    """Work off the step's critical path, forked from the main stream and joined back before the update
+    (Note [side stream])."""
+
+    def __init__(self, main):
+        import cupy
+
+        self.main = main
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self._fork = cupy.cuda.Event(disable_timing=True)
+        self._done = cupy.cuda.Event(disable_timing=True)
+        self._pending = False
+
+    @staticmethod
+    def fits(blocks: int) -> bool:
+        """Whether a grid of ``blocks`` leaves the SMs room for the main stream's work: the rule above."""
+        from .kernels import sm_count
+
+        return blocks <= sm_count()
+
+    def joined(self, fn):
+        """fn, then the join: what a step waits for (how a candidate that forks is timed)."""
+        def run():
+            fn()
+            self.join()
+        return run
+
+    def run(self, fn) -> None:
+        self._fork.record(self.main)
+        self.stream.wait_event(self._fork)
+        with self.stream:
+            fn()
+        self._pending = True
+
+    def join(self) -> None:
+        if self._pending:
+            self._done.record(self.stream)
+            self.main.wait_event(self._done)
+            self._pending = False
+
+
+def _label(c) -> str:
+    engine = getattr(c, "engine", None)
+    return getattr(c, "label", None) or (f"{engine}:{c.name}" if engine else c.name)
+
+
+class Planner:
+    """One model's planning (Note [search state]): the policy, the store of choices (or None), how the step
+    runs (``captured``: in a CUDA graph), and what the planned operations share: the handle and its
+    stream, the workspace every cuDNN call shares, cuBLAS (with a vector of ones for its sums), the side
+    stream."""
+
+    def __init__(self, handle, policy, *, max_batch: int, store=None, captured: bool = True):
+        import cupy
+
+        self.handle, self.stream, self.policy, self.store = handle, handle.stream, policy, store
+        self.captured = bool(captured)
+        self.workspace = Workspace()
+        with self.stream:
+            self.blas = Blas(self.stream)
+            self.side = SideStream(self.stream)
+            self.ones = cupy.asarray(np.ones(max(int(max_batch), 576), np.float32))   # (max(N, 24*24),)
+        self.decisions: dict[str, Decision] = {}
+        self._states: dict[str, dict] = {}
+
+    def state(self, engine: str) -> dict:
+        """What engine ``engine`` keeps for this model (its cuDNN objects, scratch buffers, checks)."""
+        return self._states.setdefault(engine, {})
+
+    def key(self, op: str, shape: dict, engines, policy=None) -> dict:
+        """The one key format of every choice (under the model's policy, or ``policy``)."""
+        return {"op": op, "shape": shape, "policy": (policy or self.policy).key(),
+                "engines": {e.name: e.version() for e in engines}, "device": self.handle.device_id,
+                "captured": self.captured}
+
+    # ------------------------------------------------------------------ the loop
+
+    def choose(self, key: dict, candidates, trial, *, rule: str = "fastest", recall=None, encode=None,
+               what: str = "") -> Decision:
+        """The one loop: a decision made before under ``key`` (this model's, then the store's, rebuilt by
+        ``recall(stored) -> Trial | None``), else every candidate (a list, or a callable returning one)
+        tried by ``trial(candidate, best_ms) -> Trial | str`` (a str: why it is refused) under ``rule``:
+        "fastest" (every candidate), "first-per-engine" (each engine's first that passes; the heuristic),
+        "first" (the first that passes; timing decides nothing). The survivors are sorted by time (but
+        under "first"); ``encode(decision) -> dict`` is what the store keeps."""
+        k = json.dumps(key, sort_keys=True, default=str)
+        hit = self.decisions.get(k)
+        if hit is not None:
+            return hit
+        d = self._recall(key, recall)
+        if d is None:
+            d = self._search(candidates() if callable(candidates) else candidates, trial, rule, what)
+            if encode is not None and self.store is not None:
+                self.store.put(key, encode(d))
+        self.decisions[k] = d
+        return d
+
+    def _recall(self, key: dict, recall) -> Decision | None:
+        if recall is None or self.store is None:
+            return None
+        stored = self.store.get(key)
+        if not isinstance(stored, dict):
+            return None
+        try:
+            t = recall(stored)
+        except (AlgorithmNotSupportedError, KeyError, TypeError, ValueError):
+            return None
+        return None if t is None else Decision([t], {}, recalled=True)
+
+    @staticmethod
+    def _search(candidates, trial, rule: str, what: str) -> Decision:
+        table, refused, engines, best = [], {}, set(), math.inf
+        for c in candidates:
+            engine = getattr(c, "engine", None)
+            if (rule == "first" and table) or (rule == "first-per-engine" and engine in engines):
+                continue
+            t = trial(c, best)
+            if isinstance(t, str):
+                refused[_label(c)] = t
+                continue
+            table.append(t)
+            engines.add(engine)
+            if t.ms is not None:
+                best = min(best, t.ms)
+        if not table:
+            raise AlgorithmNotSupportedError(f"no candidate for {what} passed: "
+                                             + ("; ".join(f"{k} {v}" for k, v in list(refused.items())[:6])
+                                                or "none offered"))
+        if rule != "first":
+            table.sort(key=lambda t: math.inf if t.ms is None else t.ms)
+        return Decision(table, refused)
+
+    # ------------------------------------------------------------------ operations
+
+    def plan(self, op, n: int):
+        """Operation ``op`` (lenet/ops.py) at batch n, run by the engine that wins (Note [stage engines]):
+        a planned operation whose ``describe()`` rows also carry every engine's measured time."""
+        engines, why_not = registry.serving(op, self.policy)
+        if not engines:
+            raise AlgorithmNotSupportedError(f"no engine runs {op.kind} {op.name} under {self.policy}: "
+                                             + "; ".join(f"{k} {v}" for k, v in why_not.items()))
+        by_name = {e.name: e for e in engines}
+        timed = op.kind in ("stage", "head")
+
+        def trial(c, best):
+            e = by_name[c.engine]
+            check = e.check(op, c, self)
+            if check.why is not None:
+                return check.why
+            try:
+                planned = e.bind(op, n, c, self)
+            except AlgorithmNotSupportedError as err:
+                return f"failed: {err}"
+            self.workspace.reserve(planned.workspace_bytes)   # may re-allocate: see Note [re-capture]
+            return Trial(c, self.time_step(op, planned) if timed else None, check, planned)
+
+        def recall(stored):
+            e = by_name.get(stored.get("engine"))
+            c = e.recall(op, n, stored, self) if e is not None else None
+            if c is None:
+                return None
+            planned = e.bind(op, n, c, self)
+            self.workspace.reserve(planned.workspace_bytes)
+            return Trial(c, stored.get("ms"), Check(stored.get("error")), planned)
+
+        def encode(d):
+            return {"engine": d.best.candidate.engine, **d.best.candidate.encode(), "ms": d.best.ms,
+                    "error": d.best.check.error, "times": {_label(t.candidate): t.ms for t in d.table}}
+
+        key = self.key(f"{op.kind} {op.name}", {"n": n, **op.key()}, engines)
+        d = self.choose(key, lambda: [c for e in engines for c in e.candidates(op, n, self)], trial,
+                        rule="first" if self.policy.reproducible else "fastest", recall=recall if timed else None,
+                        encode=encode if timed else None, what=f"{op.kind} {op.name} at batch {n}")
+        planned = d.best.plan
+        planned.times = {_label(t.candidate): t.ms for t in d.table}
+        planned.why_not = why_not
+        return planned
+
+    def part_engines(self, kind: str, part, policy=None) -> list:
+        """The engines that offer parts of ``kind`` (a convolution direction) and may run them under the
+        model's policy (or ``policy``): what an engine that runs an operation by parts asks."""
+        policy = policy or self.policy
+        return [e for e in registry.offering(kind) if e.refuses(part, policy) is None]
+
+    # ------------------------------------------------------------------ timing
+
+    def time(self, fn, cutoff_ms: float | None = None) -> float:
+        """ms per call of ``fn`` (which launches on the model's stream), as the step runs it."""
+        return time_launcher(fn, self.stream, graph=self.captured, cutoff_ms=cutoff_ms)
+
+    def time_step(self, op, planned) -> float:
+        """ms of what a training step runs of a planned stage or head: its forward (the head's with the
+        loss), then its backward with the side stream's work joined; the loss totals put back after."""
+        from .kernels import copy_of, device_copy
+
+        kept = op.totals() if hasattr(op, "totals") else ()
+        with self.stream:
+            saved = [copy_of(a) for a in kept]
+        fwd = getattr(planned, "forward_loss", planned.forward)
+        ms = sum(time_forward_backward(fwd, self.side.joined(planned.backward), self.stream, graph=self.captured))
+        with self.stream:
+            for a, s in zip(kept, saved):
+                device_copy(a, s)
+        return ms
+
+    def close(self) -> None:
+        """Close what the engines made for this model (cuDNN's descriptors and graphs)."""
+        registry.close(self._states)
+        self._states.clear()
+        self.decisions.clear()
+        self.blas.close()
+
+
+__all__ = ["Planner", "SideStream", "Trial", "Decision"]

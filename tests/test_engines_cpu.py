@@ -1,0 +1,391 @@
+"""The engine seam without a GPU: the registry and the names it gives the flags, what each engine refuses
+and why, the policy's own checks, our kernels' declarations and launch shapes, the planner's loop, and
+the errors a user sees before any GPU work."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+from descriptors.algorithms import AlgorithmNotSupportedError
+from lenet import engines
+from lenet.engines import BY_NAME, ENGINES, FLAGS, Policy, registry
+from lenet.kernels import stages as kstages
+from lenet.ops import Head, Loss, Stage, StageSpec, Update
+
+CONV1 = StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5))
+CONV2 = StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True)
+OURS = BY_NAME["ours"]
+
+
+def stage(spec=CONV2):
+    return Stage(spec, None, 8)
+
+
+def test_one_registry_names_every_engine():
+    assert [e.name for e in ENGINES] == ["ours", "cudnn", "legacy", "graph", "cublaslt"]   # the order of preference
+    assert FLAGS == ("auto", "ours", "legacy", "graph")
+    for name in FLAGS:
+        Policy(engine=name)   # every name the flags offer is a policy
+    with pytest.raises(ValueError, match="unknown engine 'ourz'; use one of auto, ours, legacy, graph"):
+        Policy(engine="ourz")
+    assert {e.name for e in registry.offering("conv")} == {"legacy", "graph"}
+    assert [e.name for e in registry.offering("head")] == ["ours", "cublaslt"]
+    assert [e.name for e in registry.offering("loss")] == ["ours"] == [e.name for e in registry.offering("update")]
+
+
+@pytest.mark.parametrize("flag,stages,heads", [("auto", {"ours", "cudnn"}, {"ours", "cublaslt"}),
+                                               ("ours", {"ours"}, {"ours"}), ("legacy", {"cudnn"}, {"cublaslt"}),
+                                               ("graph", {"cudnn"}, {"cublaslt"})])
+def test_which_engines_an_engine_flag_lets_compete(flag, stages, heads):
+    p = Policy(engine=flag)
+    assert {e.name for e in registry.serving(stage(), p)[0]} == stages
+    assert {e.name for e in registry.serving(Head(None, None, 8), p)[0]} == heads
+    assert [e.name for e in registry.serving(Loss(None, 8), p)[0]] == ["ours"]   # our kernel under every engine
+    assert {e.name for e in registry.offering("conv") if e.refuses(None, p) is None} == \
+        {"auto": {"legacy", "graph"}, "ours": set(), "legacy": {"legacy"}, "graph": {"graph"}}[flag]
+
+
+@pytest.mark.parametrize("policy,needle", [
+    (Policy(engine="legacy"), "engine legacy runs cuDNN only"),
+    (Policy(fused=False), "fusion is off"),
+    (Policy(chunk=16), "--chunk fixes cuDNN's calls"),
+    (Policy.parse("fft"), "--algo names cuDNN's fft"),
+])
+def test_what_our_engine_refuses_and_why(policy, needle):
+    assert needle in OURS.refuses(stage(CONV1), policy)
+
+
+def test_our_kernels_cover_lenets_stages_and_nothing_else():
+    assert OURS.refuses(stage(CONV1), Policy()) is None and OURS.refuses(stage(CONV2), Policy()) is None
+    other = StageSpec("wide", (3, 32, 32), (8, 3, 5, 5))
+    assert "no kernel of ours" in OURS.refuses(stage(other), Policy())
+    assert set(kstages.kernels()) == {(CONV1.x, CONV1.w, False), (CONV2.x, CONV2.w, True)}
+    from lenet import kernels
+
+    for name in (*kstages.modules(), "head", "head_weights"):
+        assert kernels.source(name).count("__global__") >= 1, name
+
+
+def test_a_kernel_version_is_declared_once_where_its_code_is():
+    """Note [module declarations]: every module, its sources, macros, and each stage version's launch facts
+    come from the // module lines of the .cu files; the candidates derive from them."""
+    from lenet import kernels
+
+    d = kernels.declared()
+    assert {"head", "head_weights", "softmax_ce", "sgd", "data", "stage_reduce", "distance"} <= set(d)
+    assert d["stage2_backward_split4"].defines == ("S2B_KS=4",) and d["stage2_backward_split4"].threads == 640
+    assert d["stage2_forward_tiled"].images == (4, 8) and d["stage2_forward_tiled"].smem_bytes(4) == 4 * (2400 + 864 * 4)
+    assert kernels.options("stage2_backward_split") == ("-std=c++17", "-DS2B_KS=2")
+    assert kernels.source("head").index("sce_row") < kernels.source("head").index("head_forward_kernel")
+    ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
+    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3]
+    assert (ks.mw, ks.mb) == (2400, 16)
+    names = {c.name for c in ks.forward_candidates() + ks.backward_candidates()}
+    assert {"fused-fwd-v2-i8-g4", "fused-bwd-v3-g16"} <= names and "fused-fwd-v1-i4-g8" not in names
+
+
+def test_candidates_are_named_and_the_heuristic_takes_the_first():
+    fwd, bwd = OURS.stage_candidates(CONV2, Policy.parse("exhaustive"))
+    names = [c.name for c in fwd + bwd]
+    assert len(set(names)) == len(names) and "fused-fwd-v1-i1-g8" in names and "fused-bwd-v2-g4" in names
+    hf, hb = OURS.stage_candidates(CONV2, Policy())
+    assert hf == fwd[:1] and hb == bwd[:1]
+
+
+class _Planner:
+    """What the planner's loop needs of a Planner, without a GPU."""
+
+    def __init__(self, store=None):
+        from lenet.plan import Planner
+
+        self.p = Planner.__new__(Planner)
+        self.p.decisions, self.p.store, self.p.policy = {}, store, Policy()
+
+
+class _Store(dict):
+    def get(self, key):
+        import json
+        return super().get(json.dumps(key, sort_keys=True))
+
+    def put(self, key, value):
+        import json
+        self[json.dumps(key, sort_keys=True)] = value
+
+
+def test_the_planners_loop_checks_times_picks_stores_and_recalls():
+    from lenet.engines.base import Named, Trial
+
+    store, tried = _Store(), []
+    cands = [Named("a", "slow"), Named("a", "fast"), Named("b", "wrong"), Named("b", "other")]
+    ms = {"slow": 2.0, "fast": 1.0, "other": 1.5}
+
+    def trial(c, best):
+        tried.append(c.name)
+        return "is far from the reference" if c.name == "wrong" else Trial(c, ms[c.name])
+    planner = _Planner(store).p
+    key = {"op": "x", "n": 3}
+    d = planner.choose(key, cands, trial, encode=lambda d: {"name": d.best.candidate.name})
+    assert [t.candidate.name for t in d.table] == ["fast", "other", "slow"] and d.refused == {"b:wrong": "is far from the reference"}
+    assert planner.choose(key, cands, trial) is d and tried == ["slow", "fast", "wrong", "other"]   # memo
+    again = _Planner(store).p.choose(key, cands, trial, recall=lambda v: Trial(Named("a", v["name"]), None))
+    assert again.recalled and again.best.candidate.name == "fast" and len(tried) == 4   # recalled: nothing tried
+    tried.clear()
+    h = _Planner().p.choose(key, cands, trial, rule="first-per-engine")
+    assert tried == ["slow", "wrong", "other"] and [t.candidate.name for t in h.table] == ["other", "slow"]
+    tried.clear()
+    f = _Planner().p.choose(key, cands, trial, rule="first")
+    assert tried == ["slow"] and f.best.candidate.name == "slow"   # timing decides nothing
+    with pytest.raises(AlgorithmNotSupportedError, match="no candidate for the thing passed: b:wrong is far"):
+        _Planner().p.choose(key, cands[2:3], trial, what="the thing")
+
+
+def test_no_engine_for_an_operation_is_one_line_naming_each_reason():
+    from lenet.plan import Planner
+
+    planner = Planner.__new__(Planner)   # refused before any GPU work: no handle needed
+    planner.policy = Policy.parse("fwd=fused-fwd-v1-i1-g8,bwd-filter=fused-bwd-v1-g4", fused=False)
+    with pytest.raises(AlgorithmNotSupportedError) as e:
+        planner.plan(stage(CONV1), 8)
+    msg = str(e.value)
+    assert "\n" not in msg and "no engine runs stage conv1" in msg and "ours fusion is off" in msg, msg
+    assert "cudnn --algo names fused-fwd-v1-i1-g8, not a cuDNN algorithm" in msg, msg
+
+
+def test_stage_spec_checks_its_shapes():
+    assert CONV1.conv_chw == (6, 24, 24) and CONV1.y == (6, 12, 12) and CONV2.y == (16, 4, 4)
+    assert CONV2.conv("bwd-data", 7, "drelu").x_shape == (7, 6, 12, 12)
+    with pytest.raises(ValueError, match="same C"):
+        StageSpec("bad", (2, 28, 28), (6, 1, 5, 5))
+    with pytest.raises(ValueError, match="cannot be pooled"):
+        StageSpec("odd", (1, 27, 27), (6, 1, 5, 5))
+
+
+def test_a_fixed_cudnn_name_with_engine_ours_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="engine ours runs no cuDNN convolution; use heuristic, exhaustive or one"):
+        Policy.parse("implicit_gemm", engine="ours")
+
+
+def test_warm_asks_only_the_engines_the_flag_lets_compete(monkeypatch):
+    called = []
+    for e in ENGINES:
+        if hasattr(e, "warm"):
+            monkeypatch.setattr(e, "warm", lambda batches=None, e=e: called.append(e.name))
+    engines.warm("legacy")
+    assert called == ["cudnn"]
+    called.clear()
+    engines.warm("auto")
+    assert called == ["ours", "cudnn"]
+    called.clear()
+    engines.warm("ours")
+    assert called == ["ours"]
+    assert engines.uses_frontend("auto") and engines.uses_frontend("graph") and not engines.uses_frontend("legacy")
+
+
+def test_the_policy_key_holds_every_flag_and_the_store_ignores_another_format(tmp_path):
+    import json
+
+    from lenet.plancache import PlanCache, environment
+
+    keys = {json.dumps(p.key()) for p in (Policy(), Policy(fused=False), Policy(chunk=1024), Policy(engine="ours"),
+                                           Policy.parse("exhaustive"), Policy(deterministic=True),
+                                           Policy(allow_tf32=True), Policy(workspace_limit=0))}
+    assert len(keys) == 8
+    path = tmp_path / "plans.json"
+    path.write_text(json.dumps({"format": 1, "entries": {"old": {"chunk": 3}}}))
+    said = []
+    cache = PlanCache(path, environment("gpu", 13000, "9.19.0", None), warn=said.append)
+    assert cache.get({"op": "x"}) is None and not said   # an older format: set aside without a word
+    cache.put({"op": "x"}, {"chunk": 1})
+    cache.flush()
+    assert json.loads(path.read_text())["format"] == 2 and not said
+
+
+def test_train_step_draws_a_batch_larger_than_the_split_with_replacement(dataset):
+    # The README's `train_step --batch-size 65536` on the 60,000 Fashion-MNIST images: no refusal.
+    from lenet import train_step
+    args = train_step.parser().parse_args(["--data-dir", str(dataset), "--batch-size", "100", "--no-data-cache"])
+    x, y, source = train_step.make_batch(args)
+    assert x.shape == (100, 1, 28, 28) and y.shape == (100,) and "drawn with replacement from its 40" in source
+    again = train_step.make_batch(args)
+    assert (again[0] == x).all() and (again[1] == y).all(), "the draws are not seeded"
+    args = train_step.parser().parse_args(["--data-dir", str(dataset), "--batch-size", "40", "--no-data-cache"])
+    x, y, source = train_step.make_batch(args)
+    assert len(set(map(bytes, x.reshape(40, -1)))) == 40 and "seeded permutation" in source
+
+
+def test_our_candidates_can_be_pinned_by_the_names_train_step_prints():
+    engine = OURS
+    p = Policy.parse("fused-fwd-v1-i2-g8")
+    assert (p.fwd, p.bwd_data, p.bwd_filter) == ("fused-fwd-v1-i2-g8", "heuristic", "heuristic")
+    p = Policy.parse("fused-bwd-v2-g16", engine="ours")
+    assert (p.fwd, p.bwd_data, p.bwd_filter) == ("heuristic", "fused-bwd-v2-g16", "fused-bwd-v2-g16")
+    fwd, bwd = engine.stage_candidates(CONV2, p)
+    assert [c.name for c in fwd] == ["fused-fwd-v1-i1-g8"] and [c.name for c in bwd] == ["fused-bwd-v2-g16"]
+    auto = Policy.parse("fused-bwd-v2-g16")
+    assert engine.refuses(stage(CONV2), auto) is None
+    assert "--algo names fused-bwd-v2-g16, not a cuDNN algorithm" in BY_NAME["cudnn"].refuses(stage(CONV2), auto)
+    with pytest.raises(AlgorithmNotSupportedError, match="stage conv1 has no candidate fused-bwd-v2-g16"):
+        engine.stage_candidates(CONV1, p)   # stage 1's backward has one version
+    p = Policy.parse("fwd=fused-fwd-v1-i4-g16,bwd-filter=fused-bwd-v1-g2")
+    fwd, bwd = engine.stage_candidates(CONV1, p)
+    assert [c.name for c in fwd + bwd] == ["fused-fwd-v1-i4-g16", "fused-bwd-v1-g2"]
+
+
+@pytest.mark.parametrize("spec,kw,needle", [
+    ("bwd-filter=fused-fwd-v1-i1-g8", {}, "is a candidate of engine ours for fwd, not bwd-filter"),
+    ("fused-fwd-v1-i1-g8", {"engine": "legacy"}, "names a candidate of engine ours, but the engine is legacy"),
+    ("fwd=fused-fwd-v1-i1-g8,bwd-filter=algo_1", {}, "names candidates of cuDNN and ours"),
+    ("fused-fwd-v1-x1-g8", {}, "unknown algorithm 'fused-fwd-v1-x1-g8'"),
+])
+def test_a_wrong_pin_is_one_line(spec, kw, needle):
+    with pytest.raises(ValueError) as e:
+        Policy.parse(spec, **kw)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_train_step_takes_a_pinned_candidate_before_the_gpu():
+    from lenet import cli, train_step
+    args = train_step.parser().parse_args(["--algo", "fused-bwd-v2-g4", "--engine", "ours"])
+    assert cli.policy_from(args).bwd_filter == "fused-bwd-v2-g4"
+
+
+def test_a_model_too_large_for_the_gpu_is_one_line_before_any_allocation():
+    from lenet.model import bytes_per_image, check_memory
+    gb = 1 << 30
+    check_memory(8192, 79 * gb, 80 * gb)    # 8192 images: well within an H100
+    with pytest.raises(ValueError) as e:
+        check_memory(10_000_000, 79 * gb, 80 * gb)
+    msg = str(e.value)
+    assert "\n" not in msg and "10,000,000 images needs about" in msg and "79.0 GB free of 80.0 GB" in msg
+    assert 40_000 < bytes_per_image() < 60_000   # ~13 KB of buffers and ~37 KB of the engines' own per image
+    assert bytes_per_image(Policy(engine="ours")) < 16_000   # no unpooled outputs: cuDNN's stage does not run
+    with pytest.raises(ValueError, match="10,000,000 images"):
+        check_memory(10_000_000, 79 * gb, 80 * gb, Policy(engine="ours"))
+
+
+def test_launch_grids(monkeypatch):
+    monkeypatch.setattr(kstages, "sm_count", lambda: 132)
+    assert kstages.Forward(2, 8).grid(1) == 1 and kstages.Forward(2, 8).grid(7) == 4 and kstages.Forward(1, 8).grid(10**6) == 1056
+    assert kstages.Backward(4).grid(1) == 1 and kstages.Backward(4, 1).grid(64) == 64 and kstages.Backward(16).grid(10**6) == 2112
+    assert kstages.parse_name("fused-bwd-v2-g4") == kstages.Backward(4, 1) and kstages.parse_name("fft") is None
+    assert kstages.parse_name("fused-fwd-v2-i4-g16") == kstages.Forward(4, 16, 1)
+    assert kstages.parse_name("fused-fwd-i4-g16") is None   # a forward's name carries its version
+
+
+def test_stage2_offers_both_forward_versions_and_stage1_one():
+    engine = OURS
+    names = [c.name for c in engine.stage_candidates(CONV2, Policy.parse("exhaustive"))[0]]
+    assert "fused-fwd-v1-i1-g8" in names and "fused-fwd-v2-i8-g4" in names and "fused-fwd-v2-i1-g8" not in names
+    with pytest.raises(AlgorithmNotSupportedError, match="stage conv1 has no candidate fused-fwd-v2-i4-g8"):
+        engine.stage_candidates(CONV1, Policy.parse("fused-fwd-v2-i4-g8"))
+    assert [c.name for c in engine.stage_candidates(CONV2, Policy.parse("fused-fwd-v2-i4-g8"))[0]] == ["fused-fwd-v2-i4-g8"]
+
+
+def test_the_heuristic_forward_depends_on_the_batch(monkeypatch):
+    monkeypatch.setattr(kstages, "sm_count", lambda: 132)
+    engine, h = OURS, Policy()
+    assert [c.name for c in engine.stage_candidates(CONV2, h, 791)[0]] == ["fused-fwd-v1-i1-g8"]
+    assert [c.name for c in engine.stage_candidates(CONV2, h, 792)[0]] == ["fused-fwd-v2-i4-g8"]
+    assert [c.name for c in engine.stage_candidates(CONV1, h, 8192)[0]] == ["fused-fwd-v1-i1-g8"]   # one version
+    every = engine.stage_candidates(CONV2, Policy.parse("exhaustive"), 8192)[0]
+    assert sorted(every, key=str) == sorted(engine.stage_candidates(CONV2, Policy.parse("exhaustive"))[0], key=str)
+
+
+def _kernel_bodies(text: str) -> dict[str, str]:
+    """name -> body of every function in a CUDA source (brace-matched)."""
+    import re
+
+    out = {}
+    for m in re.finditer(r"\b(\w+)(?:<[^>]*>)?\s*\([^;{()]*\)\s*\{", text):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        out.setdefault(m.group(1), text[m.end():i - 1])
+    return out
+
+
+def test_every_kernel_launched_programmatically_waits_first():
+    """Note [programmatic launch]: a kernel of the modules lenet.kernels.launch.Launch starts begins with
+    griddep_entry() (itself, or the device function it is a wrapper of): nothing before the wait."""
+    import re
+
+    from lenet import kernels
+
+    first = lambda body: body.strip().split(";")[0].strip()   # noqa: E731
+    checked = 0
+    folder = resources.files("lenet").joinpath("kernels")
+    files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward", "stage2_backward",
+             "stage_reduce", "head", "head_weights", "sgd")   # the kernels of these files are launched by Launch
+    for module in (*kernels.STAGE_MODULES, "head", "head_weights", "sgd"):
+        assert kernels.source(module).startswith(folder.joinpath("griddep.cu").read_text())
+    for module in files:
+        text = folder.joinpath(f"{module}.cu").read_text()
+        bodies = _kernel_bodies(text)
+        for name in re.findall(r"__global__\s+void\s+(?:__(?:launch_bounds|maxnreg)__\([^)]*\)\s+)?(\w+)", text):
+            stmt = first(bodies[name])
+            callee = re.match(r"(\w+)(?:<[^>]*>)?\(", stmt)
+            ok = stmt == "griddep_entry()" or (callee is not None and first(bodies[callee.group(1)]) == "griddep_entry()")
+            assert ok, f"{module}: {name} does not begin with griddep_entry()"
+            checked += 1
+    assert checked >= 9
+
+
+def test_launch_packs_arrays_and_numpy_scalars_and_refuses_the_rest():
+    import ctypes
+
+    import numpy as np
+
+    from lenet.kernels.launch import _packed
+
+    class Array:   # what Launch reads of a CuPy array: its device pointer
+        class data:
+            ptr = 0x7F0000001000
+    values, pointers = _packed((Array(), np.int32(-3), np.float32(0.5), np.uint64(7)))
+    assert [type(v) for v in values] == [ctypes.c_void_p, ctypes.c_int32, ctypes.c_float, ctypes.c_uint64]
+    assert [v.value for v in values] == [0x7F0000001000, -3, 0.5, 7]
+    assert [pointers[i] for i in range(4)] == [ctypes.addressof(v) for v in values]
+    with pytest.raises(TypeError, match="kernel argument of type int: pass a CuPy array or a numpy scalar"):
+        _packed((3,))
+
+
+@pytest.mark.stack
+def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkeypatch):
+    """Each module (a stage kernel, one version of stage 2's backward, the head...) is a whole
+    translation unit: our compile path (lenet.kernels.nvrtc.binary) builds it alone, for an H100
+    (sm_90), on a machine with no GPU at all, into the kernel cache, and each holds the kernels its
+    launcher asks for (Note [first run] in lenet/kernels/nvrtc.py)."""
+    from lenet.kernels import nvrtc as modules
+    from lenet import kernels
+
+    monkeypatch.setenv("LENET_KERNEL_CACHE", str(tmp_path))
+    own = {m: f"{m}_kernel" for m in kernels.STAGE_MODULES} | {"head": "head_forward_kernel",
+                                                              "head_weights": "head_weights_kernel"}
+    split = [k.encode() for k in own.values()]   # kernels each held by exactly one module
+    for name in dict.fromkeys((*kernels.STAGE_MODULES, *kernels.COMMON_MODULES, "distance")):
+        try:
+            path = modules.binary(f"lenet.{name}", kernels.source(name), kernels.options(name), 90)
+        except modules.CompileError as e:
+            pytest.fail(str(e)[:2000])
+        assert path.parent == tmp_path and path.suffix == ".cubin", path
+        cubin = path.read_bytes()
+        held = [k.decode() for k in split if b"." + k + b"\0" in cubin]   # the ELF's .text.NAME sections
+        assert held == ([own[name]] if name in own else []), (name, held)
+
+
+def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
+    """SMALL_BATCH_PER_SM: up to 2 images per SM, stage 2's backward split over four parts comes first
+    (and is the module a first run compiles for the step); above it, the two-part version. The
+    one-part version (the slowest compile) is in no heuristic's modules: only a search times it."""
+    monkeypatch.setattr(kstages, "sm_count", lambda: 132)
+    ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
+    assert ks.backward_candidates(64)[0] == kstages.Backward(4, 2) and ks.backward_candidates(264)[0].version == 2
+    assert ks.backward_candidates(265)[0] == kstages.Backward(4, 1) == ks.backward_candidates(65536)[0]
+    assert ks.backward_candidates()[0] == kstages.Backward(4, 0)   # no batch: the versions in order
+    assert set(ks.backward_candidates(64)) == set(ks.backward_candidates(8192))   # the same set, reordered
+    assert "stage2_backward_split4" in kstages.heuristic_modules([64]) and "stage2_backward_split" not in kstages.heuristic_modules([64])
+    for batches in ([128, 1000], [8192], None):
+        assert "stage2_backward" not in kstages.heuristic_modules(batches)
+    assert "stage2_backward_split" in kstages.heuristic_modules([128, 1000])
