@@ -146,6 +146,21 @@ def graph_error(e: Exception, function: str, info: dict) -> CudnnError:
                       info, explanation)
 
 
+def _forget(e: BaseException) -> None:
+    """Drop the tracebacks of a frontend exception and of those it chains to.
+
+    Note [frontend failures]: the frontend keeps the exception of a failed create_execution_plans on its
+    graph object (a pybind11 object, whose attributes the garbage collector does not traverse), and the
+    exception's traceback holds every frame up to the caller's: a model, its planner and everything it
+    made stayed alive with the graph (seen on an H100: conv2's data gradient with its ReLU fused, NCHW,
+    which no engine supports, leaked each model that listed it)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+
+
 def _frontend_handle(handle):
     """Our Handle as a ``cudnn.Handle`` (which wraps, and never destroys, a foreign cudnnHandle_t)."""
     if handle is None:
@@ -278,6 +293,7 @@ class ConvGraph(Owned):
                 t["dw"] = output(g.conv_wgrad(image=t["x"], loss=t["dy"], **conv), "dw")
             g.validate()
         except Exception as e:  # the frontend raises RuntimeError / its own errors; say what and where
+            _forget(e)   # Note [frontend failures]
             raise graph_error(e, "cudnn_frontend validate", self.info) from None
         return g, {role: t[role].uid for role in self.roles}
 
@@ -287,6 +303,7 @@ class ConvGraph(Owned):
             g.build_operation_graph()
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
         except Exception as e:
+            _forget(e)   # Note [frontend failures]
             err = graph_error(e, "cudnn_frontend create_execution_plans", self.info)
             if err.is_not_supported:   # no engine for this graph: no plans, not a failure
                 self.rejected["(every plan)"] = err.explanation.splitlines()[0][:300]
@@ -311,6 +328,7 @@ class ConvGraph(Owned):
                 self.plans.append(GraphPlan(i, g.get_plan_name_at_index(i), int(g.get_workspace_size_plan_at_index(i)),
                                             g.plans[i].cpp_index))
             except Exception as e:  # filtered out, or cuDNN could not build it: recorded, not raised
+                _forget(e)   # Note [frontend failures]
                 text = str(e).strip()
                 self.rejected[self._name_at(i)] = text.splitlines()[0][:200] if text else type(e).__name__
             if only is not None:
@@ -352,6 +370,7 @@ class ConvGraph(Owned):
             self._g._lowered_graph._execute_plan_at_index(pack, workspace.ptr if workspace is not None else 0,
                                                           plan.backend_index, handle.ptr)
         except Exception as e:
+            _forget(e)   # Note [frontend failures]
             raise graph_error(e, f"cudnn_frontend execute (plan {plan.name})", self.info) from None
 
     def __repr__(self) -> str:

@@ -1,10 +1,23 @@
-"""The whole step's numerics against float64: every gradient of one training step of ours, beside
-PyTorch's float32 step on the same batch, compared with a float64 recomputation (PyTorch, float64,
-same parameters and batch), in relative L2 norm and max-elementwise, with the number of decisions
-(pooling windows, ReLU units) that float32 took otherwise than float64.
+"""The whole step's numerics against float64, judged per decision: every pooling and ReLU decision of one
+training step of ours against a float64 recomputation's (PyTorch, float64, same parameters and batch);
+every gradient of the images whose decisions all agree, and each decision that differs with its margin;
+beside them the distances at the step's own decisions and at float64's, and PyTorch's float32 step's.
 
-    python3 scripts/numerics.py                                    # batch 1 64 8192 65536, every engine, two policies
+    python3 scripts/numerics.py       # batch 1 64 8192 65536, Fashion-MNIST and standard normals, every engine
     python3 scripts/numerics.py --batch 20000 --engine legacy --algo heuristic exhaustive --json n.json
+
+Note [judging per decision]: one image decides the distance of a whole batch. On Fashion-MNIST at batch
+8192, --engine ours landed 1.8e-4 from float64 in relative L2 (conv2's weight), cuDNN 1.6e-6: bisected
+with 0/1 weights on each image's loss, all of it came from one image, one of whose conv2 pre-activations
+is -3.1e-8 in float64, in a window of four values <= 0; summed in float32 in 2000 random orders it comes
+out positive 72% of the time, ours positive, cuDNN's negative, and that one ReLU decision passes a whole
+gradient term. So the step is judged per decision: the images whose every decision (each live pooling
+window's argmax, each pooled output's and fc1's ReLU) agrees with float64's are held to RTOL_AGREE
+(1e-6) in relative L2 on every gradient of their loss alone (ours: the other images' dlogits rows zeroed,
+the gradients run from the dlogits given, as lenet.torch runs them); each decision that differs is
+listed with its margin (a window's top-two gap, a ReLU's pre-activation, in float64) relative to its
+layer's scale (the largest |value| of that layer in the batch), which must be below MARGIN (1e-6): a
+wider one is a wrong decision, not float32's.
 
 Note [step numerics]: max-pooling and ReLU are discontinuous. Where float64 sees a near-tie (two
 window entries within rounding, or a pre-activation within rounding of 0), float32 may decide the
@@ -60,10 +73,11 @@ def windows(c):
     return c.reshape(n, k, h // 2, 2, w // 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(n, k, h // 2, w // 2, 4)
 
 
-def float64_step(torch, state: dict, x, y, at=None):
-    """(gradients, pooled argmaxes, pooled outputs, fc1 pre-activation) of the step in float64; with
-    ``at`` = (argmaxes per stage, live masks per stage, fc1's ReLU mask), at those decisions instead of
-    its own."""
+def float64_step(torch, state: dict, x, y, at=None, keep=None):
+    """(gradients, pooled argmaxes, pooled outputs, fc1 pre-activation, conv outputs) of the step in
+    float64; with ``at`` = (argmaxes per stage, live masks per stage, fc1's ReLU mask), at those decisions
+    instead of its own; with ``keep`` (a bool per image), the loss of the images it keeps only (still
+    divided by the whole batch, as the step's dlogits are)."""
     import torch.nn.functional as F
 
     p = {k: torch.as_tensor(v, device="cuda", dtype=torch.float64).requires_grad_() for k, v in state.items()}
@@ -80,11 +94,13 @@ def float64_step(torch, state: dict, x, y, at=None):
     p2 = stage(c2, 1)
     a3 = F.linear(p2.flatten(1), p["fc1.weight"], p["fc1.bias"])
     logits = F.linear(F.relu(a3) if at is None else a3 * at[2], p["fc2.weight"], p["fc2.bias"])
-    loss = F.cross_entropy(logits, torch.as_tensor(y, device="cuda").long())
+    per = F.cross_entropy(logits, torch.as_tensor(y, device="cuda").long(), reduction="none")
+    loss = (per if keep is None else per * keep.double()).sum() / len(y)
     grads = torch.autograd.grad(loss, list(p.values()))
     with torch.no_grad():
         arg = [windows(c).argmax(-1) for c in (c1, c2)]   # the first maximum, as ours and cuDNN's
-    return ({k: g.detach() for k, g in zip(p, grads)}, arg, [p1.detach(), p2.detach()], a3.detach())
+    return ({k: g.detach() for k, g in zip(p, grads)}, arg, [p1.detach(), p2.detach()], a3.detach(),
+            [c1.detach(), c2.detach()])
 
 
 def torch_float32_grads(torch, state: dict, x, y) -> dict:
@@ -135,7 +151,7 @@ def measure(model, state: dict, x, y) -> dict:
     model.forward(n)
     model.backward(n)
     ours = {k: torch.as_tensor(v, device="cuda", dtype=torch.float64) for k, v in model.grad_dict().items()}
-    g64, arg64, pooled64, a3 = float64_step(torch, state, x, y)
+    g64, arg64, pooled64, a3, _ = float64_step(torch, state, x, y)
     mine = our_decisions(torch, model, n)
     live = [p > 0 for p in pooled64]
     differ = [int(((a != b) & m).sum()) for a, b, m in zip(mine, arg64, live)]
@@ -147,6 +163,83 @@ def measure(model, state: dict, x, y) -> dict:
     return {"same": distances(ours, same), "ours": distances(ours, g64),
             "torch": distances(torch_float32_grads(torch, state, x, y), g64),
             "windows": differ, "relu": relu, "live": [int(m.sum()) for m in live]}
+
+
+RTOL_AGREE = 1e-6    # the bar for the images whose decisions agree with float64's (Note [judging per decision])
+MARGIN = 1e-6        # a decision that differs must be this close to its tie, relative to its layer's scale
+
+
+def per_image(torch, mask, n: int):
+    """A bool per image: whether any entry of ``mask`` (batch first) is set in it."""
+    return mask.reshape(n, -1).any(dim=1)
+
+
+def our_gradients(torch, model, n: int, keep):
+    """Our gradients of the loss of the images ``keep`` says (dlogits zeroed for the others), run as the
+    step runs them: forward, our loss kernel's dlogits, then every gradient from dlogits given."""
+    import cupy
+
+    step = model.plan(n)
+    with model.stream:
+        step.forward()
+        step.loss.train()
+        cupy.multiply(model.buf["dlogits"][:n], cupy.asarray(keep.cpu().numpy(), cupy.float32)[:, None],
+                      out=model.buf["dlogits"][:n])
+        step.backward_given()
+    return {k: torch.as_tensor(v, device="cuda", dtype=torch.float64) for k, v in model.grad_dict().items()}
+
+
+def judge(model, state: dict, x, y) -> dict:
+    """Note [judging per decision]: every pooling and ReLU decision of our step against float64's; the
+    images whose decisions all agree are held to RTOL_AGREE in relative L2 on every gradient of their
+    loss alone (ours: their dlogits rows, the others' zeroed); each decision that differs is listed with
+    its margin in float64 (a window's top-two gap, a ReLU's pre-activation), relative to its layer's
+    scale (the largest |value| of that layer in the batch), which must be below MARGIN."""
+    import torch
+
+    n = len(y)
+    model.load_state_dict(state)
+    model.load_batch(x, y)
+    model.forward(n)
+    _, arg64, pooled64, a3, convs = float64_step(torch, state, x, y)
+    mine = our_decisions(torch, model, n)
+    pooled32 = [torch.as_tensor(model.buf[k][:n], device="cuda") for k in ("p1", "p2")]
+    h1 = torch.as_tensor(model.buf["h1"][:n], device="cuda")
+    differ, margins = torch.zeros(n, dtype=torch.bool, device="cuda"), []
+    for i, (a, b, p64, p32, c) in enumerate(zip(mine, arg64, pooled64, pooled32, convs)):
+        win, scale = windows(c), float(c.abs().max())
+        top2 = win.topk(2, dim=-1).values
+        wrong = (a != b) & (p64 > 0)                          # a live window routed elsewhere
+        relu = (p32 > 0) != (p64 > 0)                         # a pooled output on the other side of 0
+        differ |= per_image(torch, wrong, n) | per_image(torch, relu, n)
+        margins += [("window", f"stage {i + 1}", float(g) / scale) for g in (top2[..., 0] - top2[..., 1])[wrong]]
+        margins += [("relu", f"stage {i + 1}", abs(float(v)) / scale) for v in p64[relu]]
+    fc1 = (h1 > 0) != (a3 > 0)
+    differ |= per_image(torch, fc1, n)
+    margins += [("relu", "fc1", abs(float(v)) / float(a3.abs().max())) for v in a3[fc1]]
+    keep = ~differ
+    ours = our_gradients(torch, model, n, keep)
+    g64 = float64_step(torch, state, x, y, keep=keep)[0]
+    agree = distances(ours, g64) if keep.any() else {}
+    worst = max((m for _, _, m in margins), default=0.0)
+    return {"agree": agree, "images": n, "kept": int(keep.sum()), "decisions": margins, "worst_margin": worst,
+            "ok": all(v[0] <= RTOL_AGREE for v in agree.values()) and worst <= MARGIN}
+
+
+def fashion_batch(n: int, seed: int):
+    """n images of Fashion-MNIST's training split (a seeded draw, with replacement above 60,000), normalized
+    as the programs normalize them, and their labels; None where the dataset is not found."""
+    from lenet import data
+
+    root = data.find_dataset(None)
+    if root is None:
+        return None
+    images, labels = data.load_split(root, "train", None, [])
+    mean, std = data.pixel_stats(images)
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(images))[:n] if n <= len(images) else rng.integers(0, len(images), n)
+    x = ((images[idx].astype(np.float32) / 255.0 - mean) / std).reshape(n, 1, 28, 28).astype(np.float32)
+    return x, labels[idx].astype(np.int32)
 
 
 def describe(model, n: int) -> str:
@@ -161,7 +254,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 8192, 65536])
     ap.add_argument("--engine", nargs="+", default=["auto", "ours", "legacy", "graph"])
-    ap.add_argument("--algo", nargs="+", default=["heuristic", "exhaustive"])
+    ap.add_argument("--algo", nargs="+", default=["heuristic"])
+    ap.add_argument("--data", nargs="+", default=["fashion", "random"], choices=["fashion", "random"],
+                    help="Fashion-MNIST's training images (found as the programs find them) and/or standard normals")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write every measurement here")
     args = ap.parse_args()
@@ -171,42 +266,47 @@ def main():
     from lenet.model import LeNet
     from lenet.params import init_host
 
-    print(f"GPU {torch.cuda.get_device_name()} | float32 step against float64 | bar: relative L2 <= {RTOL_L2:g} per "
-          f"gradient at the step's own decisions (Note [step numerics]); then against float64's own decisions")
-    print(f"{'batch':>6} | {'engine':<6} | {'algo':<10} | {'same decisions':<28} | {'float64 decisions':<28} | "
-          f"{'torch f32':>8} | {'max-elem (tensor)':<26} | {'torch f32':>8} | windows differ (of live) | "
-          f"ReLU differ p1/p2/fc1")
+    print(f"GPU {torch.cuda.get_device_name()} | float32 step against float64, judged per decision (Note [judging "
+          f"per decision]): the images whose decisions all agree within {RTOL_AGREE:g} in relative L2; each decision "
+          f"that differs within {MARGIN:g} of its layer's scale of a tie; beside them, every gradient at the step's "
+          f"own decisions (bar {RTOL_L2:g}) and at float64's, and PyTorch float32 at float64's")
+    print(f"{'batch':>6} | {'data':<7} | {'engine':<6} | {'algo':<10} | {'images agreeing':>17} | "
+          f"{'agreeing: rel L2 (tensor)':<30} | decisions that differ: margin / scale | {'own decisions':>13} | "
+          f"{'f64 decisions':>13} | {'torch f32':>9}")
     results, failed = [], 0
     for n in args.batch:
-        rng = np.random.default_rng(args.seed)
-        x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
-        y = rng.integers(0, 10, n).astype(np.int32)
-        state = init_host(args.seed)
-        for engine in args.engine:
-            for algo in args.algo:
-                model = LeNet(max_batch=n, policy=Policy.parse(algo, engine=engine), seed=args.seed)
-                r = measure(model, state, x, y)
-                r.update(batch=n, engine=engine, algo=algo, plan=describe(model, n))
-                del model
-                results.append(r)
-                wsm = max(r["same"], key=lambda k: r["same"][k][0])
-                wl2 = max(r["ours"], key=lambda k: r["ours"][k][0])
-                wmx = max(r["ours"], key=lambda k: r["ours"][k][1])
-                tl2 = max(v[0] for v in r["torch"].values())
-                tmx = max(v[1] for v in r["torch"].values())
-                over = [k for k, v in r["same"].items() if not v[0] <= RTOL_L2]
-                r["over"] = over
-                ok = not over
-                failed += not ok
-                win = " / ".join(f"{d} of {lv:,}" for d, lv in zip(r["windows"], r["live"]))
-                print(f"{n:>6} | {engine:<6} | {algo:<10} | {r['same'][wsm][0]:.2e} ({wsm}){'' if ok else ' OVER'}"
-                      f"{'':<{max(0, 14 - len(wsm))}} | {r['ours'][wl2][0]:.2e} ({wl2}){'':<{max(0, 14 - len(wl2))}} | "
-                      f"{tl2:8.2e} | {r['ours'][wmx][1]:.2e} ({wmx})"
-                      f"{'':<{max(0, 12 - len(wmx))}} | {tmx:8.2e} | {win} | {'/'.join(map(str, r['relu']))}",
-                      flush=True)
-                print(f"{'':>6}   plan: {r['plan']}")
-    print(f"{len(results) - failed} of {len(results)} configurations within {RTOL_L2:g} in relative L2 on every "
-          f"gradient at their own decisions")
+        for kind in args.data:
+            rng = np.random.default_rng(args.seed)
+            batch = fashion_batch(n, args.seed) if kind == "fashion" else None
+            if kind == "fashion" and batch is None:
+                print(f"{n:>6} | fashion | Fashion-MNIST not found: skipped")
+                continue
+            x, y = batch or (rng.standard_normal((n, 1, 28, 28)).astype(np.float32),
+                             rng.integers(0, 10, n).astype(np.int32))
+            state = init_host(args.seed)
+            for engine in args.engine:
+                for algo in args.algo:
+                    model = LeNet(max_batch=n, policy=Policy.parse(algo, engine=engine), seed=args.seed)
+                    j = judge(model, state, x, y)
+                    r = measure(model, state, x, y)
+                    r.update(j, batch=n, data=kind, engine=engine, algo=algo, plan=describe(model, n))
+                    model.close()
+                    del model
+                    results.append(r)
+                    failed += not r["ok"]
+                    worst = max(r["agree"], key=lambda k: r["agree"][k][0]) if r["agree"] else None
+                    agree = f"{r['agree'][worst][0]:.2e} ({worst})" if worst else "-"
+                    differ = ", ".join(f"{k} {w} {m:.1e}" for k, w, m in r["decisions"][:4]) or "none"
+                    if len(r["decisions"]) > 4:
+                        differ += f" (+{len(r['decisions']) - 4}, the widest {r['worst_margin']:.1e})"
+                    own = max(v[0] for v in r["same"].values())
+                    f64 = max(v[0] for v in r["ours"].values())
+                    tf = max(v[0] for v in r["torch"].values())
+                    print(f"{n:>6} | {kind:<7} | {engine:<6} | {algo:<10} | {r['kept']:>7} of {n:<7} | {agree:<30} | "
+                          f"{differ}{'' if r['ok'] else '  OVER'} | {own:13.2e} | {f64:13.2e} | {tf:9.2e}", flush=True)
+                    print(f"{'':>6}   plan: {r['plan']}")
+    print(f"{len(results) - failed} of {len(results)} configurations within {RTOL_AGREE:g} on the images whose "
+          f"decisions agree, every differing decision within {MARGIN:g} of a tie")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 1 if failed else 0

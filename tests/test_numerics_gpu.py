@@ -32,3 +32,31 @@ def test_every_gradient_within_1e_5_of_float64(torch_ref, n, engine, algo):
     assert not over, (f"n={n} {engine} {algo}: relative L2 over {RTOL_L2:g} at the same decisions: {over}; "
                       f"from float64's own: {r['ours']}; windows that differ "
                       f"{r['windows']}, ReLU decisions that differ {r['relu']}; PyTorch float32: {r['torch']}")
+
+
+REAL = [(n, e) for n in (64, 1000) for e in ("ours", "legacy", "graph")]
+
+
+@pytest.mark.parametrize("n,engine", REAL, ids=[f"{n}-{e}" for n, e in REAL])
+def test_pictures_are_judged_per_decision(torch_ref, n, engine):
+    """What real data has (Note [real-data operands] in lenet/engines/reference.py): quantized pictures on a
+    constant background, every window of it an exact tie and every pooled output over it the same. Each
+    decision our step takes otherwise than float64 must be within 1e-6 of its layer's scale of a tie (a
+    wider one is a wrong argmax or mask), and the images whose decisions all agree within 1e-5 of float64
+    on every gradient (Note [judging per decision] in scripts/numerics.py; the script reports them against
+    1e-6)."""
+    from numerics import MARGIN, judge
+
+    from lenet.engines.reference import pictures
+    from lenet.model import LeNet
+    from lenet.params import init_host
+
+    rng = np.random.default_rng(n)
+    x = pictures(rng, n, (1, 28, 28))
+    y = rng.integers(0, 10, n).astype(np.int32)
+    model = LeNet(max_batch=n, policy=Policy(engine=engine), seed=0)
+    r = judge(model, init_host(n), x, y)
+    assert r["kept"] >= n // 2, r
+    assert r["worst_margin"] <= MARGIN, f"{engine}: a decision {r['worst_margin']:.1e} of its scale from a tie: {r['decisions'][:5]}"
+    over = {k: v for k, v in r["agree"].items() if not v[0] <= 1e-5}
+    assert not over, f"{engine}: the agreeing images' gradients are off: {over}"

@@ -214,7 +214,7 @@ def test_the_plan_cache_is_used_by_a_second_run_and_ignored_when_a_key_changes(t
     first = _run("lenet.train_step", "--synthetic", "--json", "--algo", "exhaustive", env=env)
     assert first.returncode == 0, first.stderr
     doc = json.loads(cache.read_text())
-    assert doc["format"] == 1 and len(doc["entries"]) >= 5, doc
+    assert doc["format"] == 2 and len(doc["entries"]) >= 5, doc
     second = _run("lenet.train_step", "--synthetic", "--json", "--algo", "exhaustive", env=env)
     assert second.returncode == 0, second.stderr
     a, b = json.loads(first.stdout), json.loads(second.stdout)
@@ -238,4 +238,4 @@ def test_the_plan_cache_is_used_by_a_second_run_and_ignored_when_a_key_changes(t
     assert fifth.returncode == 0, fifth.stderr
     warn = [x for x in fifth.stderr.splitlines() if "plan cache" in x]
     assert len(warn) == 1 and "not a readable cache" in warn[0], fifth.stderr
-    assert json.loads(cache.read_text())["format"] == 1
+    assert json.loads(cache.read_text())["format"] == 2
