@@ -161,6 +161,15 @@ def _forget(e: BaseException) -> None:
         e = e.__cause__ or e.__context__
 
 
+def _forget_kept(g) -> None:
+    """_forget every exception the frontend's graph object keeps among its attributes (1.28 keeps the
+    backend's decline as ``_backend_declined``; looked for by type, not by name)."""
+    for v in list(getattr(g, "__dict__", {}).values()):
+        for item in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(item, BaseException):
+                _forget(item)
+
+
 def _frontend_handle(handle):
     """Our Handle as a ``cudnn.Handle`` (which wraps, and never destroys, a foreign cudnnHandle_t)."""
     if handle is None:
@@ -298,6 +307,12 @@ class ConvGraph(Owned):
         return g, {role: t[role].uid for role in self.roles}
 
     def _make_plans(self, cudnn, only: str | int | None = None) -> None:
+        try:
+            self._plans(cudnn, only)
+        finally:
+            _forget_kept(self._g)   # Note [frontend failures]
+
+    def _plans(self, cudnn, only: str | int | None = None) -> None:
         g, notes = self._g, cudnn.numerical_note
         try:
             g.build_operation_graph()
