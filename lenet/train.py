@@ -151,7 +151,15 @@ def parser() -> cli.Parser:
                    help="evaluate on the first N test images only (default: all)")
     p.add_argument("--eval-batch-size", type=cli.batch_size, default=1000, metavar="N", help="(default: 1000)")
     cli.add_data_cache_flag(p)
-    r = p.add_argument_group("recipe")
+    _recipe_flags(p.add_argument_group("recipe"))
+    cli.add_algorithm_flags(p)
+    cli.add_speed_flags(p)
+    _output_flags(p)
+    return p
+
+
+def _recipe_flags(r) -> None:
+    """The recipe's pieces, each checked against PyTorch's own (tests/test_recipe_gpu.py)."""
     r.add_argument("--nesterov", action="store_true", help="Nesterov momentum (PyTorch's SGD(nesterov=True))")
     r.add_argument("--label-smoothing", type=cli.unit_interval, default=0.0, metavar="EPS",
                    help="smooth the targets: (1 - EPS) * one-hot + EPS / 10, as PyTorch's "
@@ -175,8 +183,10 @@ def parser() -> cli.Parser:
     r.add_argument("--target-accuracy", type=cli.accuracy, default=None, metavar="A",
                    help="stop after the first epoch whose test accuracy reaches A (0.91 or 91%%) and report the "
                         "wall clock from program start to there (default: off: every epoch runs)")
-    cli.add_algorithm_flags(p)
-    cli.add_speed_flags(p)
+
+
+def _output_flags(p) -> None:
+    """Where the run writes, and how it resumes."""
     p.add_argument("--out", metavar="DIR", help="write metrics.jsonl, curves.png and checkpoint.npz here (default: "
                                               "none: the run prints its progress and writes no file, so it "
                                               "cannot be resumed)")
@@ -189,7 +199,6 @@ def parser() -> cli.Parser:
                    help=f"also write the checkpoint every STEPS steps inside an epoch; 0: at epoch ends only "
                         f"(default: {CHECKPOINT_EVERY})")
     p.add_argument("--quiet", action="store_true", help="plain log lines, no progress bar")
-    return p
 
 
 def config_of(args, root: Path, train_size: int, fingerprint: str | None = None) -> dict:
