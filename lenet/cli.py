@@ -237,6 +237,10 @@ def run(main, name: str = "") -> None:
     """Run a program's main; known failures become one plain sentence, "NAME: error: ...", and
     exit status 2 (NAME as the program was run, as argparse's own errors say it)."""
     head = f"{name}: error:" if name else "error:"
+    from . import files, interrupt
+
+    interrupt.guard(name)   # Note [signals from the first line] in lenet/interrupt.py
+    files.cupy_cache()      # before CuPy's import: Note [cache folders] in lenet/files.py
     try:
         code = main()
     except KeyboardInterrupt:
@@ -273,11 +277,12 @@ def leave(code: int) -> None:
     calls this; the leak check frees everything itself (scripts/profile_step.py) and never comes
     here, and an unexpected exception still leaves through the interpreter with its traceback.
     A cache entry still being written (files.write_later, a compiled module) is waited for first."""
-    from .files import wait_for_writes
+    from .files import discard_temporaries, wait_for_writes
 
     wait_for_writes()
     if "lenet.kernels.nvrtc" in sys.modules:   # compiles may still run on their threads
         sys.modules["lenet.kernels.nvrtc"].hold_writes()
+    discard_temporaries()   # none is being written now: this run's own files (a kernel it could not cache)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -151,9 +151,10 @@ def _file(root: Path, stem: str) -> Path:
     raise DataError(f"{root}: no {stem} or {stem}.gz")
 
 
-def cache_dir() -> Path:
+def cache_dir() -> Path | None:
     """Where inflated copies of gzipped IDX files are kept (Note [dataset cache]):
-    $LENET_DATA_CACHE, else $XDG_CACHE_HOME/lenet/data, else ~/.cache/lenet/data."""
+    $LENET_DATA_CACHE, else $XDG_CACHE_HOME/lenet/data, else ~/.cache/lenet/data; None where there is no
+    cache folder (Note [cache folders] in lenet/files.py)."""
     if os.environ.get("LENET_DATA_CACHE"):
         return Path(os.environ["LENET_DATA_CACHE"])
     return files.cache_path("data")

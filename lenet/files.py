@@ -12,15 +12,132 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
 
+from . import interrupt
 
-def cache_path(name: str) -> Path:
-    """Where the cache ``name`` lives unless its own variable says otherwise:
-    $XDG_CACHE_HOME/lenet/<name>, else ~/.cache/lenet/<name>."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lenet" / name
+_temporaries: set = set()        # temporary files being written now (Note [atomic writes])
+_temporaries_lock = threading.Lock()
+
+
+def discard_temporaries() -> None:
+    """Remove every temporary file a write of this process has not finished, and every file of this run's
+    own (``leftover``): what a program leaving through os._exit runs (on a signal: Note [signals from the
+    first line] in lenet/interrupt.py; at its end: lenet.cli.leave), so the old files stay whole and
+    nothing of ours stays behind."""
+    with _temporaries_lock:
+        for tmp in list(_temporaries):
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        _temporaries.clear()
+
+
+interrupt.before_exit(discard_temporaries)
+
+
+def leftover(path: str) -> None:
+    """A file of this run's own, removed when the process ends however it ends."""
+    import atexit
+
+    with _temporaries_lock:
+        _temporaries.add(path)
+    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+
+
+def temporary(folder, prefix: str, suffix: str = ".tmp") -> tuple[int, str]:
+    """mkstemp in ``folder``, remembered until ``finished(tmp)``: a signal removes it meanwhile."""
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
+    with _temporaries_lock:
+        _temporaries.add(tmp)
+    return fd, tmp
+
+
+def finished(tmp: str) -> None:
+    with _temporaries_lock:
+        _temporaries.discard(tmp)
+
+
+# Note [cache folders]: a cache is a convenience; a run never fails for lack of one, and never writes
+# outside the folders the user named or the cache folders that exist. The root of our caches is
+# $XDG_CACHE_HOME/lenet when XDG_CACHE_HOME is an absolute path (the XDG spec ignores a relative one),
+# else $HOME/.cache/lenet when HOME is a folder that exists (HOME=/nonexistent, the home of Debian's
+# nobody, made a root run create /nonexistent/.cache); it is made once per process, and where it cannot
+# be (HOME=/proc, a read-only HOME), the run goes on without its caches after one warning line.
+_root: dict = {}
+
+
+def cache_root() -> Path | None:
+    """The folder our caches live in, made if need be (Note [cache folders]); None: there is none."""
+    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    home = os.environ.get("HOME") or ""
+    if (xdg, home) in _root:
+        return _root[(xdg, home)]
+    base = Path(xdg) if os.path.isabs(xdg) else Path(home) / ".cache" if os.path.isabs(home) and \
+        os.path.isdir(home) else None
+    root, why = None, f"HOME={home or '(unset)'} is not a folder that exists"
+    if base is not None:
+        try:
+            (base / "lenet").mkdir(parents=True, exist_ok=True)
+            root = base / "lenet" if _writable(base / "lenet") else None
+            why = f"{base / 'lenet'} is not writable"
+        except OSError as e:
+            why = f"{base / 'lenet'} cannot be made ({e.strerror or e})"
+    if root is not None:
+        _root[(xdg, home)] = root
+    elif ("warned", xdg, home) not in _root:   # one line a run, however many caches ask
+        _root[("warned", xdg, home)] = None
+        print(f"warning: no cache folder ({why}); running without the caches of earlier runs", file=sys.stderr)
+    return root
+
+
+def cache_path(name: str) -> Path | None:
+    """Where the cache ``name`` lives unless its own variable says otherwise: <cache_root()>/<name>, or
+    None where there is no cache folder (Note [cache folders])."""
+    root = cache_root()
+    return None if root is None else root / name
+
+
+def cupy_cache() -> None:
+    """Give CuPy, which makes its kernel cache folder (~/.cupy/kernel_cache, or $CUPY_CACHE_DIR) as it is
+    imported and fails to import where it cannot, a folder it can make: its own where that works, else
+    <cache_root()>/cupy, else a folder of this run's own, removed when it ends. Called before CuPy's
+    import by every program (lenet/startup.py); our programs compile no kernel through CuPy's cache."""
+    import atexit
+    import shutil
+
+    want = os.environ.get("CUPY_CACHE_DIR") or (os.path.join(os.environ.get("HOME") or "", ".cupy", "kernel_cache")
+                                                if os.path.isabs(os.environ.get("HOME") or "") else "")
+    if want and _can_make(Path(want)):
+        return
+    root = cache_root()
+    if root is not None:
+        os.environ["CUPY_CACHE_DIR"] = str(root / "cupy")
+        return
+    own = tempfile.mkdtemp(prefix="lenet-cupy-")
+    atexit.register(shutil.rmtree, own, True)
+    interrupt.before_exit(lambda: shutil.rmtree(own, True))
+    os.environ["CUPY_CACHE_DIR"] = own
+
+
+def _can_make(folder: Path) -> bool:
+    """Whether ``folder`` exists as a writable folder, or its nearest existing ancestor is one, under a
+    parent that exists (HOME itself is never made)."""
+    if folder.is_dir():
+        return _writable(folder)
+    existing = folder
+    while not existing.exists():
+        if existing.parent == existing:
+            return False
+        existing = existing.parent
+    home = os.environ.get("HOME") or ""
+    if home and not os.path.isdir(home) and str(folder).startswith(home.rstrip("/") + "/"):
+        return False
+    return existing.is_dir() and _writable(existing)
 
 
 class OutputError(ValueError):
@@ -38,7 +155,7 @@ def write_atomic(path, data: bytes) -> None:
     full disk, a folder that takes no files) is one OutputError naming the path, and leaves nothing."""
     path = Path(path)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = temporary(path.parent, prefix=f".{path.name}.")
     except OSError as e:
         raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
     try:
@@ -54,6 +171,8 @@ def write_atomic(path, data: bytes) -> None:
         if isinstance(e, OSError):
             raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
         raise
+    finally:
+        finished(tmp)
     _fsync_dir(path.parent)
 
 

@@ -28,7 +28,8 @@ FORMAT = 2
 MAX_ENTRIES = 5000
 
 
-def default_path() -> Path:
+def default_path() -> Path | None:
+    """$LENET_PLAN_CACHE, else plans.json in our cache folder; None where there is none."""
     if os.environ.get("LENET_PLAN_CACHE"):
         return Path(os.environ["LENET_PLAN_CACHE"])
     return cache_path("plans.json")
@@ -136,6 +137,7 @@ class PlanCache:
 def open_cache(handle, enabled: bool = True, path=None) -> PlanCache | None:
     """The plan cache for the GPU and libraries of ``handle`` (a model's planner keeps it as its store:
     lenet.plan.Planner), or None when disabled."""
-    if not enabled:
+    path = path or (default_path() if enabled else None)
+    if path is None:
         return None
-    return PlanCache(path or default_path(), current_environment(handle))
+    return PlanCache(path, current_environment(handle))

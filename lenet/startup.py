@@ -93,12 +93,14 @@ def keep_bytecode() -> str | None:
     where = os.environ.get("LENET_BYTECODE_CACHE")
     if where is not None and where.strip().lower() in ("", "0", "off", "no", "false"):
         return None
-    try:
+    if not where:
         from .files import cache_path
 
-        folder = where or str(cache_path("bytecode"))
-    except RuntimeError:   # no home folder to be found
-        return None
+        folder = cache_path("bytecode")   # None: no cache folder (Note [cache folders] in lenet/files.py)
+        if folder is None:
+            return None
+        where = str(folder)
+    folder = where
     sys.pycache_prefix, sys.dont_write_bytecode = folder, False
     return folder
 
@@ -109,7 +111,11 @@ def begin(then=None) -> None:
     when given, runs with the command line once the threads are going, before the compiles' imports
     (lenet.train starts its plotting child there: Note [the plotting child's first run] in
     lenet/plot.py)."""
+    from . import files, interrupt
+
+    interrupt.guard()   # Note [signals from the first line] in lenet/interrupt.py
     keep_bytecode()
+    files.cupy_cache()  # before CuPy's import (the preload thread's): Note [cache folders] in lenet/files.py
     args = sys.argv[1:]
     if {"-h", "--help"} & set(args):   # help needs no GPU: it prints at once
         return

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import cli, data, files, startup
+from . import cli, data, files, interrupt, startup
 from .background import Background
 from .plot import Plotter, can_plot, take_early
 from .schedule import SCHEDULES, Schedule
@@ -113,11 +113,13 @@ class Signals:
     def __enter__(self):
         for s in self.NAMES:
             self._old[s] = signal.signal(s, self._handle)
+        interrupt.hand_over(True)   # the first signal is ours; a second still ends the process (lenet/interrupt.py)
         return self
 
     def __exit__(self, *exc):
         for s, h in self._old.items():
             signal.signal(s, h)
+        interrupt.hand_over(False)
 
     @property
     def name(self) -> str:

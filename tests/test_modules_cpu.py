@@ -29,6 +29,11 @@ def test_the_cache_follows_the_environment(modules, tmp_path, monkeypatch):
     monkeypatch.delenv("LENET_KERNEL_CACHE")
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert modules.cache_folder() is None, "a HOME that does not exist was made"   # Note [cache folders]
+    assert not (tmp_path / "home").exists()
+    (tmp_path / "home").mkdir()
+    assert modules.cache_folder() == tmp_path / "home" / ".cache" / "lenet" / "kernels"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")   # ignored, as the XDG spec says
     assert modules.cache_folder() == tmp_path / "home" / ".cache" / "lenet" / "kernels"
 
 

@@ -62,11 +62,15 @@ def use_arch(arch) -> None:
     _arch = arch
 
 
-def cache_folder() -> Path:
+def cache_folder() -> Path | None:
+    """$LENET_KERNEL_CACHE, else kernels/ in our cache folder; None where there is none (Note [cache
+    folders] in lenet/files.py): each run then compiles into a temporary file of its own."""
     where = os.environ.get("LENET_KERNEL_CACHE")
     if where:
         return Path(where)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lenet" / "kernels"
+    from ..files import cache_path
+
+    return cache_path("kernels")
 
 
 def prefetch(key: str, source, options: tuple = ()) -> Future:
@@ -116,10 +120,10 @@ def binary(key: str, source: str, options: tuple, arch: int) -> Path:
         h.update(part.encode() + b"\1")
     folder = cache_folder()
     stem = f"{key}.{target}"
-    path = folder / f"{stem}.{h.hexdigest()}.{ext}"
+    path = folder / f"{stem}.{h.hexdigest()}.{ext}" if folder is not None else None
     t0 = time.perf_counter()
     try:
-        data = path.read_bytes()
+        data = path.read_bytes() if path is not None else b""
         if _complete(data, ext):
             BUILT.append((key, t0, time.perf_counter(), "cache"))
             return path
@@ -134,24 +138,31 @@ def binary(key: str, source: str, options: tuple, arch: int) -> Path:
 def _store(folder: Path, path: Path, stem: str, ext: str, data: bytes) -> Path:
     """``data`` written as ``path`` (atomically; earlier versions of the module removed), or, where the
     folder cannot be written, into a temporary file of this run's own."""
+    from .. import files
+
     try:
+        if folder is None:
+            raise OSError("no cache folder")
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)   # as an ordinary file, not mkstemp's 0600
-        os.replace(tmp, path)
+        fd, tmp = files.temporary(folder, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            mask = os.umask(0o022)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)   # as an ordinary file, not mkstemp's 0600
+            os.replace(tmp, path)
+        finally:
+            files.finished(tmp)
         for old in folder.glob(f"{stem}.*.{ext}"):   # earlier versions of this module
             if old != path:
                 old.unlink(missing_ok=True)
         return path
     except OSError:   # a folder we cannot write: this run's own copy, in a temporary file
         fd, tmp = tempfile.mkstemp(prefix=f"lenet-{stem}.", suffix=f".{ext}")
+        files.leftover(tmp)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        atexit.register(os.unlink, tmp)
         return Path(tmp)
 
 

@@ -1,0 +1,120 @@
+"""A program's signals from its first line to its last: SIGINT or SIGTERM gives one line and exit status
+130 or 143, never a traceback and never a hang.
+
+Note [signals from the first line]: Python's own SIGINT handler raises KeyboardInterrupt wherever the
+main thread happens to be: inside an import (a traceback of 10 to 60 lines), or nowhere at all when the
+main thread waits on a lock another thread holds (a start-up thread inside an import, a reader in
+np.load): a Ctrl-C 0.35-0.5 s into a run hung it 3 times in about 110, once for 657 s, and further
+SIGINTs did nothing. So a program ``guard()``s itself first: the signals' Python handler does nothing,
+and Python's C-level handler writes each signal's number to a pipe (signal.set_wakeup_fd) that a thread
+of ours reads; that thread acts, whatever the main thread is doing. It prints one line and leaves through
+os._exit with 128 + the signal's number, once the writes in flight have ended or been removed (Note
+[atomic writes] in lenet/files.py): no temporary file stays behind. A program that stops gracefully
+(lenet.train finishes its step and writes a checkpoint: Note [stopping] there) ``hand_over()``s the first
+signal to its own handler; the second still ends the process at once, from here. The thread imports
+nothing once started, so it cannot wait on an import lock itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+
+GRACE_S = 2.0   # a program that stops gracefully gets this long to leave by itself on a second signal
+
+NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+_state = {"installed": False, "handed": False, "seen": 0, "prog": ""}
+_before_exit = []   # callables run (briefly) before leaving: what is being written finishes or goes
+
+
+def _ignore(signum, frame) -> None:
+    """The Python-level handler: the thread below acts (Note [signals from the first line])."""
+
+
+def guard(prog: str = "") -> None:
+    """Install the handling above, once per process (``prog``: the program's name in its line)."""
+    if prog:
+        _state["prog"] = prog
+    if _state["installed"] or threading.current_thread() is not threading.main_thread():
+        return
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        for s in NAMES:
+            signal.signal(s, _ignore)
+    except (ValueError, OSError):   # not the main interpreter, or no signals here: Python's defaults stay
+        os.close(r)
+        os.close(w)
+        return
+    _state["installed"] = True
+    threading.Thread(target=_watch, args=(r,), name="lenet-signals", daemon=True).start()
+
+
+def installed() -> bool:
+    return _state["installed"]
+
+
+def hand_over(on: bool = True) -> None:
+    """Let the program's own handler take the first SIGINT or SIGTERM (on), or take them back (off)."""
+    _state["handed"], _state["seen"] = bool(on), 0
+
+
+def before_exit(fn) -> None:
+    """Run ``fn()`` before leaving on a signal (each at most once; exceptions ignored)."""
+    _before_exit.append(fn)
+
+
+def _watch(fd: int) -> None:
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except OSError:
+            return
+        for signum in data:
+            if signum not in NAMES:
+                continue
+            _state["seen"] += 1
+            if _state["handed"] and _state["seen"] < 2:
+                continue   # the program's handler stops it gracefully (lenet.train: Note [stopping])
+            if _state["handed"]:
+                time.sleep(GRACE_S)   # its handler leaves at once on the second: with its own line, if it can
+            leave(signum)
+
+
+def leave(signum: int) -> None:
+    """One line, the writes in flight finished or removed, then exit 128 + signum without teardown."""
+    prog = _state["prog"] or _program_name()
+    what = "a second " if _state["handed"] else ""
+    line = f"{prog}: interrupted by {what}{NAMES.get(signum, signum)}\n"
+    try:
+        os.write(2, line.encode())
+    except OSError:
+        pass
+    while _before_exit:
+        try:
+            _before_exit.pop()()
+        except BaseException:   # noqa: BLE001 - leaving regardless
+            pass
+    os._exit(128 + signum)
+
+
+def _program_name() -> str:
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    parent, base = os.path.split(argv0)
+    if base.endswith(".py") and os.path.basename(parent) == "lenet":
+        return f"python -m lenet.{base[:-3]}"
+    return base if base.startswith("lenet") else "lenet"
+
+
+def is_program_start() -> bool:
+    """Whether this process was started as one of our programs (python -m lenet..., or a lenet command):
+    what lenet/__init__.py asks before guarding a process from its first line."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0 == "-m":   # python -m lenet.PROGRAM, while its module is being found
+        return True
+    return os.path.basename(argv0).split(".")[0] in ("lenet", "lenet-train", "lenet-train-step", "lenet-export",
+                                                     "lenet-predict")
