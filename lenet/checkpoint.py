@@ -39,6 +39,13 @@ def load(path) -> tuple[np.ndarray, np.ndarray, dict]:
         raise CheckpointError(f"{path} is a folder, not a checkpoint file; {WHAT}")
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
+    if not path.is_file():
+        raise CheckpointError(f"{path} is not a regular file (a pipe, a socket or a device); {WHAT}")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
     try:
         z = np.load(path, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):

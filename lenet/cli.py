@@ -240,30 +240,53 @@ def run(main, name: str = "") -> None:
     from . import files, interrupt
 
     interrupt.guard(name)   # Note [signals from the first line] in lenet/interrupt.py
-    files.cupy_cache()      # before CuPy's import: Note [cache folders] in lenet/files.py
+    files.library_caches()  # before CuPy's import: Note [cache folders] in lenet/files.py
+    for stream in (sys.stdout, sys.stderr):   # a name of bad bytes is printed escaped, never a traceback
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         code = main()
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         code = 130
     except Exception as e:  # only the failures a user can act on are turned into one line
+        line = known_failure(e)
+        if line is None:
+            raise
+        print(f"{head} {line}", file=sys.stderr)
+        code = 2
+    leave(code or 0)
+
+
+# The import names of the GPU stack's packages (what pip install '.[cu13]' brings).
+GPU_STACK = ("cupy", "cupy_backends", "cuda", "nvmath", "cudnn", "nvidia")
+
+
+def known_failure(e: Exception) -> str | None:
+    """The one line a failure a user can act on becomes, or None (a bug: its traceback stays)."""
+    from .data import DataError
+
+    known = (ValueError, DataError)
+    try:   # the GPU stack's own errors, where it can be imported at all
         from descriptors.algorithms import AlgorithmNotSupportedError
         from descriptors.errors import CudnnLoadError, NoGpuError
         from descriptors.graph import GraphUnavailable
 
-        from .data import DataError
+        known += (NoGpuError, CudnnLoadError, AlgorithmNotSupportedError, GraphUnavailable)
+    except ImportError:
+        pass
+    if isinstance(e, known):
+        return str(e)
+    if isinstance(e, ImportError):
+        missing = (e.name or "").split(".")[0]
+        if missing in GPU_STACK:
+            return f"a package of the GPU stack is missing ({e}); install it with pip install '.[cu13]'"
+        return f"the Python package {missing or '?'} is missing ({e}); install it with pip install {missing}"
+    if isinstance(e, OSError):   # a name the system refuses, a file that went away: one line
+        from .files import os_error
 
-        if isinstance(e, (NoGpuError, CudnnLoadError, AlgorithmNotSupportedError, DataError, ValueError,
-                          GraphUnavailable)):
-            print(f"{head} {e}", file=sys.stderr)
-            code = 2
-        elif isinstance(e, ImportError):
-            print(f"{head} a GPU package is missing ({e}); install the GPU stack with "
-                  f"pip install '.[cu13]'", file=sys.stderr)
-            code = 2
-        else:
-            raise
-    leave(code or 0)
+        return os_error(e)
+    return None
 
 
 def leave(code: int) -> None:

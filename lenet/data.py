@@ -33,6 +33,10 @@ class DataError(ValueError):
     """A dataset that is missing, truncated or corrupt; names the file and what is wrong."""
 
 
+class NotAFile(DataError):
+    """Something other than a regular file where a dataset's file should be."""
+
+
 # More than any IDX dataset this reads (EMNIST's largest split is ~0.6 GB): a header that
 # declares more is refused before anything is read.
 MAX_BYTES = 4 << 30
@@ -148,6 +152,9 @@ def _file(root: Path, stem: str) -> Path:
         p = root / name
         if p.is_file():
             return p
+        if p.exists():   # a folder, a pipe, a device where the file should be: say what it is
+            kind = "a folder" if p.is_dir() else "not a regular file (a pipe, a socket or a device)"
+            raise NotAFile(f"{files.show(p)} is {kind}, not an IDX file")
     raise DataError(f"{root}: no {stem} or {stem}.gz")
 
 
@@ -161,6 +168,28 @@ def cache_dir() -> Path | None:
 
 
 CACHE_LIMIT_BYTES = 512 << 20   # the dataset cache keeps its most recently used entries up to this size
+INDEX_LIMIT = 64                # index.json remembers at most this many files, the most recent
+
+
+def _current(key: str, entry) -> bool:
+    """Whether an index entry still describes its file (there, the same size and modification time)."""
+    try:
+        st = os.stat(key)
+    except OSError:
+        return False
+    return isinstance(entry, dict) and entry.get("state") == [st.st_size, st.st_mtime_ns]
+
+
+def _remember(cache: Path, key: str, entry) -> None:
+    """index.json with ``key`` set (or dropped, for None), entries of files gone or changed dropped, and at
+    most INDEX_LIMIT kept, the newest (Note [dataset cache])."""
+    with _index_lock:
+        index = {k: v for k, v in _index(cache).items() if k != key and _current(k, v)}
+        if entry is not None:
+            index[key] = entry   # newest last
+        for k in list(index)[: max(0, len(index) - INDEX_LIMIT)]:
+            del index[k]
+        files.write_atomic(cache / "index.json", json.dumps(index).encode())
 
 
 def _index(cache: Path) -> dict:
@@ -203,13 +232,20 @@ def source_digest(path: Path, cache: Path | None = None, data: bytes | None = No
     if cache is not None:
         try:
             cache.mkdir(parents=True, exist_ok=True)
-            with _index_lock:
-                index = _index(cache)
-                index[key] = {"state": state, "digest": digest}
-                files.write_atomic(cache / "index.json", json.dumps(index).encode())
+            _remember(cache, key, {"state": state, "digest": digest})
         except (OSError, ValueError):
             pass   # a cache that cannot be written costs the speed only
     return digest
+
+
+def forget(path: Path, cache: Path | None) -> None:
+    """Drop ``path`` from the cache's index (a file that did not validate: nothing to remember of it)."""
+    if cache is None:
+        return
+    try:
+        _remember(cache, str(Path(path).resolve()), None)
+    except (OSError, ValueError):
+        pass
 
 
 def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None = None) -> np.ndarray:
@@ -244,7 +280,11 @@ def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None
             return a
     except (OSError, ValueError):
         pass   # not there yet, or damaged: read the source, and write it again once validated
-    a = read_idx(path, ndim=ndim, data=raw)
+    try:
+        a = read_idx(path, ndim=ndim, data=raw)
+    except DataError:
+        forget(path, cache)   # an invalid file is not remembered
+        raise
     if pending is not None:
         pending.append((entry, a))
     else:
@@ -338,10 +378,39 @@ def _complete(root: Path) -> bool:
 
 
 def find_dataset(data_dir=None) -> Path | None:
-    """The first directory holding all four IDX files; None if none does (or data_dir lacks them)."""
+    """The first directory holding all four IDX files; None if none does (or data_dir lacks them).
+    $LENET_DATA, when set and data_dir is not, is the only place looked in: one it does not name a
+    dataset folder by is a DataError naming it, never a silent fall-back to another dataset."""
+    if data_dir is None and os.environ.get("LENET_DATA"):
+        root = Path(os.environ["LENET_DATA"])
+        problem = _folder_problem("$LENET_DATA", root)
+        if problem:
+            raise DataError(problem)
+        return root
     for root in candidates(data_dir):
-        if root.is_dir() and _complete(root):
-            return root
+        try:
+            if root.is_dir() and _complete(root):
+                return root
+        except OSError:   # a name the system refuses: not a dataset (not_found_message says why)
+            continue
+    return None
+
+
+def _folder_problem(label: str, root: Path) -> str | None:
+    """Why ``root`` (given by ``label``) is no dataset folder, in one line; None where it is one."""
+    try:
+        if not root.exists():
+            return f"{label} {files.show(root)}: no such folder"
+        if not root.is_dir():
+            return f"{label} {files.show(root)} is a file, not a folder holding the four IDX files"
+        missing = missing_files(root)
+    except OSError as e:
+        return files.os_error(e, label)
+    except DataError as e:
+        return f"{label}: {e}"
+    if missing:
+        return (f"{label} {files.show(root)}: missing {', '.join(missing)} (each raw or .gz); a dataset folder "
+                f"holds {', '.join(s for pair in SPLITS.values() for s in pair)}")
     return None
 
 
@@ -352,6 +421,8 @@ def missing_files(root: Path) -> list[str]:
         for stem in pair:
             try:
                 _file(root, stem)
+            except NotAFile:   # there, but no file: say so rather than call it missing
+                raise
             except DataError:
                 out.append(stem)
     return out
@@ -359,15 +430,9 @@ def missing_files(root: Path) -> list[str]:
 
 def not_found_message(data_dir=None) -> str:
     if data_dir is not None:
-        root = Path(data_dir)
-        if not root.exists():
-            return f"--data-dir {root}: no such folder"
-        if not root.is_dir():
-            return f"--data-dir {root} is a file, not a folder holding the four IDX files"
-        missing = missing_files(root)
-        if missing:
-            return (f"--data-dir {root}: missing {', '.join(missing)} (each raw or .gz); a dataset folder holds "
-                    f"{', '.join(s for pair in SPLITS.values() for s in pair)}")
+        problem = _folder_problem("--data-dir", Path(data_dir))
+        if problem:
+            return problem
     partial = [f"{p} lacks {', '.join(missing_files(p))}" for p in candidates(data_dir)
                if p.is_dir() and 0 < len(missing_files(p)) < 4]
     where = ", ".join(str(p) for p in candidates(data_dir))

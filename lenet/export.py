@@ -25,11 +25,11 @@ def save(state: dict, to, info: dict | None = None) -> Path:
 
     to = Path(to)
     if to.suffix not in SUFFIXES:
-        raise ValueError(f"--to must end in .safetensors or .npz, got {to.name!r}")
+        raise ValueError(f"an export is a .safetensors or .npz file, got {to.name!r}")
     state = P.unpack(P.pack(state))   # checks names, shapes and values
     info = {k: str(v) for k, v in (info or {}).items()}
     if to.suffix == ".safetensors":
-        from safetensors.numpy import save as to_bytes
+        to_bytes = _safetensors()
 
         files.write_atomic(to, to_bytes(state, metadata=info))
     else:
@@ -39,19 +39,53 @@ def save(state: dict, to, info: dict | None = None) -> Path:
     return to
 
 
+def _safetensors():
+    """safetensors' writer, or one line saying how to get it (it is no part of the GPU stack)."""
+    try:
+        from safetensors.numpy import save
+    except ImportError:
+        raise ValueError("writing .safetensors needs the Python package safetensors (pip install safetensors); "
+                         "or export to .npz") from None
+    return save
+
+
 def parser() -> cli.Parser:
     p = cli.Parser(prog=cli.prog("export"), description=" ".join(__doc__.split("\n\n")[1].split()))
     p.add_argument("checkpoint", help="a checkpoint.npz written by python -m lenet.train")
     p.add_argument("--to", required=True, metavar="PATH", help="output file: .safetensors or .npz")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing file at --to (never a run's checkpoint)")
     return p
+
+
+def check_target(to: Path, checkpoint, overwrite: bool) -> None:
+    """--to is a file this program may write: never a run's checkpoint (its own input or another run's),
+    and an existing file only with --overwrite. One line otherwise."""
+    files.check_output_file(to, "--to", inputs=[checkpoint])
+    if not to.exists():
+        return
+    try:
+        ckpt.load(to)
+        theirs = True
+    except ckpt.CheckpointError:
+        theirs = False
+    if theirs:
+        raise files.OutputError(f"--to {files.show(to)} is a run's checkpoint: an export never replaces one; "
+                                f"write to another file")
+    if not overwrite:
+        raise files.OutputError(f"--to {files.show(to)} exists; replace it with --overwrite, or write to another file")
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
+    if args.to == "":
+        raise files.OutputError("--to is empty: give a .safetensors or .npz file")
     to = Path(args.to)
     if to.suffix not in SUFFIXES:
-        raise ValueError(f"--to must end in .safetensors or .npz, got {to.name!r}")
-    files.check_output_file(to, "--to", inputs=[args.checkpoint])
+        raise ValueError(f"--to must end in .safetensors or .npz, got {files.show(to.name)!r}")
+    if to.suffix == ".safetensors":
+        _safetensors()   # before anything is read
+    check_target(to, args.checkpoint, args.overwrite)
     params, _, meta = ckpt.load(args.checkpoint)
     ckpt.check_meta(args.checkpoint, meta)
     from . import params as P

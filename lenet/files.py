@@ -28,10 +28,15 @@ def discard_temporaries() -> None:
     own (``leftover``): what a program leaving through os._exit runs (on a signal: Note [signals from the
     first line] in lenet/interrupt.py; at its end: lenet.cli.leave), so the old files stay whole and
     nothing of ours stays behind."""
+    import shutil
+
     with _temporaries_lock:
         for tmp in list(_temporaries):
             try:
-                os.unlink(tmp)
+                if os.path.isdir(tmp):
+                    shutil.rmtree(tmp, ignore_errors=True)
+                else:
+                    os.unlink(tmp)
             except OSError:
                 pass
         _temporaries.clear()
@@ -41,12 +46,12 @@ interrupt.before_exit(discard_temporaries)
 
 
 def leftover(path: str) -> None:
-    """A file of this run's own, removed when the process ends however it ends."""
+    """A file or folder of this run's own, removed when the process ends however it ends."""
     import atexit
 
     with _temporaries_lock:
         _temporaries.add(path)
-    atexit.register(lambda: os.path.exists(path) and os.unlink(path))
+    atexit.register(discard_temporaries)
 
 
 def temporary(folder, prefix: str, suffix: str = ".tmp") -> tuple[int, str]:
@@ -75,7 +80,7 @@ def cache_root() -> Path | None:
     """The folder our caches live in, made if need be (Note [cache folders]); None: there is none."""
     xdg = os.environ.get("XDG_CACHE_HOME") or ""
     home = os.environ.get("HOME") or ""
-    if (xdg, home) in _root:
+    if (xdg, home) in _root:   # decided once a run (a folder made meanwhile by another program changes nothing)
         return _root[(xdg, home)]
     base = Path(xdg) if os.path.isabs(xdg) else Path(home) / ".cache" if os.path.isabs(home) and \
         os.path.isdir(home) else None
@@ -87,10 +92,8 @@ def cache_root() -> Path | None:
             why = f"{base / 'lenet'} is not writable"
         except OSError as e:
             why = f"{base / 'lenet'} cannot be made ({e.strerror or e})"
-    if root is not None:
-        _root[(xdg, home)] = root
-    elif ("warned", xdg, home) not in _root:   # one line a run, however many caches ask
-        _root[("warned", xdg, home)] = None
+    _root[(xdg, home)] = root
+    if root is None:   # one line a run, however many caches ask
         print(f"warning: no cache folder ({why}); running without the caches of earlier runs", file=sys.stderr)
     return root
 
@@ -102,26 +105,36 @@ def cache_path(name: str) -> Path | None:
     return None if root is None else root / name
 
 
-def cupy_cache() -> None:
-    """Give CuPy, which makes its kernel cache folder (~/.cupy/kernel_cache, or $CUPY_CACHE_DIR) as it is
-    imported and fails to import where it cannot, a folder it can make: its own where that works, else
-    <cache_root()>/cupy, else a folder of this run's own, removed when it ends. Called before CuPy's
-    import by every program (lenet/startup.py); our programs compile no kernel through CuPy's cache."""
-    import atexit
-    import shutil
+def library_caches() -> None:
+    """Give the libraries that make cache folders of their own a folder they can make: CuPy (its kernel
+    cache, ~/.cupy/kernel_cache or $CUPY_CACHE_DIR, made as it is imported: an import that fails where it
+    cannot) and matplotlib in the plotting child (its font cache, in $XDG_CACHE_HOME/matplotlib or
+    ~/.cache/matplotlib, or $MPLCONFIGDIR: HOME=/nonexistent made /nonexistent/.cache, a relative
+    XDG_CACHE_HOME a folder in the current one). Each keeps its own where that may be made (Note [cache
+    folders]); else <cache_root()>/<library>; else a folder of this run's own, removed when it ends.
+    Called by every program before CuPy's import (lenet/startup.py, lenet.cli.run); our programs
+    compile no kernel through CuPy's cache."""
+    home = os.environ.get("HOME") or ""
+    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    usable_home = os.path.isabs(home) and os.path.isdir(home)
+    cupy = os.environ.get("CUPY_CACHE_DIR") or (os.path.join(home, ".cupy", "kernel_cache") if usable_home else "")
+    if not (cupy and _can_make(Path(cupy))):
+        os.environ["CUPY_CACHE_DIR"] = _own_folder("cupy")
+    mpl = os.environ.get("MPLCONFIGDIR") or (os.path.join(xdg, "matplotlib") if os.path.isabs(xdg) else
+                                             os.path.join(home, ".cache", "matplotlib") if usable_home and not xdg
+                                             else "")
+    if not (mpl and _can_make(Path(mpl))):
+        os.environ["MPLCONFIGDIR"] = _own_folder("matplotlib")
 
-    want = os.environ.get("CUPY_CACHE_DIR") or (os.path.join(os.environ.get("HOME") or "", ".cupy", "kernel_cache")
-                                                if os.path.isabs(os.environ.get("HOME") or "") else "")
-    if want and _can_make(Path(want)):
-        return
+
+def _own_folder(name: str) -> str:
+    """<cache_root()>/<name>, or a folder of this run's own, removed when it ends."""
     root = cache_root()
     if root is not None:
-        os.environ["CUPY_CACHE_DIR"] = str(root / "cupy")
-        return
-    own = tempfile.mkdtemp(prefix="lenet-cupy-")
-    atexit.register(shutil.rmtree, own, True)
-    interrupt.before_exit(lambda: shutil.rmtree(own, True))
-    os.environ["CUPY_CACHE_DIR"] = own
+        return str(root / name)
+    own = tempfile.mkdtemp(prefix=f"lenet-{name}-")
+    leftover(own)
+    return own
 
 
 def _can_make(folder: Path) -> bool:
@@ -142,6 +155,22 @@ def _can_make(folder: Path) -> bool:
 
 class OutputError(ValueError):
     """An output path that cannot or must not be written; names the flag and what is allowed."""
+
+
+def show(path) -> str:
+    """A path as a one-line message shows it: bytes the terminal cannot take escaped (a name of bad bytes
+    reaches Python as surrogates), and a very long one cut to its ends with its length."""
+    s = os.fspath(path) if not isinstance(path, str) else path
+    s = os.fsdecode(s) if isinstance(s, bytes) else s
+    s = s.encode("utf-8", "backslashreplace").decode("utf-8").replace("\n", "\\n")
+    return s if len(s) <= 120 else f"{s[:60]}...{s[-30:]} ({len(s)} characters)"
+
+
+def os_error(e: OSError, what: str = "") -> str:
+    """An OSError as one line: what, the name it is about (shown), and the system's reason."""
+    name = getattr(e, "filename", None)
+    where = f"{what} {show(name)}" if name is not None else what
+    return f"{where.strip()}: {e.strerror or e}".strip(": ")
 
 
 def _umask() -> int:
@@ -248,8 +277,16 @@ def same_file(a, b) -> bool:
 
 def check_output_file(path, flag: str, inputs=()) -> Path:
     """The file a program will write: its folder exists and is writable, it is not a folder, and
-    it is none of the program's ``inputs``. One-line OutputError otherwise."""
-    path = Path(path)
+    it is none of the program's ``inputs``. One-line OutputError otherwise (a name the system refuses
+    too: too long, or holding a byte it takes no file name with)."""
+    try:
+        return _check_output_file(path, flag, inputs)
+    except OSError as e:
+        raise OutputError(os_error(e, flag)) from None
+
+
+def _check_output_file(path, flag: str, inputs=()) -> Path:
+    path = _named(path, flag)
     for i in inputs:
         if i is not None and (same_file(path, i) or path.resolve() == Path(i).resolve()):
             raise OutputError(f"{flag} {path} is also an input of this program ({i}); write to another file")
@@ -267,8 +304,27 @@ def check_output_file(path, flag: str, inputs=()) -> Path:
 
 def check_output_dir(path, flag: str) -> Path:
     """A folder a program will write into: it is a writable folder, or the nearest folder above
-    it that exists is writable (so it can be made). Checks only: makes nothing."""
-    path = Path(path)
+    it that exists is writable (so it can be made). Checks only: makes nothing. One line otherwise
+    (a name the system refuses, a link to nowhere, too)."""
+    try:
+        return _check_output_dir(path, flag)
+    except OSError as e:
+        raise OutputError(os_error(e, flag)) from None
+
+
+def _named(path, flag: str) -> Path:
+    """``path`` as a Path, or one line where it is no name at all."""
+    if not os.fspath(path):
+        raise OutputError(f"{flag} is empty: give a path")
+    if "\0" in os.fspath(path):
+        raise OutputError(f"{flag} {show(path)}: a file name cannot hold a NUL byte")
+    return Path(path)
+
+
+def _check_output_dir(path, flag: str) -> Path:
+    path = _named(path, flag)
+    if path.is_symlink() and not path.exists():
+        raise OutputError(f"{flag} {show(path)} is a link to {show(os.readlink(path))}, which does not exist")
     if path.exists() and not path.is_dir():
         raise OutputError(f"{flag} {path} is a file, not a folder; give a folder")
     blocker = _first_file(path)

@@ -2,7 +2,9 @@
 
 Classifies images with a trained checkpoint. An INPUT is an IDX image file (all its
 images) or a PNG/JPEG picture (converted to 8-bit gray and resized to 28x28). Pass
---labels with an IDX label file to get the accuracy as well.
+--labels with an IDX label file to get the accuracy as well. Runs on the GPU (our engines) where
+one is usable, else on the CPU (NumPy: the same network, the same predictions), and says which in its
+first line; --device picks.
 """
 
 from __future__ import annotations
@@ -32,8 +34,78 @@ def parser() -> cli.Parser:
     p.add_argument("--tta", action=argparse.BooleanOptionalAction, default=None,
                    help="score each image on the mean of its logits and its left-right mirror's (default: as "
                         "the checkpoint's run was evaluated, its --tta)")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="gpu: our engines on an NVIDIA GPU; cpu: NumPy, no GPU needed; auto: the GPU where one is "
+                        "usable, else the CPU (default: auto)")
     cli.add_plan_cache_flag(p)
     return p
+
+
+def conv_valid(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """conv2d, stride 1, no padding: x (N, C, H, W), w (K, C, R, S), b (K,) -> (N, K, H-R+1, W-S+1)."""
+    win = np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3))   # (N, C, H', W', R, S)
+    return np.einsum("nchwrs,kcrs->nkhw", win, w, optimize=True) + b[None, :, None, None]
+
+
+def maxpool2(x: np.ndarray) -> np.ndarray:
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+
+
+def cpu_logits(state: dict, x: np.ndarray) -> np.ndarray:
+    """LeNet's forward on the CPU in float32 (NumPy): x (N, 1, 28, 28) normalized -> logits (N, 10)."""
+    f = {k: np.asarray(v, np.float32) for k, v in state.items()}
+    p1 = maxpool2(np.maximum(conv_valid(x, f["conv1.weight"], f["conv1.bias"]), 0))
+    p2 = maxpool2(np.maximum(conv_valid(p1, f["conv2.weight"], f["conv2.bias"]), 0))
+    h1 = np.maximum(p2.reshape(len(x), -1) @ f["fc1.weight"].T + f["fc1.bias"], 0)
+    return h1 @ f["fc2.weight"].T + f["fc2.bias"]
+
+
+class CpuModel:
+    """The checkpoint's weights scored on the CPU, batch by batch (``logits``)."""
+
+    def __init__(self, weights: np.ndarray):
+        from . import params as P
+
+        self.state = P.unpack(weights)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        return cpu_logits(self.state, x)
+
+
+class GpuModel:
+    """The checkpoint's weights scored by our engines (lenet.model.LeNet), batch by batch (``logits``)."""
+
+    def __init__(self, weights: np.ndarray, max_batch: int, plan_cache):
+        from .model import LeNet
+
+        self.model = LeNet(max_batch=max_batch, plan_cache=plan_cache)
+        self.model.load_flat(weights, np.zeros_like(weights))
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        m = self.model
+        m.load_batch(x, np.zeros(len(x), np.int32))
+        m.evaluate_begin()
+        m.evaluate_batch(len(x))
+        return m.logits()
+
+
+def device(choice: str) -> tuple[str, str]:
+    """("gpu" or "cpu", the first line saying which and why)."""
+    try:
+        from descriptors import gpu_status
+
+        ok, why = gpu_status()
+    except Exception as e:   # noqa: BLE001 - no GPU stack here (ImportError), or no cuDNN to load
+        ok, why = False, f"the GPU stack is not usable here ({type(e).__name__}: {e})"
+    if choice == "gpu" or (choice == "auto" and ok):
+        if not ok:
+            from descriptors.errors import NoGpuError
+
+            raise NoGpuError(f"no usable NVIDIA GPU: {why} (--device cpu runs on the CPU)")
+        return "gpu", f"device: GPU {why} (our engines)"
+    reason = "--device cpu" if choice == "cpu" else f"no usable NVIDIA GPU: {why}"
+    return "cpu", f"device: CPU (NumPy; {reason})"
 
 
 MAX_PICTURE_PIXELS = 50_000_000   # a picture larger than this is refused before it is decoded
@@ -96,27 +168,24 @@ def main(argv=None) -> int:
         if len(args.inputs) != 1 or len(labels) != len(images):
             raise data.DataError(f"{args.labels}: {len(labels)} labels for {len(images)} images "
                                  "(--labels goes with a single IDX input of the same count)")
-    from descriptors import require_gpu
-
-    require_gpu()
-    from .model import LeNet
-
+        if len(labels) and int(labels.max()) >= 10:
+            raise data.DataError(f"{args.labels}: labels from {int(labels.min())} to {int(labels.max())}; LeNet's "
+                                 f"are 0 to 9")
+    where, line = device(args.device)   # every check above needs no GPU
+    print(line)
     cfg = meta["config"]
     classes = FASHION if "fashion" in str(cfg.get("dataset", "")) else tuple(str(i) for i in range(10))
-    model = LeNet(max_batch=min(args.batch_size, len(images)), plan_cache=args.plan_cache)
+    batch = min(args.batch_size, len(images))
     weights, _ = ckpt.weights(params, meta)   # the moving average when the run kept one
-    model.load_flat(weights, np.zeros_like(weights))
+    model = GpuModel(weights, batch, args.plan_cache) if where == "gpu" else CpuModel(weights)
     x = ((images.astype(np.float32) / 255.0 - np.float32(cfg["mean"])) / np.float32(cfg["std"]))[:, None]
     tta = cfg.get("tta", False) if args.tta is None else args.tta
     preds = []
-    for s in range(0, len(images), model.max_batch):
-        xb = x[s: s + model.max_batch]
+    for s in range(0, len(images), batch):
+        xb = x[s: s + batch]
         lg = 0
         for view in ((xb, np.ascontiguousarray(xb[..., ::-1])) if tta else (xb,)):   # as training scored
-            model.load_batch(view, np.zeros(len(xb), np.int32))
-            model.evaluate_begin()
-            model.evaluate_batch(len(xb))
-            lg = lg + model.logits()
+            lg = lg + model.logits(view)
         lg = lg / 2 if tta else lg
         p = np.exp(lg - lg.max(1, keepdims=True))
         p /= p.sum(1, keepdims=True)

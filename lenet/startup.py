@@ -102,7 +102,51 @@ def keep_bytecode() -> str | None:
         where = str(folder)
     folder = where
     sys.pycache_prefix, sys.dont_write_bytecode = folder, False
+    from .files import write_later
+
+    if _prune_due(folder):
+        write_later(prune_bytecode, folder)
     return folder
+
+
+BYTECODE_LIMIT = 128 << 20   # the bytecode cache keeps its most recently written files up to this size
+PRUNE_EVERY_S = 24 * 3600    # looked over at most once a day: a walk of its files costs a start-up 20-50 ms
+
+
+def _prune_due(folder: str) -> bool:
+    try:
+        return time.time() - os.stat(os.path.join(folder, ".pruned")).st_mtime > PRUNE_EVERY_S
+    except OSError:
+        return os.path.isdir(folder)
+
+
+def prune_bytecode(folder: str, limit: int = BYTECODE_LIMIT) -> None:
+    """Keep the bytecode cache (Note [bytecode cache]) under ``limit`` bytes, the files written last kept:
+    it holds one copy of the sources it compiled per checkout and environment (16 MB each for ours),
+    which would otherwise grow with every checkout a machine ever ran."""
+    entries = []
+    for d, _, names in os.walk(folder):
+        for n in names:
+            p = os.path.join(d, n)
+            try:
+                st = os.stat(p)
+            except OSError:
+                continue
+            entries.append((st.st_mtime, st.st_size, p))
+    total = sum(s for _, s, _ in entries)
+    for _, size, p in sorted(entries):
+        if total <= limit:
+            break
+        try:
+            os.unlink(p)
+            total -= size
+        except OSError:
+            pass
+    try:
+        with open(os.path.join(folder, ".pruned"), "w"):
+            pass
+    except OSError:
+        pass
 
 
 def begin(then=None) -> None:
@@ -115,7 +159,7 @@ def begin(then=None) -> None:
 
     interrupt.guard()   # Note [signals from the first line] in lenet/interrupt.py
     keep_bytecode()
-    files.cupy_cache()  # before CuPy's import (the preload thread's): Note [cache folders] in lenet/files.py
+    files.library_caches()   # before CuPy's import (the preload thread's): Note [cache folders] in lenet/files.py
     args = sys.argv[1:]
     if {"-h", "--help"} & set(args):   # help needs no GPU: it prints at once
         return

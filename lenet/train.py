@@ -197,7 +197,7 @@ def _output_flags(p) -> None:
                         "DIR/checkpoint.npz of --out)")
     p.add_argument("--overwrite", action="store_true",
                    help="start a new run in an --out folder that holds an earlier one, replacing its files")
-    p.add_argument("--checkpoint-every", type=cli.nonneg_int, default=CHECKPOINT_EVERY, metavar="STEPS",
+    p.add_argument("--checkpoint-every", type=cli.nonneg_int, default=None, metavar="STEPS",
                    help=f"also write the checkpoint every STEPS steps inside an epoch; 0: at epoch ends only "
                         f"(default: {CHECKPOINT_EVERY})")
     p.add_argument("--quiet", action="store_true", help="plain log lines, no progress bar")
@@ -244,9 +244,41 @@ def _resume_path(args, out: Path | None) -> Path | None:
     return out / "checkpoint.npz"
 
 
+def _check_flags(args) -> None:
+    """The flags' own checks, before anything is read."""
+    if args.out == "":
+        raise files.OutputError("--out is empty: give a folder, or leave --out out to write nothing")
+    if args.out is None:
+        given = [f for f, v in (("--overwrite", args.overwrite), ("--checkpoint-every", args.checkpoint_every))
+                 if v not in (None, False)]
+        if given:
+            raise ValueError(f"{' and '.join(given)} {'need' if len(given) > 1 else 'needs'} --out DIR: "
+                             f"without it the run writes nothing")
+
+
+def _check_out(out: Path | None, resume: Path | None, args) -> None:
+    """--out must be a folder this run may write: no earlier run there unless it is the one resumed (or
+    --overwrite replaces it)."""
+    if out is None:
+        return
+    files.check_output_dir(out, "--out")
+    earlier = [n for n in RUN_FILES if (out / n).exists()]
+    if not earlier or args.overwrite:
+        return
+    if resume is None:
+        raise files.OutputError(f"--out {files.show(out)} holds an earlier run ({', '.join(earlier)}); continue it "
+                                f"with --resume, write to a new folder, or replace it with --overwrite")
+    own = out / "checkpoint.npz"
+    if not (files.same_file(resume, own) or resume.resolve() == own.resolve()):
+        raise files.OutputError(f"--out {files.show(out)} holds another run ({', '.join(earlier)}); resuming "
+                                f"{files.show(resume)} there would write over it: resume into "
+                                f"{files.show(resume.parent)}, pick a new --out, or replace it with --overwrite")
+
+
 def prepare(args) -> dict:
     """Every check that needs no GPU, in the order a user fixes them: the dataset, --out,
     --resume. Returns what the run needs; one-line errors (exit 2) otherwise."""
+    _check_flags(args)
     out = Path(args.out) if args.out else None
     resume = _resume_path(args, out)   # a flag error: before anything is read
     if args.shift > 13:
@@ -272,12 +304,7 @@ def prepare(args) -> dict:
     if pending:
         files.write_later(data.commit, pending, cache)   # Note [dataset cache] in lenet/data.py
     config = {**config_of(args, root, len(train_x), data.fingerprint(root, cache)), "mean": mean, "std": std}
-    if out is not None:
-        files.check_output_dir(out, "--out")
-        earlier = [n for n in RUN_FILES if (out / n).exists()]
-        if earlier and resume is None and not args.overwrite:
-            raise files.OutputError(f"--out {out} holds an earlier run ({', '.join(earlier)}); continue it with "
-                                    f"--resume, write to a new folder, or replace it with --overwrite")
+    _check_out(out, resume, args)
     meta = params_flat = velocity_flat = None
     if resume is not None:
         if not resume.exists() and not resume.is_dir():
@@ -298,8 +325,9 @@ def prepare(args) -> dict:
             raise ValueError(f"{resume} was made with {k}={made!r}, this run has {k}={config.get(k)!r}; "
                              f"resume with the same settings")
         config["mean"], config["std"] = meta["config"]["mean"], meta["config"]["std"]
+    done = meta is not None and meta["epoch"] >= args.epochs and not meta.get("step")
     return {"root": root, "train": (train_x, train_y), "test": (test_x, test_y), "config": config, "out": out,
-            "resume": resume, "meta": meta, "params": params_flat, "velocity": velocity_flat}
+            "resume": resume, "meta": meta, "params": params_flat, "velocity": velocity_flat, "done": done}
 
 
 class Trainer:
@@ -316,7 +344,10 @@ class Trainer:
         self.args, self.argv, self.policy = args, argv, policy
         self.config, self.out, self.meta = run["config"], run["out"], run["meta"]
         B = self.B = args.batch_size
-        self.model = LeNet(max_batch=max(B, args.eval_batch_size), policy=policy, seed=args.seed,
+        # A batch larger than its split is the whole split: the model is sized by what a step can hold (a
+        # --batch-size of 1,000,000 on 200 images is no 45 GB model).
+        most = max(min(B, len(run["train"][0])), min(args.eval_batch_size, len(run["test"][0])))
+        self.model = LeNet(max_batch=most, policy=policy, seed=args.seed,
                            momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
                            label_smoothing=args.label_smoothing, ema_decay=args.ema, cuda_graph=args.cuda_graph,
                            fused=args.fused, plan_cache=args.plan_cache)
@@ -433,7 +464,8 @@ class Trainer:
                     f"checkpoint {self.checkpoint_path}; continue with: python -m lenet.train "
                     f"{' '.join(_resume_args(self.argv))} --resume" if self.out else "no --out, nothing was saved"))
                 return (130 if sig.signum == signal.SIGINT else 143), 0.0, 0.0
-            if args.checkpoint_every and self.iteration % args.checkpoint_every == 0 and s + 1 < steps:
+            every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
+            if every and self.iteration % every == 0 and s + 1 < steps:
                 self.save_checkpoint(epoch, s + 1, model.read_running_loss())
             if (s + 1) % report_every == 0 or s + 1 == steps:
                 mean_loss = model.read_running_loss() / (s + 1)   # one sync per report, not per step
@@ -566,6 +598,10 @@ def main(argv=None) -> int:
     plotter = start_plotter(args)   # Note [plotting in a child] in lenet/plot.py
     with startup.starting(args.engine, (args.batch_size, args.eval_batch_size)):   # Note [overlapped start-up]
         run = prepare(args)   # everything that needs no GPU, first
+    if run["done"]:   # before the GPU too: there is nothing to run
+        print(f"nothing to do: the checkpoint {files.show(run['resume'])} is at epoch {run['meta']['epoch']} of "
+              f"{args.epochs}")
+        return 0
     from descriptors import require_gpu
 
     gpu = require_gpu()

@@ -75,7 +75,7 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
-    if args.dump:
+    if args.dump is not None:
         files.check_output_file(args.dump, "--dump")
     with startup.starting(args.engine, (args.batch_size,)):   # Note [overlapped start-up]
         x, y, source = make_batch(args)   # the data is checked before the GPU is touched

@@ -73,7 +73,9 @@ def test_threads_run_every_phase_on_a_gpu(engine, graph):
 # Imports a module of its own after keep_bytecode(); prints the folder and the cached files.
 _BYTECODE = """
 import json, os, sys
+asked, sys.dont_write_bytecode = sys.dont_write_bytecode, True   # lenet's own modules: none written in the checkout
 from lenet.startup import keep_bytecode
+sys.dont_write_bytecode = asked
 folder = keep_bytecode()
 sys.path.insert(0, sys.argv[1])
 import probe_module

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from descriptors.algorithms import AlgorithmNotSupportedError
+from descriptors.algorithms import AlgorithmNotSupportedError, UnknownAlgorithmError
 
 from ..kernels import SoftmaxCE, prefetch, sgd_launch, sm_count, source_digest
 from ..kernels import head as head_kernels
@@ -39,9 +39,15 @@ from .base import Check, Named, Trial
 
 def pins(name: str) -> tuple[str, ...]:
     """The policy directions a candidate name of ours fixes: a forward's, "fwd"; a backward's, both
-    backward directions (one kernel computes the stage's data and weight gradients)."""
+    backward directions (one kernel computes the stage's data and weight gradients). A name of our form
+    that no stage's kernels offer (a version, an image count or a grid that does not exist) is an
+    UnknownAlgorithmError naming those that do: checked with the flags, before any GPU work."""
     c = stages.parse_name(name)
-    return () if c is None else ("fwd",) if isinstance(c, Forward) else ("bwd-data", "bwd-filter")
+    if c is None:
+        return ()
+    if not any(ks.offers(c) for ks in stages.kernels().values()):
+        raise UnknownAlgorithmError(f"--algo {name}: no kernel of ours has that name; ours are {stages.names()}")
+    return ("fwd",) if isinstance(c, Forward) else ("bwd-data", "bwd-filter")
 
 
 @dataclass(frozen=True)

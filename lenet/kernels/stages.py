@@ -145,6 +145,16 @@ def parse_name(name: str):
     return Backward(int(m.group(7)), int(m.group(6)) - 1)
 
 
+def names() -> str:
+    """Every launch shape's name pattern, per stage, from the declarations (for messages)."""
+    out = []
+    for ks in kernels().values():
+        fwd = ", ".join(f"fused-fwd-v{m.version}-i{{{','.join(map(str, m.images))}}}-gN" for m in ks.forward)
+        bwd = ", ".join(f"fused-bwd-v{m.version}-gN" for m in ks.backward)
+        out.append(f"{ks.stage}: {fwd}, {bwd}")
+    return "; ".join(out) + " (N blocks per SM, N >= 1)"
+
+
 def modules() -> tuple[str, ...]:
     """Every module our stage kernels may launch."""
     return tuple(dict.fromkeys([m for ks in kernels().values() for m in ks.modules()] + ["stage_reduce"]))
