@@ -193,6 +193,9 @@ class LeNet:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         P.check_seed(seed)
         check_hyperparameters(momentum, weight_decay, nesterov, label_smoothing, ema_decay)
+        from descriptors import require_gpu
+
+        require_gpu()   # one line (NoGpuError) where there is none, not the CUDA runtime's error
         import cupy
 
         self.max_batch, self.policy, self.cuda_graph = int(max_batch), _policy(policy, fused), bool(cuda_graph)

@@ -21,6 +21,38 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 REQUIRE_GPU = os.environ.get("LENET_REQUIRE_GPU") == "1"
+# The programs the tests start write no bytecode beside the sources either (they keep theirs in the
+# session's cache folder, Note [bytecode cache] in lenet/startup.py): the checkout stays as it was.
+os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+
+
+def _checkout_entries() -> set[str] | None:
+    """Every untracked or ignored entry of the checkout (git status --porcelain --ignored), or None
+    where this is no git checkout."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(out.stdout.splitlines()) if out.returncode == 0 else None
+
+
+def pytest_sessionstart(session):
+    session.config._checkout_before = _checkout_entries()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The test command leaves the checkout as it found it: a file a test (or a program it ran) left in
+    it fails the session, named (bytecode beside the sources, a .pytest_cache, a run's output)."""
+    before, after = getattr(session.config, "_checkout_before", None), _checkout_entries()
+    if before is None or after is None:
+        return
+    new = sorted(after - before)
+    if new:
+        print(f"\nthe tests left {len(new)} new entries in the checkout: {new[:10]}", file=sys.stderr)
+        session.exitstatus = 1
 
 # Note [tolerance]: float32 parity is judged by the norm-wise relative error
 # |ours - ref| / |ref| <= 1e-4. Both sides compute in plain float32 (TF32 off in

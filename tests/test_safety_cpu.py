@@ -281,9 +281,10 @@ def test_python_m_lenet_lists_the_programs_and_scripts_exist():
         assert callable(getattr(__import__(module, fromlist=[func]), func)), name
 
 
-def test_ci_removes_its_environment():
+def test_ci_removes_its_environment_and_leaves_the_checkout_as_it_was():
     text = (ROOT / ".ci" / "run").read_text()
-    assert "trap 'rm -rf" in text and "EXIT" in text
+    assert "trap cleanup EXIT" in text and 'rm -rf "$tmp"' in text
+    assert "git status --porcelain --ignored" in text and "python -B -m pytest" in text
 
 
 # ------------------------------------------------------------------ files and values a user can have
