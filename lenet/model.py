@@ -16,6 +16,7 @@ on no device value, so lenet/runner.py can capture it in a CUDA graph and replay
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -188,7 +189,7 @@ class LeNet:
     def __init__(self, max_batch: int = 64, *, policy: Policy | None = None, seed: int = 0,
                  momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
                  label_smoothing: float = 0.0, ema_decay: float | None = None, stream=None,
-                 cuda_graph: bool = False, fused: bool | None = None, plan_cache=False):
+                 cuda_graph: bool = False, fused: bool | None = None, plan_cache=False, input_grad: bool = False):
         if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         P.check_seed(seed)
@@ -199,6 +200,9 @@ class LeNet:
         import cupy
 
         self.max_batch, self.policy, self.cuda_graph = int(max_batch), _policy(policy, fused), bool(cuda_graph)
+        # With ``input_grad``, conv1 also computes the images' gradient (buf["dx"]: lenet.torch asks for it).
+        self.input_grad = bool(input_grad)
+        self.specs = (dataclasses.replace(STAGES[0], dx=True, dx_mask=False), *STAGES[1:]) if input_grad else STAGES
         check_memory(self.max_batch, *cupy.cuda.runtime.memGetInfo(), self.policy)   # before any allocation
         self.handle = Handle(stream)
         self.stream = self.handle.stream
@@ -240,6 +244,8 @@ class LeNet:
         # Every buffer written (zeros) before any plan reads it: planning times candidates on them.
         self.buf = {k: cupy.zeros((N, *shape), dtype) for k, (shape, dtype) in BUFFERS.items() if k != "x"}
         self.buf["x"] = cupy.random.default_rng(seed).standard_normal((N, *IMAGE), dtype=cupy.float32)
+        if self.input_grad:
+            self.buf["dx"] = cupy.zeros((N, *IMAGE), cupy.float32)   # the images' gradient
 
     def _operations(self, momentum, weight_decay, nesterov, label_smoothing, ema_decay) -> None:
         """The network, in order: two stages, the head, the loss, the update. conv1's input gradient is
@@ -250,7 +256,7 @@ class LeNet:
             Stage(spec, StageTensors(x=b[x], y=b[y], dy=b["d" + y], dx=b["d" + x] if spec.dx else None,
                                      w=p[f"{spec.name}.weight"], b=p[f"{spec.name}.bias"], dw=g[f"{spec.name}.weight"],
                                      db=g[f"{spec.name}.bias"]), N)
-            for spec, x, y in zip(STAGES, ins, ("p1", "p2")))
+            for spec, x, y in zip(self.specs, ins, ("p1", "p2")))
         self.loss_tensors = LossTensors(logits=b["logits"], dlogits=b["dlogits"], labels=b["labels"],
                                         loss=self.loss_dev, correct=self.correct_dev, running=self.running_loss,
                                         label_smoothing=label_smoothing)

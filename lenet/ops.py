@@ -22,12 +22,14 @@ from descriptors.candidates import ConvSpec
 class StageSpec:
     """conv (K x C x R x S, valid, stride 1) + bias + ReLU + 2x2/2 max-pool on (C, H, W) inputs:
     pointer-free, so it keys caches and stored choices. ``dx``: the stage computes its input's
-    gradient, masked by the input being > 0 (the input is the previous stage's ReLU output)."""
+    gradient, masked by the input being > 0 (``dx_mask``: the input is the previous stage's ReLU output)
+    or not (the images' own gradient, which lenet.torch asks for where they require one)."""
 
     name: str       # the parameters' prefix: "conv1"
     x: tuple        # (C, H, W)
     w: tuple        # (K, C, R, S)
     dx: bool = False
+    dx_mask: bool = True
 
     def __post_init__(self):
         object.__setattr__(self, "x", tuple(int(v) for v in self.x))
@@ -58,7 +60,10 @@ class StageSpec:
         return ConvSpec(direction, int(n), self.x, self.w, epilogue=epilogue)
 
     def key(self) -> dict:
-        return dataclasses.asdict(self)
+        k = dataclasses.asdict(self)
+        if k.pop("dx_mask"):   # the masked form's key is the one stored before the images' gradient existed
+            return k
+        return {**k, "dx_mask": False}
 
 
 def _rows(a, n: int):

@@ -9,8 +9,10 @@ only module of the product that imports torch (pip install '.[cu13,torch]').
     opt.step()
 
 Note [torch operators]: ``lenet::forward(x, params, engine)`` returns the logits and
-``lenet::backward(dlogits, x, params, engine)`` the eight parameter gradients (the images get none:
-conv1's input gradient is never computed). Both are torch.library custom operators with a fake
+``lenet::backward(dlogits, x, params, engine, input_grad)`` the eight parameter gradients, and with
+``input_grad`` the images' gradient as a ninth (asked for where x requires a gradient: a saliency map,
+adversarial training, input optimization; its model's conv1 then runs on cuDNN's stage, which computes
+conv1's input gradient, where no kernel of ours does). Both are torch.library custom operators with a fake
 (shapes only) implementation, so torch.compile(fullgraph=True) traces them, and the forward's
 autograd formula is the backward operator. ``engine`` is the id of an ``_Engine``: one of our models
 (lenet.model.LeNet) per module, device and batch-size bound, planned once per batch size as our
@@ -119,23 +121,26 @@ class _Engine:
         self.id = next(_ids)
         _engines[self.id] = self
 
-    def _model(self, n: int, device: torch.device):
-        """Our model on ``device`` for at least n images (made again, larger, for a larger batch)."""
+    def _model(self, n: int, device: torch.device, input_grad: bool = False):
+        """Our model on ``device`` for at least n images (made again: larger, for a larger batch; with the
+        images' gradient, once it is asked for, and from then on)."""
         import cupy
 
         if self.model is not None and (device != self.device):
             raise ValueError(f"this module's engine runs on {self.device}; got tensors on {device} "
                              f"(one module per device)")
-        if self.model is None or n > self.model.max_batch:
+        old = self.model
+        want = input_grad or (old is not None and old.input_grad)
+        if old is None or n > old.max_batch or want != old.input_grad:
             if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"batch size {n} is new to this module inside a CUDA graph capture: run one "
-                                   f"forward and backward of that size before capturing (they plan it)")
+                raise RuntimeError(f"batch size {n} (or the images' gradient) is new to this module inside a CUDA "
+                                   f"graph capture: run one forward and backward of it before capturing (they plan it)")
             from .model import LeNet as Model
 
-            cap = max(n, 2 * self.model.max_batch if self.model is not None else 64)
+            cap = 64 if old is None else 2 * old.max_batch if n > old.max_batch else old.max_batch
             with cupy.cuda.Device(device.index):
-                self.model = Model(max_batch=cap, policy=self.policy, cuda_graph=False,
-                                   plan_cache=self.plan_cache)
+                self.model = Model(max_batch=max(n, cap), policy=self.policy, cuda_graph=False,
+                                   plan_cache=self.plan_cache, input_grad=want)
             self.device, self.held = device, None
         return self.model
 
@@ -185,15 +190,17 @@ class _Engine:
             self.held = _identity(x, params)
         return logits
 
-    def backward(self, dlogits: torch.Tensor, x: torch.Tensor, params) -> list[torch.Tensor]:
+    def backward(self, dlogits: torch.Tensor, x: torch.Tensor, params, input_grad: bool = False) -> list[torch.Tensor]:
         n = x.shape[0]
         if tuple(dlogits.shape) != (n, 10):
             raise ValueError(f"lenet::backward: dlogits must have shape ({n}, 10), got {tuple(dlogits.shape)}")
         dlogits = dlogits.contiguous().float()
         with torch.cuda.device(x.device):
-            model = self._model(n, x.device)
+            model = self._model(n, x.device, input_grad)
             step = self._step(model, n)
             grads = [torch.empty(P.SHAPES[name], dtype=torch.float32, device=x.device) for name in P.NAMES]
+            if input_grad:
+                grads.append(torch.empty_like(x))
             s = self._enter(model)
             if self.held != _identity(x, params):   # another forward since: this one again (Note [torch operators])
                 self._load(model, x, params)
@@ -205,6 +212,8 @@ class _Engine:
                 step.backward_given()
             for name, g in zip(P.NAMES, grads):
                 _copy(model.stream, g.data_ptr(), model.g[name].data.ptr, g.numel() * 4)
+            if input_grad:
+                _copy(model.stream, grads[-1].data_ptr(), model.buf["dx"].data.ptr, grads[-1].numel() * 4)
             self._leave(model, s)
         return grads
 
@@ -230,16 +239,18 @@ def _(x, params, engine):
 
 
 @torch.library.custom_op("lenet::backward", mutates_args=())
-def backward_op(dlogits: torch.Tensor, x: torch.Tensor, params: list[torch.Tensor], engine: int) -> list[torch.Tensor]:
-    """The eight parameter gradients from the logits' gradient (N, 10), for the forward of x and params."""
+def backward_op(dlogits: torch.Tensor, x: torch.Tensor, params: list[torch.Tensor], engine: int,
+                input_grad: bool = False) -> list[torch.Tensor]:
+    """The eight parameter gradients from the logits' gradient (N, 10), for the forward of x and params,
+    and with ``input_grad`` the images' gradient (N, 1, 28, 28) as a ninth."""
     check_images(x, "lenet::backward")
     _check_params(params, x.device)
-    return _engine(engine).backward(dlogits, x, params)
+    return _engine(engine).backward(dlogits, x, params, input_grad)
 
 
 @backward_op.register_fake
-def _(dlogits, x, params, engine):
-    return [torch.empty_like(p) for p in params]
+def _(dlogits, x, params, engine, input_grad=False):
+    return [torch.empty_like(p) for p in params] + ([torch.empty_like(x)] if input_grad else [])
 
 
 def _setup_context(ctx, inputs, output):
@@ -250,8 +261,9 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dlogits):
     x, *params = ctx.saved_tensors
-    grads = torch.ops.lenet.backward(dlogits, x, params, ctx.engine)
-    return None, list(grads), None
+    want = bool(ctx.needs_input_grad[0])   # the images' gradient, only where asked for (Note [torch operators])
+    grads = list(torch.ops.lenet.backward(dlogits, x, params, ctx.engine, want))
+    return (grads[8] if want else None), grads[:8], None
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)

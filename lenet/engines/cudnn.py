@@ -176,8 +176,9 @@ class Cudnn:
                 state[("stage", op.name)] = make()
         own, t = state[("stage", op.name)], op.tensors.rows(n)
         c, dc = own["c"][:n], own["dc"][:n]
+        act = t.x if (t.dx is not None and spec.dx_mask) else None   # the images' gradient takes no mask
         conv = PlannedConv(self, planner, spec.name, spec.conv, n, x=t.x, w=t.w, b=t.b, y=c, dy=dc, dw=t.dw, db=t.db,
-                           dx=t.dx, act=t.x if t.dx is not None else None, bias_scratch=own["bias"])
+                           dx=t.dx, act=act, bias_scratch=own["bias"])
         pool = PlannedPool(self, planner, spec.name.replace("conv", "pool"), n, x=c, y=t.y, dx=dc, dy=t.dy)
         return CudnnPlan(conv, pool)
 

@@ -88,6 +88,8 @@ class Ours:
         theirs = [name for name, owner in policy.owners().items() if owner != self.name]
         if theirs:
             return f"--algo names cuDNN's {theirs[0]}"
+        if op.spec.dx and not op.spec.dx_mask:
+            return f"no kernel of ours computes stage {op.spec.name}'s unmasked input gradient (the images')"
         if stages.for_spec(op.spec) is None:
             return f"no kernel of ours for x {op.spec.x}, w {op.spec.w}"
         return None
