@@ -239,3 +239,30 @@ def test_the_plan_cache_is_used_by_a_second_run_and_ignored_when_a_key_changes(t
     warn = [x for x in fifth.stderr.splitlines() if "plan cache" in x]
     assert len(warn) == 1 and "not a readable cache" in warn[0], fifth.stderr
     assert json.loads(cache.read_text())["format"] == 2
+
+
+def test_predict_on_the_gpu_and_on_the_cpu_gives_the_same_predictions(tmp_path):
+    """lenet predict --device cpu (NumPy) beside --device gpu (our engines) on an exported run's weights:
+    the same class for every image (a model trained on the GPU machine can be used anywhere)."""
+    from lenet import checkpoint as ckpt
+    from lenet import data
+    from lenet import params as P
+
+    root = data.find_dataset(None)
+    if root is None:
+        pytest.fail("Fashion-MNIST not found (the GPU check brings it: $LENET_DATA)")
+    state = {k: v * 4 for k, v in P.init_host(5).items()}
+    ckpt.save(tmp_path / "c.npz", P.pack(state), np.zeros(P.TOTAL, np.float32),
+              {"epoch": 1, "iteration": 1, "config": {"mean": 0.286, "std": 0.353, "dataset": str(root)},
+               "history": []})
+    images = next(p for p in root.iterdir() if p.name.startswith("t10k-images"))
+    got = {}
+    for device in ("gpu", "cpu"):
+        out = _run("lenet.predict", "--device", device, "--checkpoint", str(tmp_path / "c.npz"), "--show", "2000",
+                   str(images), timeout=300)
+        assert out.returncode == 0, out.stderr
+        lines = out.stdout.splitlines()
+        assert lines[0].startswith(f"device: {device.upper()}"), lines[0]
+        got[device] = [x.split(": ")[1].split(" (p=")[0] for x in lines[1:2001]]
+    same = sum(a == b for a, b in zip(got["gpu"], got["cpu"]))
+    assert same == 2000, f"{2000 - same} of 2000 predictions differ between the GPU and the CPU"
