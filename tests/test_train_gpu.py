@@ -189,7 +189,8 @@ def test_predict_png(dataset, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-m", "lenet.predict", "--checkpoint", str(tmp_path / "checkpoint.npz"),
                         str(tmp_path / "a.png")], env=env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and p.stdout.startswith("a.png: "), p.stderr
+    lines = p.stdout.splitlines()
+    assert p.returncode == 0 and lines[0].startswith("device: GPU") and lines[1].startswith("a.png: "), p.stderr
 
 
 def test_training_loop_matches_pytorch_step_by_step(dataset, torch_ref):
