@@ -20,6 +20,7 @@ from pathlib import Path
 from . import interrupt
 
 _temporaries: set = set()        # temporary files being written now (Note [atomic writes])
+_temporary_names: set = set()    # (folder, prefix, suffix) of each: a signal between mkstemp and its record
 _temporaries_lock = threading.Lock()
 
 
@@ -31,7 +32,13 @@ def discard_temporaries() -> None:
     import shutil
 
     with _temporaries_lock:
-        for tmp in list(_temporaries):
+        found = set(_temporaries)
+        for folder, prefix, suffix in _temporary_names:   # this process's names (its pid), recorded or not yet
+            try:
+                found.update(str(p) for p in Path(folder).glob(f"{prefix}*{suffix}"))
+            except OSError:
+                pass
+        for tmp in found:
             try:
                 if os.path.isdir(tmp):
                     shutil.rmtree(tmp, ignore_errors=True)
@@ -55,7 +62,11 @@ def leftover(path: str) -> None:
 
 
 def temporary(folder, prefix: str, suffix: str = ".tmp") -> tuple[int, str]:
-    """mkstemp in ``folder``, remembered until ``finished(tmp)``: a signal removes it meanwhile."""
+    """mkstemp in ``folder``, remembered until ``finished(tmp)``: a signal removes it meanwhile (its name
+    holds this process's id, so even one a signal meets between its making and its record is found)."""
+    prefix = f"{prefix}{os.getpid()}."
+    with _temporaries_lock:
+        _temporary_names.add((str(folder), prefix, suffix))
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=suffix)
     with _temporaries_lock:
         _temporaries.add(tmp)
@@ -209,11 +220,12 @@ def _writable(folder: Path) -> bool:
     """Whether a file can be made in ``folder``: tried, not asked (os.access says yes to root even where
     nothing can be written, as under /proc)."""
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".lenet-probe.", suffix=".tmp")
+        fd, tmp = temporary(folder, prefix=".lenet-probe.")   # removed by a signal meanwhile too
     except OSError:
         return False
     os.close(fd)
     os.unlink(tmp)
+    finished(tmp)
     return True
 
 

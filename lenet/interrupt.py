@@ -103,6 +103,9 @@ def leave(signum: int) -> None:
 
 
 def _program_name() -> str:
+    orig = getattr(sys, "orig_argv", [])
+    if len(orig) > 2 and orig[1] == "-m" and orig[2].startswith("lenet"):   # python -m lenet.PROGRAM, however early
+        return f"python -m {orig[2]}"
     argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
     parent, base = os.path.split(argv0)
     if base.endswith(".py") and os.path.basename(parent) == "lenet":

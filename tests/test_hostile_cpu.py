@@ -64,15 +64,22 @@ def _startup_seconds() -> float:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="POSIX signals")
 def test_a_signal_at_any_moment_of_the_first_seconds_is_one_line_and_never_a_hang(dataset, tmp_path):
-    first = 2 * _startup_seconds()
-    offsets = [first + (1.5 - first) * i / 13 for i in range(14)]
+    first = max(0.1, 3 * _startup_seconds())   # the interpreter's own start-up is not ours
     cache = tmp_path / "cache"
+    cmd = [sys.executable, "-m", "lenet.train", "--quiet", "--data-dir", str(dataset), "--epochs", "1"]
+    lasts = []   # runs unsignaled: how long one lasts here (no GPU: until it says so), its caches warm
+    for i in range(2):
+        t0 = time.monotonic()
+        subprocess.run(cmd + ["--out", str(tmp_path / f"warm{i}")], env=_env(XDG_CACHE_HOME=str(cache)),
+                       capture_output=True, timeout=120, cwd=tmp_path)
+        lasts.append(time.monotonic() - t0)
+    last = min(1.5, 0.8 * min(lasts))
+    offsets = [first + (last - first) * i / 13 for i in range(14)]
     seen, slowest = {}, 0.0
     for i, offset in enumerate(offsets):
         sig = (signal.SIGINT, signal.SIGTERM)[i % 2]
         out_dir = tmp_path / f"run{i}"
-        p = subprocess.Popen([sys.executable, "-m", "lenet.train", "--quiet", "--data-dir", str(dataset), "--out",
-                              str(out_dir), "--epochs", "1"], env=_env(XDG_CACHE_HOME=str(cache)),
+        p = subprocess.Popen(cmd + ["--out", str(out_dir)], env=_env(XDG_CACHE_HOME=str(cache)),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
         time.sleep(offset)
         sent = time.monotonic()
@@ -92,7 +99,7 @@ def test_a_signal_at_any_moment_of_the_first_seconds_is_one_line_and_never_a_han
         seen[p.returncode] = seen.get(p.returncode, 0) + 1
         left = [f for f in list(cache.rglob("*")) + list(out_dir.rglob("*")) if f.name.endswith(".tmp")]
         assert not left, f"a {sig.name} {offset:.2f} s in left {left}"
-    assert seen.get(130, 0) + seen.get(143, 0) >= 8, seen   # most offsets land inside the run
+    assert seen.get(130, 0) + seen.get(143, 0) >= 9, seen   # most offsets land inside the run
     assert slowest < 5.0, slowest
 
 
