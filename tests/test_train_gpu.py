@@ -337,3 +337,11 @@ def test_models_built_stepped_and_dropped_leak_nothing():
     gc.collect()
     assert D.live_objects() == objects, (D.live_objects(), objects)
     assert pool.used_bytes() == used, f"pool grew by {pool.used_bytes() - used} bytes over 200 models"
+
+
+def test_a_batch_larger_than_the_split_trains_on_the_whole_split(dataset, tmp_path):
+    """--batch-size 1000000 on 40 training images: each step takes the whole split, and the model is sized
+    by what a step holds, not by the flag (no 45 GB model, no memory error after the GPU started)."""
+    r = train("--data-dir", str(dataset), "--epochs", "1", "--batch-size", "1000000", "--eval-batch-size",
+              "1000000", "--out", str(tmp_path))
+    assert r.returncode == 0 and "epoch 1/1" in r.stdout, r.stderr
