@@ -31,7 +31,7 @@ scratch buffers, its checks) lives in ``planner.state(engine)``, which the model
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -114,20 +114,32 @@ class Engine(Protocol):
     def recall(self, op, stored: dict, planner): ...
 
 
-def serves_flag(engine, policy, flags: tuple) -> str | None:
-    """None when ``policy.engine`` is one of ``flags`` (or auto), else why ``engine`` does not run."""
-    if policy.engine == "auto" or policy.engine in flags:
-        return None
-    return f"engine {policy.engine} runs {'cuDNN only' if policy.engine in ('legacy', 'graph') else policy.engine}"
+class ConvEngine:
+    """What an engine offering convolution directions from one of cuDNN's candidate sources does (the
+    descriptor API's LegacyConvs, the graph API's GraphConvs: ``Source``), its rules aside: the source is
+    the model's (``planner.state``), made on first use and closed with the model."""
 
+    name = ""
+    Source = None
+    kinds = ("conv",)
 
-def launcher(*fns: Callable[[], None]) -> Callable[[], None]:
-    """One call running ``fns`` in order."""
-    fns = tuple(f for f in fns if f is not None)
-    if len(fns) == 1:
-        return fns[0]
+    def source(self, planner):
+        state = planner.state(self.name)
+        if "convs" not in state:
+            state["convs"] = self.Source()
+        return state["convs"]
 
-    def run():
-        for f in fns:
-            f()
-    return run
+    def conv_candidates(self, spec, planner, policy=None):
+        """(candidates in cuDNN's heuristic order, {name: why excluded}) under the model's policy or ``policy``."""
+        policy = policy or planner.policy
+        return self.source(planner).candidates(planner.handle, spec, policy.cudnn(), policy.fused)
+
+    def offers(self, spec, cand, planner) -> bool:
+        return self.source(planner).offers(planner.handle, spec, cand, planner.policy.cudnn(), planner.policy.fused)
+
+    def bind_conv(self, spec, cand, arrays, workspace, planner):
+        return self.source(planner).bind(planner.handle, spec, cand, arrays, workspace)
+
+    def close(self, state: dict) -> None:
+        if "convs" in state:
+            state.pop("convs").close()

@@ -14,11 +14,13 @@ from descriptors.algorithms import POLICIES, is_graph_plan_name
 from descriptors.candidates import GraphConvs
 from descriptors.graph import available
 
+from .base import ConvEngine
 
-class Graph:
+
+class Graph(ConvEngine):
     name = "graph"
     flag = "graph"
-    kinds = ("conv",)
+    Source = GraphConvs
     frontend = True   # may load nvidia-cudnn-frontend (lenet/startup.py imports it early where so)
 
     def refuses(self, op, policy) -> str | None:
@@ -39,24 +41,6 @@ class Graph:
             return f"offers only graph-API plans, and --algo names the descriptor-API algorithm {fixed[0]}"
         return None
 
-    @staticmethod
-    def source(planner) -> GraphConvs:
-        state = planner.state("graph")
-        if "convs" not in state:
-            state["convs"] = GraphConvs()
-        return state["convs"]
-
-    def conv_candidates(self, spec, planner, policy=None):
-        """(candidates, fused plans first, each graph's in cuDNN's heuristic order; {name: why excluded})."""
-        policy = policy or planner.policy
-        return self.source(planner).candidates(planner.handle, spec, policy.cudnn(), policy.fused)
-
-    def offers(self, spec, cand, planner) -> bool:
-        return self.source(planner).offers(planner.handle, spec, cand, planner.policy.cudnn(), planner.policy.fused)
-
-    def bind_conv(self, spec, cand, arrays, workspace, planner):
-        return self.source(planner).bind(planner.handle, spec, cand, arrays, workspace)
-
     def version(self) -> str:
         import importlib.metadata
 
@@ -64,7 +48,3 @@ class Graph:
             return importlib.metadata.version("nvidia-cudnn-frontend")
         except importlib.metadata.PackageNotFoundError:
             return "none"
-
-    def close(self, state: dict) -> None:
-        if "convs" in state:
-            state.pop("convs").close()

@@ -7,14 +7,16 @@ model's (descriptors.LegacyConvs in ``planner.state``).
 
 from __future__ import annotations
 
-from descriptors.candidates import LegacyConvs
 from descriptors.algorithms import is_graph_plan_name
+from descriptors.candidates import LegacyConvs
+
+from .base import ConvEngine
 
 
-class Legacy:
+class Legacy(ConvEngine):
     name = "legacy"
     flag = "legacy"
-    kinds = ("conv",)
+    Source = LegacyConvs
 
     def refuses(self, op, policy) -> str | None:
         if policy.engine not in ("auto", self.flag):
@@ -27,29 +29,7 @@ class Legacy:
             return f"offers only the descriptor API's algorithms, and --algo names the graph-API plan {fixed[0]}"
         return None
 
-    @staticmethod
-    def source(planner) -> LegacyConvs:
-        state = planner.state("legacy")
-        if "convs" not in state:
-            state["convs"] = LegacyConvs()
-        return state["convs"]
-
-    def conv_candidates(self, spec, planner, policy=None):
-        """(candidates in cuDNN's heuristic order, {name: why excluded})."""
-        policy = policy or planner.policy
-        return self.source(planner).candidates(planner.handle, spec, policy.cudnn(), policy.fused)
-
-    def offers(self, spec, cand, planner) -> bool:
-        return self.source(planner).offers(planner.handle, spec, cand, planner.policy.cudnn(), planner.policy.fused)
-
-    def bind_conv(self, spec, cand, arrays, workspace, planner):
-        return self.source(planner).bind(planner.handle, spec, cand, arrays, workspace)
-
     def version(self) -> str:
         import descriptors
 
         return descriptors.version_string()
-
-    def close(self, state: dict) -> None:
-        if "convs" in state:
-            state.pop("convs").close()
