@@ -9,11 +9,11 @@ the registry lists for an operation, and chooses by measurement:
         name: str                                    # what stored choices and describe() say
         flag: str | None                             # the --engine value that runs it (None: it runs beside)
         kinds: tuple[str, ...]                       # the operations (and parts) it offers
-        def refuses(self, op, policy) -> str | None  # None, or why it cannot run op under policy
-        def candidates(self, op, planner) -> list    # its ways to run op: named, each bound by bind
-        def check(self, op, candidate, planner)      # -> Check: its distance from the exact reference
-        def bind(self, op, candidate, planner)       # -> a PlannedOp on op's tensors
-        def recall(self, op, stored, planner)        # -> the candidate a stored choice names, if offered still
+        def refuses(self, op, policy) -> str | None      # None, or why it cannot run op under policy
+        def candidates(self, op, n, planner) -> list     # its ways to run op at batch n: named, each bound by bind
+        def check(self, op, candidate, planner)          # -> Check: its distance from the exact reference
+        def bind(self, op, n, candidate, planner)        # -> a PlannedOp on op's tensors, at batch n
+        def recall(self, op, n, stored, planner)         # -> the candidate a stored choice names, if offered still
 
 A planned operation holds its tensors, plans and workspace share, runs with no arguments (so a step
 can be captured in a CUDA graph) and describes itself for the programs:
@@ -105,13 +105,13 @@ class Engine(Protocol):
 
     def refuses(self, op, policy) -> str | None: ...
 
-    def candidates(self, op, planner) -> list: ...
+    def candidates(self, op, n: int, planner) -> list: ...
 
     def check(self, op, candidate, planner) -> Check: ...
 
-    def bind(self, op, candidate, planner): ...
+    def bind(self, op, n: int, candidate, planner): ...
 
-    def recall(self, op, stored: dict, planner): ...
+    def recall(self, op, n: int, stored: dict, planner): ...
 
 
 class ConvEngine:
