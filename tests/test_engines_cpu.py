@@ -12,7 +12,7 @@ from descriptors.algorithms import AlgorithmNotSupportedError
 from lenet import engines
 from lenet.engines import BY_NAME, ENGINES, FLAGS, Policy, registry
 from lenet.kernels import stages as kstages
-from lenet.ops import Head, Loss, Stage, StageSpec, Update
+from lenet.ops import Head, Loss, Stage, StageSpec
 
 CONV1 = StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5))
 CONV2 = StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True)
