@@ -180,11 +180,16 @@ class LtMatmul:
       drelu           c = c * (mask from aux > 0)                  the backward of relu_aux_bias
       bgradb          also bias[:] = op(a).sum(axis=0)             a bias gradient for free
     The pointers (operands, bias, aux) are fixed here: a matmul belongs to one set of buffers.
+
+    ``batch`` > 1: that many matmuls in one call (a pack of models, lenet sweep), a, b and c each the
+    first of ``batch`` matrices ``strides`` = (a's, b's, c's) elements apart, the bias vectors
+    ``bias_stride`` elements apart, the ReLU masks one (M, AUX_LD bits) mask apart.
     """
 
     AUX_LD = 128  # the ReLU mask's leading dimension, in bits: a multiple of 128, >= N
 
-    def __init__(self, lt: Lt, a, b, c, *, trans_a=False, trans_b=False, epilogue="default", bias=None, aux=None):
+    def __init__(self, lt: Lt, a, b, c, *, trans_a=False, trans_b=False, epilogue="default", bias=None, aux=None,
+                 batch: int = 1, strides=(0, 0, 0), bias_stride: int = 0):
         cublas = binding("cublas")
 
         L = lt._lt
@@ -216,7 +221,7 @@ class LtMatmul:
             setattr_(A.BIAS_POINTER, bias.data.ptr)
             self.bias = bias
         if aux is not None:
-            if n > self.AUX_LD or aux.nbytes < self.AUX_LD // 8 * m:
+            if n > self.AUX_LD or aux.nbytes < self.AUX_LD // 8 * m * batch:
                 raise ValueError(f"aux buffer of {aux.nbytes} B is too small for a ({m}, {n}) ReLU mask")
             setattr_(A.EPILOGUE_AUX_POINTER, aux.data.ptr)
             setattr_(A.EPILOGUE_AUX_LD, self.AUX_LD)
@@ -228,6 +233,19 @@ class LtMatmul:
         self._objs.append(("layout", self.lb))
         self.lc = L.matrix_layout_create(f32, n, m, n)
         self._objs.append(("layout", self.lc))
+        if batch > 1:
+            LA = L.MatrixLayoutAttribute
+
+            def layout_attr(layout, attr, value):
+                v = np.array([value], dtype=L.get_matrix_layout_attribute_dtype(attr))
+                L.matrix_layout_set_attribute(layout, attr, v.ctypes.data, v.nbytes)
+            for layout, stride in ((self.la, strides[1]), (self.lb, strides[0]), (self.lc, strides[2])):
+                layout_attr(layout, LA.BATCH_COUNT, int(batch))
+                layout_attr(layout, LA.STRIDED_BATCH_OFFSET, int(stride))
+            if bias is not None:
+                setattr_(A.BIAS_BATCH_STRIDE, int(bias_stride))
+            if aux is not None:
+                setattr_(A.EPILOGUE_AUX_BATCH_STRIDE, self.AUX_LD * m)
         pref = L.matmul_preference_create()
         self._objs.append(("pref", pref))
         ws = np.array([lt.workspace_bytes], dtype=np.uint64)

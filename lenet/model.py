@@ -26,7 +26,7 @@ from descriptors import Handle
 
 from . import params as P
 from .engines import Policy, registry
-from .kernels import MIRROR, copy_of, count_nonfinite, device_copy, fill, gather_batch
+from .kernels import MIRROR, copy_of, count_nonfinite, device_copy, fill, gather_batch, gather_pack
 from .ops import (Head, HeadTensors, Loss, LossTensors, Stage, StageSpec, StageTensors, Update,
                   UpdateTensors)
 from .plan import Planner
@@ -80,22 +80,34 @@ def check_batch(x, y, max_batch: int) -> int:
     return n
 
 
-def bytes_per_image(policy: Policy | None = None) -> int:
+def bytes_per_image(policy: Policy | None = None, models: int = 1) -> int:
     """Bytes per image of max_batch that a model allocates under ``policy``: its buffers, and the scratch
     of every engine that may run its operations (cuDNN's unpooled outputs, our argmax bytes, fc1's ReLU
     bits for cuBLASLt)."""
     policy = policy or Policy()
     own = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in BUFFERS.values())
-    ops = [Stage(spec, None, 1) for spec in STAGES] + [Head(None, None, 1)]
+    ops = [Stage(spec, None, 1, models) for spec in STAGES] + [Head(None, None, 1, models)]
     return own + sum(e.scratch_per_image(op) for op in ops for e in registry.serving(op, policy)[0])
 
 
-def check_memory(max_batch: int, free_bytes: int, total_bytes: int, policy: Policy | None = None) -> None:
-    """A one-line ValueError, before anything is allocated, when a model for ``max_batch`` images
-    cannot fit the GPU's free memory (with 10% and 256 MB kept for workspaces and libraries)."""
-    need = max_batch * bytes_per_image(policy)
+def models_that_fit(max_batch: int, free_bytes: int, policy: Policy | None = None) -> int:
+    """How many models of ``max_batch`` images a pack may hold in ``free_bytes`` (check_memory's margin)."""
+    return max(0, int((0.9 * free_bytes - (256 << 20)) // (max_batch * bytes_per_image(policy, 2))))
+
+
+def check_memory(max_batch: int, free_bytes: int, total_bytes: int, policy: Policy | None = None,
+                 models: int = 1) -> None:
+    """A one-line ValueError, before anything is allocated, when a model (or a pack of ``models``) for
+    ``max_batch`` images each cannot fit the GPU's free memory (with 10% and 256 MB kept for workspaces
+    and libraries)."""
+    need = models * max_batch * bytes_per_image(policy, models)
     if need > 0.9 * free_bytes - (256 << 20):
         gb = 1 << 30
+        if models > 1:
+            fit = models_that_fit(max_batch, free_bytes, policy)
+            raise ValueError(f"a pack of {models} models at {max_batch:,} images each needs about {need / gb:.1f} GB "
+                             f"of GPU memory; the GPU has {free_bytes / gb:.1f} GB free of {total_bytes / gb:.1f} GB: "
+                             f"{fit} such models fit")
         raise ValueError(f"a model for {max_batch:,} images needs about {need / gb:.1f} GB of GPU memory; the GPU "
                          f"has {free_bytes / gb:.1f} GB free of {total_bytes / gb:.1f} GB: use a smaller batch")
 
@@ -112,6 +124,16 @@ def check_hyperparameters(momentum, weight_decay, nesterov, label_smoothing, ema
         raise ValueError(f"label smoothing must be in [0, 1), got {label_smoothing}")
     if ema_decay is not None and not (0.0 < ema_decay < 1.0):
         raise ValueError(f"the EMA decay must be in (0, 1), got {ema_decay}")
+
+
+def per_model(value, models: int, name: str) -> list:
+    """A setting of a pack (Note [packs] in lenet/ops.py): one value for every model, or a sequence of
+    one per model."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        if len(value) != models:
+            raise ValueError(f"{name}: {len(value)} values for a pack of {models} models; give one or {models}")
+        return list(value)
+    return [value] * models
 
 
 def _policy(policy, fused) -> Policy:
@@ -186,14 +208,24 @@ class LeNet:
     (lenet.engines.Policy) says which engines compete and how; ``fused``, when given, overrides its fusion.
     """
 
-    def __init__(self, max_batch: int = 64, *, policy: Policy | None = None, seed: int = 0,
-                 momentum: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
-                 label_smoothing: float = 0.0, ema_decay: float | None = None, stream=None,
-                 cuda_graph: bool = False, fused: bool | None = None, plan_cache=False, input_grad: bool = False):
+    def __init__(self, max_batch: int = 64, *, policy: Policy | None = None, seed=0,
+                 momentum=0.0, weight_decay=0.0, nesterov=False, label_smoothing=0.0, ema_decay=None,
+                 stream=None, cuda_graph: bool = False, fused: bool | None = None, plan_cache=False,
+                 input_grad: bool = False, models: int = 1):
         if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        P.check_seed(seed)
-        check_hyperparameters(momentum, weight_decay, nesterov, label_smoothing, ema_decay)
+        if isinstance(models, bool) or not isinstance(models, (int, np.integer)) or models < 1:
+            raise ValueError(f"models must be an integer >= 1, got {models!r}")
+        K = self.models = int(models)   # a pack of K > 1: Note [packs] in lenet/ops.py; each setting one or K values
+        self.settings = {k: per_model(v, K, k) for k, v in (
+            ("seed", seed), ("momentum", momentum), ("weight_decay", weight_decay), ("nesterov", nesterov),
+            ("label_smoothing", label_smoothing), ("ema_decay", ema_decay))}
+        for m in range(K):
+            P.check_seed(self.settings["seed"][m])
+            check_hyperparameters(*(self.settings[k][m] for k in ("momentum", "weight_decay", "nesterov",
+                                                                   "label_smoothing", "ema_decay")))
+        if K > 1 and input_grad:
+            raise ValueError("the images' gradient is for one model (lenet.torch); a pack has models > 1")
         from descriptors import require_gpu
 
         require_gpu()   # one line (NoGpuError) where there is none, not the CUDA runtime's error
@@ -203,18 +235,23 @@ class LeNet:
         # With ``input_grad``, conv1 also computes the images' gradient (buf["dx"]: lenet.torch asks for it).
         self.input_grad = bool(input_grad)
         self.specs = (dataclasses.replace(STAGES[0], dx=True, dx_mask=False), *STAGES[1:]) if input_grad else STAGES
-        check_memory(self.max_batch, *cupy.cuda.runtime.memGetInfo(), self.policy)   # before any allocation
+        check_memory(self.max_batch, *cupy.cuda.runtime.memGetInfo(), self.policy, K)   # before any allocation
         self.handle = Handle(stream)
         self.stream = self.handle.stream
         self.plan_cache = self._plan_cache(plan_cache)
         self.planner = Planner(self.handle, self.policy, max_batch=self.max_batch, store=self.plan_cache,
                                captured=self.cuda_graph)
+        st = self.settings
+        ema_decays = st["ema_decay"]
         with self.stream:
-            self._allocate(seed, ema_decay)
-        self._operations(momentum, weight_decay, nesterov, float(label_smoothing), ema_decay)
+            self._allocate(st["seed"], ema_decays)
+        self._operations(momentum if K == 1 else 0.0, weight_decay if K == 1 else 0.0, bool(nesterov) if K == 1
+                         else False, float(label_smoothing) if K == 1 else self.label_smoothing_dev,
+                         ema_decay if K == 1 else (0.0 if self.ema is not None else None))
         self.runner = Runner(self.stream, self.planner.workspace, self._save_state, self._restore_state)
         self._steps: dict[int, Step] = {}
         self._lr_host: float | None = None
+        self._eval_inputs: dict = {}   # a pack's evaluation orders and flags, per split size
         self.n = self.max_batch   # rows of the buffers holding the current batch
 
     def _plan_cache(self, plan_cache):
@@ -225,49 +262,57 @@ class LeNet:
 
         return plancache.open_cache(self.handle, path=None if plan_cache is True else plan_cache)
 
-    def _allocate(self, seed: int, ema_decay) -> None:
-        """Parameters, gradients, momentum (one flat buffer each, same layout), the weights' moving average
-        and where the live weights wait while an evaluation runs on it, the device scalars, and BUFFERS."""
+    def _allocate(self, seeds: list, ema_decays: list) -> None:
+        """Parameters, gradients, momentum (one flat buffer each, same layout; a pack's (K, TOTAL)), the
+        weights' moving average and where the live weights wait while an evaluation runs on it, the
+        device scalars (one per model), and BUFFERS (K N rows)."""
         import cupy
 
-        N = self.max_batch
-        self.params = cupy.asarray(P.pack(P.init_host(seed)))     # (TOTAL,)
-        self.grads = cupy.zeros(P.TOTAL, dtype=cupy.float32)      # (TOTAL,)
-        self.velocity = cupy.zeros(P.TOTAL, dtype=cupy.float32)   # (TOTAL,)
-        self.ema = copy_of(self.params) if ema_decay is not None else None   # (TOTAL,) or None
-        self.params_aside = cupy.zeros(P.TOTAL, dtype=cupy.float32) if ema_decay is not None else None
-        self.p, self.g = P.views(self.params), P.views(self.grads)
-        self.lr_dev = cupy.zeros(1, dtype=cupy.float32)           # (1,) read by the SGD kernel
-        self.loss_dev = cupy.zeros(1, dtype=cupy.float32)         # (1,) mean loss of the last forward
-        self.correct_dev = cupy.zeros(1, dtype=cupy.int32)        # (1,) right answers in it
-        self.running_loss = cupy.zeros(1, dtype=cupy.float32)     # (1,) sum of step losses since reset
+        N, K = self.max_batch, self.models
+        keeps = any(d is not None for d in ema_decays)
+        self.params = cupy.asarray(np.concatenate([P.pack(P.init_host(s)) for s in seeds]))   # (K TOTAL,)
+        self.grads = cupy.zeros(K * P.TOTAL, dtype=cupy.float32)      # (K TOTAL,)
+        self.velocity = cupy.zeros(K * P.TOTAL, dtype=cupy.float32)   # (K TOTAL,)
+        self.ema = copy_of(self.params) if keeps else None   # (K TOTAL,) or None
+        self.params_aside = cupy.zeros(K * P.TOTAL, dtype=cupy.float32) if keeps else None
+        self.p, self.g = P.views(self.params), P.views(self.grads)   # model 0's views
+        self.lr_dev = cupy.zeros(K, dtype=cupy.float32)           # (K,) read by the SGD kernel
+        self.loss_dev = cupy.zeros(K, dtype=cupy.float32)         # (K,) mean loss of the last forward
+        self.correct_dev = cupy.zeros(K, dtype=cupy.int32)        # (K,) right answers in it
+        self.running_loss = cupy.zeros(K, dtype=cupy.float32)     # (K,) sum of step losses since reset
+        st = self.settings
+        # A pack's constants (sgd.cu): momentum, weight decay, nesterov, ema weight (1: no average kept).
+        self.hyper = cupy.asarray(np.array([[st["momentum"][m], st["weight_decay"][m], float(bool(st["nesterov"][m])),
+                                             1.0 - (ema_decays[m] if ema_decays[m] is not None else 0.0)]
+                                            for m in range(K)], np.float32)) if K > 1 else None
+        self.label_smoothing_dev = cupy.asarray(np.array(st["label_smoothing"], np.float32)) if K > 1 else None
         # Every buffer written (zeros) before any plan reads it: planning times candidates on them.
-        self.buf = {k: cupy.zeros((N, *shape), dtype) for k, (shape, dtype) in BUFFERS.items() if k != "x"}
-        self.buf["x"] = cupy.random.default_rng(seed).standard_normal((N, *IMAGE), dtype=cupy.float32)
+        self.buf = {k: cupy.zeros((K * N, *shape), dtype) for k, (shape, dtype) in BUFFERS.items() if k != "x"}
+        self.buf["x"] = cupy.random.default_rng(seeds[0]).standard_normal((K * N, *IMAGE), dtype=cupy.float32)
         if self.input_grad:
             self.buf["dx"] = cupy.zeros((N, *IMAGE), cupy.float32)   # the images' gradient
 
     def _operations(self, momentum, weight_decay, nesterov, label_smoothing, ema_decay) -> None:
         """The network, in order: two stages, the head, the loss, the update. conv1's input gradient is
         never computed: nothing needs it."""
-        b, p, g, N = self.buf, self.p, self.g, self.max_batch
+        b, p, g, N, K = self.buf, self.p, self.g, self.max_batch, self.models
         ins = ("x", "p1")
         self.stages = tuple(
             Stage(spec, StageTensors(x=b[x], y=b[y], dy=b["d" + y], dx=b["d" + x] if spec.dx else None,
                                      w=p[f"{spec.name}.weight"], b=p[f"{spec.name}.bias"], dw=g[f"{spec.name}.weight"],
-                                     db=g[f"{spec.name}.bias"]), N)
+                                     db=g[f"{spec.name}.bias"]), N, K)
             for spec, x, y in zip(self.specs, ins, ("p1", "p2")))
         self.loss_tensors = LossTensors(logits=b["logits"], dlogits=b["dlogits"], labels=b["labels"],
                                         loss=self.loss_dev, correct=self.correct_dev, running=self.running_loss,
                                         label_smoothing=label_smoothing)
         fc = [k for k in P.NAMES if k.startswith("fc")]
-        head = HeadTensors(x=b["p2"].reshape(N, 256), dx=b["dp2"].reshape(N, 256), h1=b["h1"], dh1=b["dh1"],
+        head = HeadTensors(x=b["p2"].reshape(K * N, 256), dx=b["dp2"].reshape(K * N, 256), h1=b["h1"], dh1=b["dh1"],
                            logits=b["logits"], dlogits=b["dlogits"], w={k: p[k] for k in fc}, g={k: g[k] for k in fc},
                            grads=self.grads[P.OFFSETS["fc1.weight"]: P.OFFSETS["fc2.bias"] + CLASSES])
-        self.head = Head(head, self.loss_tensors, N)
-        self.loss_op = Loss(self.loss_tensors, N)
+        self.head = Head(head, self.loss_tensors, N, K)
+        self.loss_op = Loss(self.loss_tensors, N, K)
         self.update_op = Update(UpdateTensors(self.params, self.grads, self.velocity, self.lr_dev, self.ema, momentum,
-                                              weight_decay, nesterov, ema_decay))
+                                              weight_decay, nesterov, ema_decay, K, self.hyper))
         self.sgd = self.planner.plan(self.update_op, 0)
 
     # ------------------------------------------------------------------ plans
@@ -333,14 +378,20 @@ class LeNet:
         """Validate a batch (NumPy or CuPy) and copy it into the input buffers; return n."""
         import cupy
 
-        n = check_batch(x, y, self.max_batch)
+        K = self.models
+        if K > 1:   # (K, n, ...) images and (K, n) labels, model m's batch x[m]
+            if tuple(getattr(x, "shape", ()))[:1] != (K,) or tuple(getattr(y, "shape", ()))[:1] != (K,):
+                raise ValueError(f"a pack of {K} models takes images (K, n, 1, 28, 28) and labels (K, n), got "
+                                 f"{getattr(x, 'shape', type(x))} and {getattr(y, 'shape', type(y))}")
+            x, y = x.reshape(-1, *x.shape[2:]), y.reshape(-1)
+        rows = check_batch(x, y, K * self.max_batch)
         with self.stream:
-            xs = cupy.asarray(x, dtype=cupy.float32).reshape(n, 1, 28, 28)
+            xs = cupy.asarray(x, dtype=cupy.float32).reshape(rows, 1, 28, 28)
             ys = cupy.asarray(y).astype(cupy.int32, copy=False)
-            self.buf["x"][:n] = xs
-            self.buf["labels"][:n] = ys
-        self.n = n
-        return n
+            self.buf["x"][:rows] = xs
+            self.buf["labels"][:rows] = ys
+        self.n = rows // K
+        return self.n
 
     def load_from(self, dataset, order, start: int, n: int, lr: float | None = None, augment=None,
                   epoch: int = 0) -> None:
@@ -369,13 +420,33 @@ class LeNet:
         self.stream.synchronize()
         return float(self.running_loss.get()[0])
 
-    def set_lr(self, lr: float) -> None:
-        if not (math.isfinite(lr) and lr >= 0):
-            raise ValueError(f"learning rate must be a finite number >= 0, got {lr}")
-        if lr != self._lr_host:
+    def set_lr(self, lr) -> None:
+        """The learning rate the next updates take: one number, or a pack's one per model."""
+        rates = per_model(lr, self.models, "learning rate")
+        for r in rates:
+            if not (math.isfinite(r) and r >= 0):
+                raise ValueError(f"learning rate must be a finite number >= 0, got {r}")
+        if self.models > 1:
+            with self.stream:
+                self.lr_dev.set(np.asarray(rates, np.float32), stream=self.stream)
+            self.stream.synchronize()   # the host array may go before an asynchronous copy reads it
+            self._lr_host = tuple(rates)
+        elif lr != self._lr_host:
             with self.stream:
                 fill(self.lr_dev, lr)
             self._lr_host = lr
+
+    def load_pack(self, dataset, orders, start: int, n: int, aug, epochs, lr_table, lr_at, step: int) -> None:
+        """A pack's batch (lenet.kernels.gather_pack): model m's images orders[m, start:start+n] of a
+        GPU-resident dataset, augmented by aug[m] with the draws of epochs[m], and its learning rate
+        lr_table[lr_at[m] + step]; one launch, no host wait."""
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
+        with self.stream:
+            gather_pack(dataset.images, dataset.labels, orders, start, n, dataset.mean, dataset.std, self.buf["x"],
+                        self.buf["labels"], aug, epochs, lr_table, lr_at, step, self.lr_dev)
+        self._lr_host = "device"
+        self.n = n
 
     # ------------------------------------------------------------------ the step
 
@@ -448,10 +519,32 @@ class LeNet:
         step.forward()
         step.loss.evaluate()
 
-    def evaluate_end(self) -> tuple[float, int]:
-        """(summed loss, right answers) since evaluate_begin; synchronizes."""
+    def evaluate_end(self):
+        """(summed loss, right answers) since evaluate_begin; synchronizes. A pack's: two arrays (K,)."""
         self.stream.synchronize()
+        if self.models > 1:
+            return self.loss_dev.get().astype(np.float64), self.correct_dev.get().astype(np.int64)
         return float(self.loss_dev.get()[0]), int(self.correct_dev.get()[0])
+
+    def _gather_eval(self, dataset, start: int, n: int, mirror: bool) -> None:
+        """Test images [start, start + n) for every model (mirrored for test-time augmentation)."""
+        if self.models == 1:
+            self.load_from(dataset, dataset.identity, start, n, augment=MIRROR if mirror else None)
+            return
+        import cupy
+
+        key = ("eval", dataset.size, mirror)
+        if key not in self._eval_inputs:
+            with self.stream:
+                K = self.models
+                self._eval_inputs[key] = (cupy.tile(dataset.identity[None, :], (K, 1)),
+                                          cupy.asarray(np.tile([0, 2 if mirror else 0, 0], (K, 1)).astype(np.int32)),
+                                          cupy.zeros(K, cupy.int32))
+        orders, aug, epochs = self._eval_inputs[key]
+        with self.stream:
+            gather_pack(dataset.images, dataset.labels, orders, start, n, dataset.mean, dataset.std, self.buf["x"],
+                        self.buf["labels"], aug, epochs, None, None, 0, None)
+        self.n = n
 
     def evaluate(self, dataset, batch: int = 1000, tta: bool = False) -> tuple[float, float]:
         """(mean loss, accuracy) over a whole GPU-resident split, forward only, with the moving
@@ -473,42 +566,51 @@ class LeNet:
                     device_copy(self.params_aside, self.params)
                     device_copy(self.params, self.ema)
             for start, n in zip(range(0, dataset.size, batch), sizes):
-                step = self.plan(n)
-                self.load_from(dataset, dataset.identity, start, n)
+                step, rows = self.plan(n), self.models * n
+                self._gather_eval(dataset, start, n, False)
                 step.forward()
                 if tta:
                     with self.stream:
-                        device_copy(self.buf["logits_kept"][:n], self.buf["logits"][:n])
-                    self.load_from(dataset, dataset.identity, start, n, augment=MIRROR)
+                        device_copy(self.buf["logits_kept"][:rows], self.buf["logits"][:rows])
+                    self._gather_eval(dataset, start, n, True)
                     step.forward()
-                step.loss.evaluate(self.buf["logits_kept"][:n] if tta else None)
+                step.loss.evaluate(self.buf["logits_kept"][:rows] if tta else None)
             if self.ema is not None:
                 with self.stream:
                     device_copy(self.params, self.params_aside)
         # The key holds the dataset: its graph reads the dataset's buffers, which must outlive it.
         self.runner.run(("eval", dataset, batch, bool(tta)), run, self.cuda_graph)
-        loss_sum, correct = self.evaluate_end()
+        loss_sum, correct = self.evaluate_end()   # a pack's: arrays (K,)
         return loss_sum / dataset.size, correct / dataset.size
 
     # ------------------------------------------------------------------ host views
 
-    def loss(self) -> float:
-        """The loss of the last forward, read from the device (synchronizes)."""
+    def loss(self):
+        """The loss of the last forward, read from the device (synchronizes); a pack's, an array (K,)."""
         self.stream.synchronize()
-        return float(self.loss_dev.get()[0])
+        return self.loss_dev.get() if self.models > 1 else float(self.loss_dev.get()[0])
+
+    def _row(self, flat, model: int | None) -> np.ndarray:
+        """One model's flat row of a (K TOTAL,) device buffer, as a host array (model None: a lone model)."""
+        if model is None:
+            if self.models > 1:
+                raise ValueError(f"a pack of {self.models} models: say which model (0..{self.models - 1})")
+            model = 0
+        if not 0 <= model < self.models:
+            raise ValueError(f"model {model} is outside 0..{self.models - 1}")
+        self.stream.synchronize()
+        return flat[model * P.TOTAL: (model + 1) * P.TOTAL].get()
 
     def logits(self) -> np.ndarray:
         self.stream.synchronize()
         return self.buf["logits"][: self.n].get()
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Parameters as host arrays under PyTorch's names and shapes."""
-        self.stream.synchronize()
-        return P.unpack(self.params.get())
+    def state_dict(self, model: int | None = None) -> dict[str, np.ndarray]:
+        """Parameters as host arrays under PyTorch's names and shapes (a pack's: of one model)."""
+        return P.unpack(self._row(self.params, model))
 
-    def grad_dict(self) -> dict[str, np.ndarray]:
-        self.stream.synchronize()
-        return P.unpack(self.grads.get())
+    def grad_dict(self, model: int | None = None) -> dict[str, np.ndarray]:
+        return P.unpack(self._row(self.grads, model))
 
     def flat_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(parameters, momentum buffer, moving average or None) as flat host arrays: what a
@@ -521,8 +623,9 @@ class LeNet:
         average starts it at the parameters."""
         import cupy
 
-        if params_flat.shape != (P.TOTAL,) or velocity_flat.shape != (P.TOTAL,):
-            raise ValueError(f"flat buffers must be ({P.TOTAL},), got {params_flat.shape}, {velocity_flat.shape}")
+        size = self.models * P.TOTAL
+        if params_flat.shape != (size,) or velocity_flat.shape != (size,):
+            raise ValueError(f"flat buffers must be ({size},), got {params_flat.shape}, {velocity_flat.shape}")
         with self.stream:
             self.params.set(np.asarray(params_flat, np.float32))
             self.velocity.set(np.asarray(velocity_flat, np.float32))
@@ -530,10 +633,9 @@ class LeNet:
                 self.ema.set(np.asarray(ema_flat if ema_flat is not None else params_flat, np.float32))
         self.stream.synchronize()
 
-    def eval_state_dict(self) -> dict[str, np.ndarray]:
+    def eval_state_dict(self, model: int | None = None) -> dict[str, np.ndarray]:
         """The weights evaluation and export use: the moving average when kept, else the parameters."""
-        self.stream.synchronize()
-        return P.unpack((self.ema if self.ema is not None else self.params).get())
+        return P.unpack(self._row(self.ema if self.ema is not None else self.params, model))
 
     def load_state_dict(self, state: dict) -> None:
         """Load parameters (PyTorch names and shapes; NumPy or torch CPU tensors)."""

@@ -8,6 +8,12 @@ how. An engine (lenet/engines/) runs an operation; the planner (lenet/plan.py) c
 
 Each holds its full-batch tensors (a batch of n uses their first n rows) and the largest batch it
 takes; ``key()`` is what a stored choice names of it (pointer-free).
+
+Note [packs]: ``models`` K > 1 is a pack (lenet sweep): K models of one architecture trained in one
+step. A batch of n images per model is then the first K n rows of each activation, model m's at
+[m n, (m + 1) n); the flat parameter buffers are (K, TOTAL), model m's row its own, and the tensors
+an operation holds (w, b, the head's weights) are model 0's views. An engine that cannot take the
+model from its grid refuses a pack.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ class StageTensors:
     dx: object = None
 
     def rows(self, n: int) -> "StageTensors":
+        """The first n rows (a pack's K models at n images each: K n rows)."""
         return dataclasses.replace(self, x=self.x[:n], y=self.y[:n], dy=self.dy[:n], dx=_rows(self.dx, n))
 
 
@@ -119,7 +126,7 @@ class LossTensors:
     loss: object
     correct: object
     running: object
-    label_smoothing: float = 0.0
+    label_smoothing: object = 0.0   # a float, or a pack's (K,) device array
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,13 @@ class UpdateTensors:
     weight_decay: float = 0.0
     nesterov: bool = False
     ema_decay: float | None = None
+    models: int = 1
+    hyper: object = None   # a pack's (K, 4) device array: momentum, weight decay, nesterov, 1 - ema decay
+
+
+def _pack_key(key: dict, models: int) -> dict:
+    """A pack's key names its models; one model's is the key stored before packs existed."""
+    return key if models == 1 else {**key, "models": int(models)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -144,13 +158,14 @@ class Stage:
     spec: StageSpec
     tensors: StageTensors
     max_batch: int
+    models: int = 1
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def key(self) -> dict:
-        return self.spec.key()
+        return _pack_key(self.spec.key(), self.models)
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,10 +176,12 @@ class Head:
     tensors: HeadTensors
     loss: LossTensors
     max_batch: int
+    models: int = 1
     name = "fc1+fc2"
 
     def key(self) -> dict:
-        return {"fc1": list(self.tensors.w["fc1.weight"].shape), "fc2": list(self.tensors.w["fc2.weight"].shape)}
+        return _pack_key({"fc1": list(self.tensors.w["fc1.weight"].shape),
+                          "fc2": list(self.tensors.w["fc2.weight"].shape)}, self.models)
 
     def totals(self) -> tuple:
         """The device totals a training forward adds to, which planning puts back (lenet/plan.py)."""
@@ -176,10 +193,11 @@ class Loss:
     kind = "loss"
     tensors: LossTensors
     max_batch: int
+    models: int = 1
     name = "loss"
 
     def key(self) -> dict:
-        return {"classes": int(self.tensors.logits.shape[1])}
+        return _pack_key({"classes": int(self.tensors.logits.shape[1])}, self.models)
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,9 +206,14 @@ class Update:
     tensors: UpdateTensors
     name = "sgd"
 
+    @property
+    def models(self) -> int:
+        return self.tensors.models
+
     def key(self) -> dict:
         t = self.tensors
-        return {"size": int(t.params.size), "nesterov": t.nesterov, "ema": t.ema is not None}
+        return _pack_key({"size": int(t.params.size) // t.models, "nesterov": t.nesterov, "ema": t.ema is not None},
+                         t.models)
 
 
 __all__ = ["StageSpec", "StageTensors", "HeadTensors", "LossTensors", "UpdateTensors", "Stage", "Head", "Loss",

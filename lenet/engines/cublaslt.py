@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from descriptors import ActivationDescriptor, TensorDescriptor, add_tensor
 
+from descriptors.algorithms import AlgorithmNotSupportedError
+
+from .. import params as P
 from ..ops import Loss
 from .base import Check, Named
 
@@ -29,8 +32,10 @@ class Cublaslt:
     kinds = ("head",)
 
     def refuses(self, op, policy) -> str | None:
-        if policy.engine == "ours":
+        if policy.engine == "ours" and op.models == 1:
             return "engine ours runs our head"
+        if op.models > 1 and not policy.fused:
+            return f"runs a pack of {op.models} models as batched cuBLASLt matmuls, which are fused (drop --no-fused)"
         return None
 
     def version(self) -> str:
@@ -62,15 +67,23 @@ class Cublaslt:
             state["relu"] = ActivationDescriptor("relu")
             state["lt"] = LazyLt(planner.stream)   # cuBLASLt, made on first use
             with planner.stream:   # fc1's ReLU bits, cuBLASLt's aux output
-                state["mask"] = cupy.zeros(op.max_batch * LtMatmul.AUX_LD // 8, cupy.uint8)
-        loss = planner.plan(Loss(op.loss, op.max_batch), n)
-        return PlannedHead(op.tensors, n, loss, planner, state["relu"],
-                           state["lt"] if planner.policy.fused else None, state["mask"])
+                state["mask"] = cupy.zeros(op.models * op.max_batch * LtMatmul.AUX_LD // 8, cupy.uint8)
+        loss = planner.plan(Loss(op.loss, op.max_batch, op.models), n)
+        head = PlannedHead(op.tensors, n, loss, planner, state["relu"],
+                           state["lt"] if planner.policy.fused else None, state["mask"], op.models)
+        if op.models > 1 and head.lt is None:
+            raise AlgorithmNotSupportedError(f"a pack of {op.models} models: {head.note}")
+        return head
 
     def close(self, state: dict) -> None:
         if "relu" in state:
             state.pop("relu").close()
         state.clear()
+
+
+def _is_param(v, w: dict, g: dict) -> bool:
+    """Whether view v is one of the parameters' or gradients' (a pack's stride is then P.TOTAL)."""
+    return any(v is a for a in (*w.values(), *g.values()))
 
 
 class PlannedHead:
@@ -79,8 +92,9 @@ class PlannedHead:
     workspace_bytes = 0
     fuses_loss = False   # a training forward runs the planned loss after it
 
-    def __init__(self, t, n: int, loss, planner, relu, lt=None, relu_mask=None):
+    def __init__(self, t, n: int, loss, planner, relu, lt=None, relu_mask=None, models: int = 1):
         self.n, self.h, self.blas, self.ones, self.relu = n, planner.handle, planner.blas, planner.ones, relu
+        self.models = models
         self.loss, self.w, self.g = loss, t.w, t.g
         self.x, self.dx = t.x[:n], t.dx[:n]                          # (n, 256)
         self.h1, self.logits = t.h1[:n], t.logits[:n]                # (n, 120), (n, 10)
@@ -91,34 +105,38 @@ class PlannedHead:
             self.dh1.reshape(n, 120, 1, 1)
         self.bd = {k: TensorDescriptor((1, t.w[k].shape[0], 1, 1)) for k in ("fc1.bias", "fc2.bias")}
         self.b4 = {k: t.w[k].reshape(1, -1, 1, 1) for k in ("fc1.bias", "fc2.bias")}   # (1, C, 1, 1)
-        self.x4 = self.x.reshape(n, -1, 1, 1)
-        self.dx4 = self.dx.reshape(n, -1, 1, 1)
+        # dx's mask runs over every model's rows at once (cuDNN's ReLU backward, elementwise)
+        self.x4 = t.x[: models * n].reshape(models * n, -1, 1, 1)
+        self.dx4 = t.dx[: models * n].reshape(models * n, -1, 1, 1)
         self.xd = TensorDescriptor(self.x4.shape)
         from ..blas import LtMatmul, LtUnavailable
 
         self.lt, self.note = None, "fusion off"
         if lt is not None:
             try:
-                self.lt = self._lt(lt.get(), relu_mask[: n * LtMatmul.AUX_LD // 8])
+                self.lt = self._lt(lt.get(), relu_mask[: models * n * LtMatmul.AUX_LD // 8])
                 self.note = ""
             except (LtUnavailable, ImportError) as e:
                 self.note = str(e)
 
     def _lt(self, lt, aux):
+        """The six matmuls; a pack's (Note [packs] in lenet/ops.py) as batched ones, model m's activations
+        n rows after model m - 1's, its parameters P.TOTAL floats after."""
         from ..blas import LtMatmul
 
-        w, g = self.w, self.g
+        w, g, n, K, T = self.w, self.g, self.n, self.models, P.TOTAL
+
+        def mm(a, b, c, **kw):
+            sa, sb, sc = (T if _is_param(v, w, g) else n * v.shape[1] for v in (a, b, c))
+            return LtMatmul(lt, a, b, c, batch=K, strides=(sa, sb, sc), bias_stride=T, **kw)
         return {
-            "fc1": LtMatmul(lt, self.x, w["fc1.weight"], self.h1, trans_b=True, epilogue="relu_aux_bias",
-                            bias=w["fc1.bias"], aux=aux),
-            "fc2": LtMatmul(lt, self.h1, w["fc2.weight"], self.logits, trans_b=True, epilogue="bias",
-                            bias=w["fc2.bias"]),
-            "dW2": LtMatmul(lt, self.dlogits, self.h1, g["fc2.weight"], trans_a=True, epilogue="bgradb",
-                            bias=g["fc2.bias"]),
-            "dh1": LtMatmul(lt, self.dlogits, w["fc2.weight"], self.dh1, epilogue="drelu", aux=aux),
-            "dW1": LtMatmul(lt, self.dh1, self.x, g["fc1.weight"], trans_a=True, epilogue="bgradb",
-                            bias=g["fc1.bias"]),
-            "dp2": LtMatmul(lt, self.dh1, w["fc1.weight"], self.dx),
+            "fc1": mm(self.x, w["fc1.weight"], self.h1, trans_b=True, epilogue="relu_aux_bias",
+                      bias=w["fc1.bias"], aux=aux),
+            "fc2": mm(self.h1, w["fc2.weight"], self.logits, trans_b=True, epilogue="bias", bias=w["fc2.bias"]),
+            "dW2": mm(self.dlogits, self.h1, g["fc2.weight"], trans_a=True, epilogue="bgradb", bias=g["fc2.bias"]),
+            "dh1": mm(self.dlogits, w["fc2.weight"], self.dh1, epilogue="drelu", aux=aux),
+            "dW1": mm(self.dh1, self.x, g["fc1.weight"], trans_a=True, epilogue="bgradb", bias=g["fc1.bias"]),
+            "dp2": mm(self.dh1, w["fc1.weight"], self.dx),
         }
 
     def forward(self) -> None:

@@ -132,6 +132,9 @@ class Cudnn:
     def refuses(self, op, policy) -> str | None:
         if policy.engine == "ours":
             return "engine ours runs no cuDNN convolution"
+        if op.models > 1:   # Note [packs] in lenet/ops.py
+            return (f"runs one model per call; a pack of {op.models} runs on our kernels, which take the model "
+                    f"from their grid")
         theirs = [name for name, owner in policy.owners().items() if owner is not None]
         if theirs:
             return f"--algo names {theirs[0]}, not a cuDNN algorithm"

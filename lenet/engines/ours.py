@@ -29,6 +29,7 @@ import numpy as np
 
 from descriptors.algorithms import AlgorithmNotSupportedError, UnknownAlgorithmError
 
+from .. import params as P
 from ..kernels import SoftmaxCE, prefetch, sgd_launch, sm_count, source_digest
 from ..kernels import head as head_kernels
 from ..kernels import stages
@@ -81,6 +82,9 @@ class Ours:
             return f"engine {policy.engine} runs cuDNN only"
         if not policy.fused:
             return "fusion is off (--no-fused), and our stages and head are fused kernels"
+        if op.kind == "head" and op.models > 1:
+            return (f"our head runs one model; a pack of {op.models} runs its head as cuBLASLt's batched "
+                    f"matmuls")
         if op.kind != "stage":
             return None
         if policy.chunk is not None:
@@ -140,7 +144,9 @@ class Ours:
         if op.kind == "head":
             return self._head(op, n, candidate, planner)
         if op.kind == "loss":
-            return PlannedLoss(op.tensors, n, self._scratch(planner, "sce", SoftmaxCE), planner.stream)
+            K = op.models
+            sce = self._scratch(planner, ("sce", K), lambda: SoftmaxCE(models=K))
+            return PlannedLoss(op.tensors, n, sce, planner.stream, K)
         return PlannedUpdate(op.tensors, planner.stream)
 
     @staticmethod
@@ -224,25 +230,26 @@ class Ours:
 
     def _stage(self, op, n: int, planner) -> "OursStagePlan":
         spec, ks, stream, side = op.spec, stages.for_spec(op.spec), planner.stream, planner.side
+        K = op.models   # a pack: Note [model from the grid] in lenet/kernels/stage_common.cu
 
         def make():
             import cupy
 
-            rows = max(stages.BACKWARD_BLOCKS_PER_SM) * sm_count()
-            return {"arg": cupy.zeros((op.max_batch, *spec.y), cupy.uint8),   # (N, K, H/2, W/2) argmax bytes
-                    "part": cupy.zeros((rows, ks.width), cupy.float32)}      # (blocks, mw + mb) partial sums
+            rows = max(stages.BACKWARD_BLOCKS_PER_SM) * sm_count() + K   # a pack's grids round up per model
+            return {"arg": cupy.zeros((K * op.max_batch, *spec.y), cupy.uint8),   # (N, K, H/2, W/2) argmax bytes
+                    "part": cupy.zeros((rows, ks.width), cupy.float32)}          # (blocks, mw + mb) partial sums
         own = self._scratch(planner, ("stage", op.name), make)
-        t, arg = op.tensors.rows(n), own["arg"][:n]
-        fwds, bwds = self.stage_candidates(spec, planner.policy, n)
+        t, arg = op.tensors.rows(K * n), own["arg"][: K * n]
+        fwds, bwds = self.stage_candidates(spec, planner.policy, K * n)   # a pack fills the GPU as K n images do
         prefetch({ks.forward[c.version].name for c in fwds} | {ks.backward[c.version].name for c in bwds})   # at once
 
         def forward(c):
-            run = stages.stage_forward(ks, c, n, stream, t.x, t.w, t.b, t.y, arg)
+            run = stages.stage_forward(ks, c, n, stream, t.x, t.w, t.b, t.y, arg, K, P.TOTAL)
             return run, run
 
         def backward(c):   # the reduction goes to the side stream only while the grid leaves SMs idle
             run = stages.stage_backward(ks, c, n, stream, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx,
-                                        side if side.fits(c.grid(n)) else None)
+                                        side if side.fits(K * c.grid(n, K)) else None, K, P.TOTAL)
             return run, side.joined(run)
         fwd = self._direction(op, n, "fwd", fwds, forward, planner)
         bwd = self._direction(op, n, "bwd", bwds, backward, planner, before=fwd.best.plan)
@@ -335,22 +342,24 @@ class PlannedLoss:
     engine = "ours"
     workspace_bytes = 0
 
-    def __init__(self, t, n: int, sce: SoftmaxCE, stream):
-        self.n, self.t, self.sce, self.stream = n, t, sce, stream
-        self.logits, self.labels, self.dlogits = t.logits[:n], t.labels[:n], t.dlogits[:n]
+    def __init__(self, t, n: int, sce: SoftmaxCE, stream, models: int = 1):
+        self.n, self.t, self.sce, self.stream, self.models = n, t, sce, stream, models
+        rows = models * n   # a pack's models one after another (Note [packs] in lenet/ops.py)
+        self.logits, self.labels, self.dlogits = t.logits[:rows], t.labels[:rows], t.dlogits[:rows]
 
     def train(self) -> None:
         t, n = self.t, self.n
         with self.stream:
             self.sce.forward_backward(self.logits, self.labels, self.dlogits, t.loss, t.correct, n,
                                       grad_scale=1.0 / n, loss_scale=1.0 / n, running=t.running,
-                                      label_smoothing=t.label_smoothing)
+                                      label_smoothing=t.label_smoothing, models=self.models)
 
     def evaluate(self, mean_with=None) -> None:
         t, n = self.t, self.n
         with self.stream:
             self.sce.forward_backward(self.logits, self.labels, None, t.loss, t.correct, n,
-                                      grad_scale=1.0 / n, loss_scale=1.0, accumulate=True, mean_with=mean_with)
+                                      grad_scale=1.0 / n, loss_scale=1.0, accumulate=True, mean_with=mean_with,
+                                      models=self.models)
 
     def describe(self) -> list[dict]:
         return [{"layer": "loss", "op": "softmax-CE fwd+bwd", "engine": "ours", "algo": "softmax_ce_kernel",
@@ -368,7 +377,7 @@ class PlannedUpdate:
     def __init__(self, t, stream):
         self.t = t
         self._launch = sgd_launch(stream, t.params, t.grads, t.velocity, t.lr, t.momentum, t.weight_decay,
-                                  t.nesterov, t.ema, t.ema_decay or 0.0)
+                                  t.nesterov, t.ema, t.ema_decay or 0.0, t.models, t.hyper)
 
     def __call__(self) -> None:
         self._launch()

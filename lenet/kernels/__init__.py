@@ -178,46 +178,55 @@ class SoftmaxCE:
     """Scratch for the softmax-CE kernel, or for a kernel that runs its reduction (the head's forward):
     one partial sum per block of up to ``blocks`` blocks, and the ticket (zeroed once)."""
 
-    def __init__(self, blocks: int = SCE_MAX_BLOCKS):
+    def __init__(self, blocks: int = SCE_MAX_BLOCKS, models: int = 1):
         import cupy
 
-        self.blocks = int(blocks)
-        self.partial_loss = cupy.zeros(self.blocks, dtype=cupy.float32)    # (blocks,)
-        self.partial_correct = cupy.zeros(self.blocks, dtype=cupy.int32)   # (blocks,)
-        self.ticket = cupy.zeros(1, dtype=cupy.uint32)                     # (1,)
+        self.blocks, self.models = int(blocks), int(models)
+        self.partial_loss = cupy.zeros(self.blocks * self.models, dtype=cupy.float32)    # (models, blocks)
+        self.partial_correct = cupy.zeros(self.blocks * self.models, dtype=cupy.int32)   # (models, blocks)
+        self.ticket = cupy.zeros(self.models, dtype=cupy.uint32)                         # (models,)
         self._fn = kernel("softmax_ce", "softmax_ce_kernel")
 
     def forward_backward(self, logits, labels, dlogits, out, correct, n: int, *,
                          grad_scale: float, loss_scale: float, accumulate: bool = False, running=None,
-                         label_smoothing: float = 0.0, mean_with=None) -> None:
+                         label_smoothing=0.0, mean_with=None, models: int = 1) -> None:
         """out[0] = loss_scale * sum of row losses (+ out[0] when accumulating);
         dlogits = grad_scale * (softmax - target), unless dlogits is None;
         running[0] += the same loss, when running is given. The target is the one-hot label,
         smoothed by ``label_smoothing`` as PyTorch's cross_entropy does. With ``mean_with``
-        (same shape as logits), the logits scored are (logits + mean_with) / 2."""
+        (same shape as logits), the logits scored are (logits + mean_with) / 2. A pack of ``models``
+        models has n rows each, one after another, and its own totals out[m], correct[m], running[m];
+        its ``label_smoothing`` may be a device array (models,)."""
         classes = logits.shape[1]
+        if models > self.models:
+            raise ValueError(f"softmax-CE scratch made for {self.models} models, asked for {models}")
         blocks = max(1, min(self.blocks, (n + SCE_THREADS - 1) // SCE_THREADS))
-        self._fn((blocks,), (SCE_THREADS,), (
+        per_model = hasattr(label_smoothing, "data")
+        self._fn((blocks, models), (SCE_THREADS,), (
             logits, np.uint64(mean_with.data.ptr if mean_with is not None else 0), labels,
             np.uint64(dlogits.data.ptr if dlogits is not None else 0), out, correct,
             self.partial_loss, self.partial_correct, self.ticket,
             np.uint64(running.data.ptr if running is not None else 0), np.int32(n), np.int32(classes),
             np.float32(grad_scale), np.float32(loss_scale), np.int32(1 if accumulate else 0),
-            np.float32(label_smoothing)))
+            np.float32(0.0 if per_model else label_smoothing),
+            np.uint64(label_smoothing.data.ptr if per_model else 0)))
 
 
 def sgd_launch(stream, params, grads, velocity, lr_dev, momentum: float, weight_decay: float, nesterov: bool = False,
-               ema=None, ema_decay: float = 0.0):
+               ema=None, ema_decay: float = 0.0, models: int = 1, hyper=None):
     """A launch (lenet.kernels.launch.Launch) on ``stream`` of: params -= lr * (momentum-smoothed grads +
     weight_decay * params), Nesterov momentum when asked; and ema += (1 - ema_decay) * (params - ema)
-    when ema is given."""
+    when ema is given. A pack of ``models`` models: the buffers are (models, size), lr_dev (models,),
+    and ``hyper`` (models, 4) on the device their momentum, weight decay, nesterov, 1 - ema decay
+    (sgd.cu)."""
     from .launch import Launch
 
-    n = params.size
-    blocks = max(1, min(sm_count(), (n + SGD_THREADS - 1) // SGD_THREADS))   # one wave: Note [programmatic launch]
-    return Launch(kernel("sgd", "sgd_kernel"), (blocks,), (SGD_THREADS,), (
+    n = params.size // models
+    blocks = max(1, min(-(-sm_count() // models), (n + SGD_THREADS - 1) // SGD_THREADS))   # one wave: Note [programmatic launch]
+    return Launch(kernel("sgd", "sgd_kernel"), (blocks, models), (SGD_THREADS,), (
         params, grads, velocity, lr_dev, np.float32(momentum), np.float32(weight_decay), np.int32(bool(nesterov)),
-        np.uint64(ema.data.ptr if ema is not None else 0), np.float32(1.0 - ema_decay), np.int32(n)), stream)
+        np.uint64(ema.data.ptr if ema is not None else 0), np.float32(1.0 - ema_decay), np.int32(n),
+        np.uint64(hyper.data.ptr if hyper is not None else 0)), stream)
 
 
 @dataclass(frozen=True)
@@ -256,6 +265,21 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
         np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0),
         np.int32(a.shift), np.int32(2 if a.mirror else int(bool(a.flip))), np.uint32(a.seed & 0xFFFFFFFF),
         np.uint32(epoch & 0xFFFFFFFF)))
+
+
+def gather_pack(images, labels, orders, start: int, n: int, mean: float, std: float, x, y, aug, epochs,
+                lr_table, lr_at, step: int, lr_out) -> None:
+    """A pack's batch in one launch (data.cu's gather_pack_kernel): model m's rows [m n, (m + 1) n) of
+    x and y from its own order orders[m], augmented by aug[m] = (shift, flip, seed) with the draws of
+    epochs[m]; lr_out[m] = lr_table[lr_at[m] + step] (lr_out None: no rate, as an evaluation gathers)."""
+    models, size = orders.shape
+    threads = 256
+    blocks = max(1, min(-(-4096 // models), (n * 784 + threads - 1) // threads))
+    def ptr(a):
+        return np.uint64(0 if a is None else a.data.ptr)
+    kernel("data", "gather_pack_kernel")((blocks, models), (threads,), (
+        images, labels, orders, np.int32(size), np.int32(start), np.int32(n), np.float32(mean), np.float32(std),
+        x, y, aug, epochs, ptr(lr_table), ptr(lr_at), np.int32(step), ptr(lr_out)))
 
 
 DISTANCE_THREADS, DISTANCE_BLOCKS = 256, 264

@@ -53,6 +53,45 @@ extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__
     if (lr_out && blockIdx.x == 0 && threadIdx.x == 0) lr_out[0] = lr;
 }
 
+// A pack of K models (lenet sweep), one launch of gridDim.y = K: model m's batch goes to rows
+// [m * n, (m + 1) * n) of x and y, gathered from its own order orders[m * size + start + b], augmented
+// by its own flags aug[3 m + 0..2] = shift, flip, seed with the draws of its own epoch epochs[m];
+// and lr_out[m] = lr_table[lr_at[m] + step], its schedule's rate at its own step (the host writes
+// orders, epochs and lr_at once an epoch, and the whole schedule once).
+extern "C" __global__ void gather_pack_kernel(const unsigned char* __restrict__ images,
+                                              const unsigned char* __restrict__ labels,
+                                              const int* __restrict__ orders, int size, int start, int n,
+                                              float mean, float std, float* __restrict__ x, int* __restrict__ y,
+                                              const int* __restrict__ aug, const int* __restrict__ epochs,
+                                              const float* __restrict__ lr_table, const int* __restrict__ lr_at,
+                                              int step, float* __restrict__ lr_out) {
+    const int pixels = 28 * 28, m = blockIdx.y;
+    const int total = n * pixels;
+    const int shift = aug[3 * m], flip = aug[3 * m + 1];
+    const unsigned int seed = (unsigned int)aug[3 * m + 2], epoch = (unsigned int)epochs[m];
+    const unsigned int span = 2u * (unsigned int)shift + 1u;
+    const int* order = orders + (size_t)m * size;
+    x += (size_t)m * total;
+    y += (size_t)m * n;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
+        const int b = i / pixels, p = i - b * pixels;
+        const long src = order[start + b];
+        int r = p / 28, c = p - r * 28;
+        if (shift > 0 || flip) {
+            const unsigned int h = lenet_hash(seed, epoch, (unsigned int)(start + b));
+            const int dx = (int)(h % span) - shift, dy = (int)((h / span) % span) - shift;
+            if (flip == 2 || (flip == 1 && ((h >> 24) & 1u))) c = 27 - c;
+            r -= dy;
+            c -= dx;
+        }
+        const bool inside = r >= 0 && r < 28 && c >= 0 && c < 28;
+        const unsigned char v = inside ? images[src * pixels + r * 28 + c] : (unsigned char)0;
+        x[i] = ((float)v / 255.0f - mean) / std;
+        if (p == 0) y[b] = (int)labels[src];
+    }
+    if (lr_out && blockIdx.x == 0 && threadIdx.x == 0) lr_out[m] = lr_table[lr_at[m] + step];
+}
+
 // count[0] += how many of x[0..n) are NaN or infinite: a check of a batch already on the GPU
 // (lenet/model.py, check_batch), one atomic add per warp that found any (an integer count: the
 // order of the adds does not matter). Any grid and block size, a multiple of 32 threads. Thread i

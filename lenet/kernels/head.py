@@ -77,7 +77,7 @@ class HeadLaunches:
         rows = t.grads if ranges == 1 else part   # one range writes the gradients themselves (same layout)
         wargs = (x, h1, dh1, dlogits, rows, np.int32(WIDTH), np.int32(off["fc1.bias"]),
                  np.int32(off["fc2.weight"]), np.int32(off["fc2.bias"]), np.int32(n), np.int32(per))
-        rargs = (part, t.grads, t.grads, np.int32(ranges), np.int32(WIDTH), np.int32(0))
+        rargs = (part, t.grads, t.grads, np.int32(ranges), np.int32(WIDTH), np.int32(0), np.int32(0))
         beside = side.fits(120 * ranges)   # decided here, not at every call (Note [side stream])
         on = side.stream if beside else stream
         weights_ = Launch(wts, (120, ranges), (256,), wargs, on)

@@ -11,9 +11,23 @@
 extern "C" __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g,
                                       float* __restrict__ v, const float* __restrict__ lr,
                                       float momentum, float weight_decay, int nesterov,
-                                      float* __restrict__ ema, float ema_weight, int n) {
+                                      float* __restrict__ ema, float ema_weight, int n,
+                                      const float* __restrict__ hyper) {
     griddep_entry();
-    const float rate = lr[0];
+    // A pack of models (lenet sweep) is gridDim.y = K: model m's buffers are n floats after model
+    // m - 1's, its learning rate lr[m], and hyper (when given) holds its constants: hyper[4 m + 0..3] =
+    // momentum, weight decay, nesterov (0 or 1), ema weight; an ema weight of 1 copies the weights
+    // (a model of the pack that keeps no average evaluates the same buffer as the others).
+    const int m = blockIdx.y;
+    if (m) {
+        p += (size_t)m * n; g += (size_t)m * n; v += (size_t)m * n;
+        if (ema) ema += (size_t)m * n;
+    }
+    if (hyper) {
+        momentum = hyper[4 * m]; weight_decay = hyper[4 * m + 1];
+        nesterov = hyper[4 * m + 2] != 0.f; ema_weight = hyper[4 * m + 3];
+    }
+    const float rate = lr[m];
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         float d = g[i] + weight_decay * p[i];
         if (momentum != 0.f) {
@@ -23,7 +37,7 @@ extern "C" __global__ void sgd_kernel(float* __restrict__ p, const float* __rest
         }
         const float q = p[i] - rate * d;
         p[i] = q;
-        if (ema) ema[i] = ema[i] + ema_weight * (q - ema[i]);
+        if (ema) ema[i] = ema_weight == 1.f ? q : ema[i] + ema_weight * (q - ema[i]);
     }
 }
 

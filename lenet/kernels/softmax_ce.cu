@@ -13,9 +13,24 @@ softmax_ce_kernel(const float* __restrict__ logits,
                   float* __restrict__ out, int* __restrict__ correct,
                   float* __restrict__ partial_loss, int* __restrict__ partial_correct,
                   unsigned int* __restrict__ ticket, float* __restrict__ running,
-                  int n, int classes, float grad_scale, float loss_scale, int accumulate, float eps) {
+                  int n, int classes, float grad_scale, float loss_scale, int accumulate, float eps,
+                  const float* __restrict__ eps_models) {   // may be null: eps for every model
     __shared__ float sv[SCE_THREADS];
     __shared__ int sc[SCE_THREADS];
+    // A pack of models (lenet sweep) is gridDim.y = K: model m's rows are [m * n, (m + 1) * n), its
+    // totals out[m], correct[m], running[m], its partial sums gridDim.x after model m - 1's, its ticket
+    // ticket[m], its label smoothing eps_models[m] (Note [model from the grid] in stage_common.cu).
+    const int m = blockIdx.y;
+    if (m) {
+        logits += (size_t)m * n * classes;
+        if (logits2) logits2 += (size_t)m * n * classes;
+        if (dlogits) dlogits += (size_t)m * n * classes;
+        labels += (size_t)m * n;
+        out += m; correct += m; ticket += m;
+        if (running) running += m;
+        partial_loss += (size_t)m * gridDim.x; partial_correct += (size_t)m * gridDim.x;
+    }
+    if (eps_models) eps = eps_models[m];
     float loss = 0.f;
     int hits = 0;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {

@@ -22,8 +22,11 @@
 extern "C" __global__ void __launch_bounds__(S1B_THREADS)
 stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restrict__ arg,
                        const float* __restrict__ dp, float* __restrict__ part, float* __restrict__ dw,
-                       float* __restrict__ db, int N) {
+                       float* __restrict__ db, int N, int ps) {
   griddep_entry();
+  PACK_MODEL(x, (size_t)N * S1_IMAGE); PACK_MODEL(arg, (size_t)N * S1_POOLED);   // Note [model from the grid]
+  PACK_MODEL(dp, (size_t)N * S1_POOLED); PACK_MODEL(part, (size_t)gridDim.x * 156);
+  PACK_MODEL(dw, ps); PACK_MODEL(db, ps);
   __shared__ float sx[28 * S1_RS];
   __shared__ float2 sgo[S1_POOLED];
   const int t = threadIdx.x, k = t >> 5, lane = t & 31;

@@ -5,8 +5,10 @@
 // Shared: sx (imgs * 784 floats, dynamic) the group's images; sw (150), sb (6) weights and bias.
 extern "C" __global__ void __launch_bounds__(576)
 stage1_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                      float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+                      float* __restrict__ p, unsigned char* __restrict__ arg, int N, int ps) {
   griddep_entry();
+  PACK_MODEL(x, (size_t)N * S1_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(b, ps);   // Note [model from the grid]
+  PACK_MODEL(p, (size_t)N * S1_POOLED); PACK_MODEL(arg, (size_t)N * S1_POOLED);
   extern __shared__ float sx[];
   __shared__ float sw[150];
   __shared__ float sb[6];

@@ -77,8 +77,11 @@ template <int KS>
 __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, const float* __restrict__ w,
                                                 const unsigned char* __restrict__ arg, const float* __restrict__ dp,
                                                 float* __restrict__ dx, float* __restrict__ part,
-                                                float* __restrict__ dw, float* __restrict__ db, int N) {
+                                                float* __restrict__ dw, float* __restrict__ db, int N, int ps) {
   griddep_entry();
+  PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(arg, (size_t)N * S2_POOLED);   // Note [model from the grid]
+  PACK_MODEL(dp, (size_t)N * S2_POOLED); PACK_MODEL(dx, (size_t)N * S2_IMAGE);
+  PACK_MODEL(part, (size_t)gridDim.x * (S2_WEIGHTS + 16)); PACK_MODEL(dw, ps); PACK_MODEL(db, ps);
   constexpr int THREADS = 160 * KS, KN = 16 / KS;
   constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
   __shared__ float sw[S2_WEIGHTS];
@@ -216,16 +219,16 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
 extern "C" __global__ void __launch_bounds__(160, S2B_MIN_BLOCKS)
 stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
                        const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part,
-                       float* __restrict__ dw, float* __restrict__ db, int N) {
-  stage2_backward<1>(x, w, arg, dp, dx, part, dw, db, N);
+                       float* __restrict__ dw, float* __restrict__ db, int N, int ps) {
+  stage2_backward<1>(x, w, arg, dp, dx, part, dw, db, N, ps);
 }
 #elif S2B_KS == 2
 extern "C" __global__ void __launch_bounds__(320)
 stage2_backward_split_kernel(const float* __restrict__ x, const float* __restrict__ w,
                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
                              float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
-                             float* __restrict__ db, int N) {
-  stage2_backward<2>(x, w, arg, dp, dx, part, dw, db, N);
+                             float* __restrict__ db, int N, int ps) {
+  stage2_backward<2>(x, w, arg, dp, dx, part, dw, db, N, ps);
 }
 #elif S2B_KS == 4
 // Note [registers of the split kernel]: 640 threads at 72 registers take 46 K of an SM's 64 K
@@ -238,8 +241,8 @@ extern "C" __global__ void __maxnreg__(72)
 stage2_backward_split4_kernel(const float* __restrict__ x, const float* __restrict__ w,
                               const unsigned char* __restrict__ arg, const float* __restrict__ dp,
                               float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
-                              float* __restrict__ db, int N) {
-  stage2_backward<4>(x, w, arg, dp, dx, part, dw, db, N);
+                              float* __restrict__ db, int N, int ps) {
+  stage2_backward<4>(x, w, arg, dp, dx, part, dw, db, N, ps);
 }
 #else
 #error "S2B_KS must be 1, 2 or 4"

@@ -4,8 +4,10 @@
 // Shared (dynamic): sw (2400) the weights, then sx (imgs * 864) the group's images; sb (16) the bias.
 extern "C" __global__ void __launch_bounds__(512)
 stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                      float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+                      float* __restrict__ p, unsigned char* __restrict__ arg, int N, int ps) {
   griddep_entry();
+  PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(b, ps);   // Note [model from the grid]
+  PACK_MODEL(p, (size_t)N * S2_POOLED); PACK_MODEL(arg, (size_t)N * S2_POOLED);
   extern __shared__ float smem[];
   float* sw = smem;
   float* sx = smem + S2_WEIGHTS;

@@ -10,8 +10,10 @@
 // 4), then sx (imgs * 864) the group's images.
 extern "C" __global__ void __launch_bounds__(512)
 stage2_forward_tiled_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                            float* __restrict__ p, unsigned char* __restrict__ arg, int N) {
+                            float* __restrict__ p, unsigned char* __restrict__ arg, int N, int ps) {
   griddep_entry();
+  PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(b, ps);   // Note [model from the grid]
+  PACK_MODEL(p, (size_t)N * S2_POOLED); PACK_MODEL(arg, (size_t)N * S2_POOLED);
   extern __shared__ float4 smem4[];
   float* swt = reinterpret_cast<float*>(smem4);
   float* sx = swt + S2_WEIGHTS;

@@ -34,5 +34,12 @@
 #define S2_POOLED 256   // 16 * 4 * 4
 #define S2_WEIGHTS 2400 // 16 * 6 * 5 * 5
 
+// Note [model from the grid]: a pack of K models (lenet sweep) runs as one launch of gridDim.y = K.
+// Model m's images are rows [m * N, (m + 1) * N) of every activation (N: images per model); its
+// parameters and their gradients lie ps floats after model m - 1's (the flat buffers are (K, ps));
+// its rows of partial sums, gridDim.x rows after model m - 1's. Each kernel moves its pointers to its
+// model's first, and the rest of it is the one-model kernel. A grid of one model is blockIdx.y = 0.
+#define PACK_MODEL(ptr, per) ((ptr) = (ptr) ? (ptr) + (size_t)blockIdx.y * (size_t)(per) : (ptr))
+
 // ReLU of a window's maximum that keeps a NaN (fmaxf would turn it into 0 and hide a diverged run).
 __device__ __forceinline__ float relu_keep_nan(float v) { return (v > 0.f || v != v) ? v : 0.f; }

@@ -6,8 +6,9 @@
 // one thread per column looping over every row took ~30 us for 528 rows (ncu, batch 8192).
 extern "C" __global__ void __launch_bounds__(256)
 stage_reduce_kernel(const float* __restrict__ part, float* __restrict__ dw, float* __restrict__ db,
-                    int rows, int mw, int mb) {
+                    int rows, int mw, int mb, int ps) {
   griddep_entry();
+  PACK_MODEL(part, (size_t)rows * (mw + mb)); PACK_MODEL(dw, ps); PACK_MODEL(db, ps);   // Note [model from the grid]
   __shared__ float sums[8][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, m = mw + mb;
   const int i = blockIdx.x * 32 + lane;

@@ -50,8 +50,9 @@ class Forward:
     def name(self) -> str:
         return f"fused-fwd-v{self.version + 1}-i{self.images}-g{self.per_sm}"
 
-    def grid(self, n: int) -> int:
-        return max(1, min(-(-n // self.images), self.per_sm * sm_count()))
+    def grid(self, n: int, models: int = 1) -> int:
+        """Blocks per model (Note [model from the grid] in stage_common.cu): a pack shares the SMs."""
+        return max(1, min(-(-n // self.images), -(-self.per_sm * sm_count() // models)))
 
 
 @dataclass(frozen=True)
@@ -63,8 +64,9 @@ class Backward:
     def name(self) -> str:
         return f"fused-bwd-v{self.version + 1}-g{self.per_sm}"
 
-    def grid(self, n: int) -> int:
-        return max(1, min(n, self.per_sm * sm_count()))
+    def grid(self, n: int, models: int = 1) -> int:
+        """Blocks per model (Note [model from the grid] in stage_common.cu): a pack shares the SMs."""
+        return max(1, min(n, -(-self.per_sm * sm_count() // models)))
 
 
 @dataclass(frozen=True)
@@ -177,29 +179,32 @@ def function(module):
     return kernel(module.name, module.kernel)
 
 
-def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, arg) -> Launch:
-    """A launch of the stage's forward on the first n images, on ``stream``."""
+def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, arg, models: int = 1,
+                  ps: int = 0) -> Launch:
+    """A launch of the stage's forward on the first n images of each of ``models`` models (their
+    parameters ``ps`` floats apart: Note [model from the grid] in stage_common.cu), on ``stream``."""
     m = ks.forward[cand.version]
-    grid, threads = cand.grid(n), m.threads * cand.images
-    return Launch(function(m), (grid,), (threads,), (x, w, b, y, arg, np.int32(n)), stream, m.smem_bytes(cand.images))
+    grid, threads = cand.grid(n, models), m.threads * cand.images
+    return Launch(function(m), (grid, models), (threads,), (x, w, b, y, arg, np.int32(n), np.int32(ps)), stream,
+                  m.smem_bytes(cand.images))
 
 
 def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
-                   side=None):
+                   side=None, models: int = 1, ps: int = 0):
     """A zero-argument launch of the stage's backward on ``stream``, then the reduction of its partial
     sums: on ``side`` (lenet.plan.SideStream, Note [side stream]) when given, else on ``stream``. A grid
     of one block writes dw and db itself, and no reduction runs."""
     m = ks.backward[cand.version]
-    fn, reduce, grid = function(m), kernel("stage_reduce", "stage_reduce_kernel"), cand.grid(n)
-    if part.shape[0] < grid:
-        raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid}")
-    args = ((x, arg, dy, part, dw, db, np.int32(n)) if dx is None else
-            (x, w, arg, dy, dx, part, dw, db, np.int32(n)))
-    red = (part, dw, db, np.int32(grid), np.int32(ks.mw), np.int32(ks.mb))
-    backward = Launch(fn, (grid,), (m.threads,), args, stream)
+    fn, reduce, grid = function(m), kernel("stage_reduce", "stage_reduce_kernel"), cand.grid(n, models)
+    if part.shape[0] < grid * models:
+        raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid * models}")
+    args = ((x, arg, dy, part, dw, db, np.int32(n), np.int32(ps)) if dx is None else
+            (x, w, arg, dy, dx, part, dw, db, np.int32(n), np.int32(ps)))
+    red = (part, dw, db, np.int32(grid), np.int32(ks.mw), np.int32(ks.mb), np.int32(ps))
+    backward = Launch(fn, (grid, models), (m.threads,), args, stream)
     if grid == 1:
         return backward
-    summed = Launch(reduce, (-(-ks.width // 32),), (256,), red, stream if side is None else side.stream)
+    summed = Launch(reduce, (-(-ks.width // 32), models), (256,), red, stream if side is None else side.stream)
 
     def run():
         backward()
