@@ -12,6 +12,7 @@ PROGRAMS = (
     ("train_step", "lenet-train-step", "one SGD step on one batch: engines, plans, chunks, times, losses"),
     ("export", "lenet-export", "a checkpoint's parameters as .safetensors or .npz, PyTorch's names and shapes"),
     ("predict", "lenet-predict", "classify IDX images or PNG/JPEG pictures with a checkpoint"),
+    ("sweep", "lenet-sweep", "train many configurations at once, K models a step: a grid, or an Optuna study"),
 )
 
 
@@ -42,6 +43,16 @@ def train_step() -> None:
     run()
 
 
+def sweep() -> None:
+    """The lenet-sweep command, started as python -m lenet.sweep is."""
+    from . import plot, startup
+
+    startup.begin(then=plot.start_early)
+    from .sweep import run
+
+    run()
+
+
 def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -64,6 +75,8 @@ def main(argv=None) -> int:
         train()
     elif module == "train_step":
         train_step()
+    elif module == "sweep":
+        sweep()
     else:
         __import__(f"lenet.{module}", fromlist=["run"]).run()
     return 0

@@ -90,6 +90,16 @@ def bytes_per_image(policy: Policy | None = None, models: int = 1) -> int:
     return own + sum(e.scratch_per_image(op) for op in ops for e in registry.serving(op, policy)[0])
 
 
+def check_pack(policy: Policy, models: int) -> None:
+    """A one-line ValueError, before any GPU work, when no engine runs some operation of a pack of ``models``
+    models under ``policy`` (the engines' own rules: Note [packs] in lenet/ops.py)."""
+    for op in [Stage(spec, None, 1, models) for spec in STAGES] + [Head(None, None, 1, models)]:
+        engines, why = registry.serving(op, policy)
+        if not engines:
+            raise ValueError(f"no engine runs the {op.kind} {op.name} of a pack of {models} models under this policy: "
+                             + "; ".join(f"{k} {v}" for k, v in why.items()))
+
+
 def models_that_fit(max_batch: int, free_bytes: int, policy: Policy | None = None) -> int:
     """How many models of ``max_batch`` images a pack may hold in ``free_bytes`` (check_memory's margin)."""
     return max(0, int((0.9 * free_bytes - (256 << 20)) // (max_batch * bytes_per_image(policy, 2))))

@@ -79,6 +79,31 @@ class Curves:
         return buf.getvalue()
 
 
+def sweep_png(curves: list[dict], split: str) -> bytes:
+    """A sweep's figure (lenet sweep): every model's accuracy per epoch on ``split``, the best drawn out;
+    each curve {"label", "accuracy": [fractions], "best": bool}."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for c in sorted(curves, key=lambda c: c.get("best", False)):   # the best last: on top
+        ep = list(range(1, len(c["accuracy"]) + 1))
+        acc = [100 * a for a in c["accuracy"]]
+        if c.get("best"):
+            ax.plot(ep, acc, "o-", color="C3", lw=2.2, label=f"best: {c['label']}", zorder=3)
+        else:
+            ax.plot(ep, acc, "-", color="0.6", lw=0.8, alpha=0.6)
+    finals = [100 * c["accuracy"][-1] for c in curves if c["accuracy"]]
+    if finals:   # the interesting band: from a little under the median final accuracy to the top
+        ax.set_ylim(max(0.0, float(sorted(finals)[len(finals) // 2]) - 4.0), min(100.0, max(finals) + 0.5))
+    ax.set_xlabel("epoch"), ax.set_ylabel(f"{split} accuracy (%)"), ax.grid(alpha=0.3)
+    ax.set_title(f"lenet sweep: {len(curves)} models")
+    if any(c.get("best") for c in curves):
+        ax.legend(loc="lower right", fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, pil_kwargs={"compress_level": 1})
+    plt.close(fig)
+    return buf.getvalue()
+
+
 class Plotter:
     """The trainer's side: ``draw(history)`` asks the child for a drawing of ``path`` (None: the path
     is told later, ``path = ...``, before the first drawing) and returns at once; ``close()`` waits
@@ -101,6 +126,16 @@ class Plotter:
             self._proc.stdin.write(json.dumps({"path": str(self.path), "history": history}) + "\n")
             self._proc.stdin.flush()
         except OSError:   # the child is gone; close() says why
+            self._broken = True
+
+    def draw_sweep(self, curves: list[dict], split: str) -> None:
+        """A sweep's figure (sweep_png) at ``path``."""
+        if self._broken:
+            return
+        try:
+            self._proc.stdin.write(json.dumps({"path": str(self.path), "sweep": curves, "split": split}) + "\n")
+            self._proc.stdin.flush()
+        except OSError:
             self._broken = True
 
     def discard(self) -> None:
@@ -163,7 +198,8 @@ def main(argv=None) -> int:
     for line in sys.stdin:
         if line.strip():
             ask = json.loads(line)
-            files.write_atomic(Path(ask["path"]), curves.png(ask["history"]))
+            png = sweep_png(ask["sweep"], ask["split"]) if "sweep" in ask else curves.png(ask["history"])
+            files.write_atomic(Path(ask["path"]), png)
     return 0
 
 

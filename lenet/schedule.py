@@ -44,3 +44,22 @@ class Schedule:
         if self.kind == "cosine":
             return self.lr * 0.5 * (1.0 + math.cos(math.pi * min(it, total_iters) / max(total_iters, 1)))
         return self.lr * (1.0 + self.gamma * it) ** (-self.power)
+
+    def table(self, iters_per_epoch: int, total_iters: int):
+        """``at(it)`` for it in range(total_iters) as one float64 array, computed at once (a sweep's pack
+        writes every model's whole schedule to the GPU once: lenet/sweep.py). The same arithmetic as
+        ``at``, elementwise."""
+        import numpy as np
+
+        it = np.arange(total_iters, dtype=np.float64)
+        if self.kind == "constant":
+            lr = np.full(total_iters, self.lr)
+        elif self.kind == "step":
+            lr = self.lr * self.step_gamma ** ((np.arange(total_iters) // iters_per_epoch) // self.step_size)
+        elif self.kind == "cosine":
+            lr = self.lr * 0.5 * (1.0 + np.cos(np.pi * np.minimum(it, total_iters) / max(total_iters, 1)))
+        else:
+            lr = self.lr * (1.0 + self.gamma * it) ** (-self.power)
+        if self.warmup > 0:
+            lr = lr * np.minimum(1.0, (it + 1) / self.warmup)
+        return lr

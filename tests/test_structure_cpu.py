@@ -22,8 +22,9 @@ FLOORS = [
     ("lenet.engines",),
     ("lenet.plan",),
     ("lenet.model",),
+    ("lenet.pack",),
     ("lenet.cli", "lenet.startup", "lenet.plot", "lenet.train", "lenet.train_step", "lenet.export", "lenet.predict",
-     "lenet.torch", "lenet.__main__"),
+     "lenet.torch", "lenet.__main__", "lenet.sweep", "lenet.study", "lenet.sweep_results"),
 ]
 
 

@@ -1,0 +1,346 @@
+"""Many LeNets at once: K training configurations of one batch size and epoch count, trained together
+by one model of K models (LeNet(models=K), Note [packs] in lenet/ops.py), every step one CUDA graph.
+
+    from lenet.pack import Config, Pack
+    pack = Pack([Config(seed=s) for s in range(16)], train, valid)   # GpuDatasets on pack.stream
+    results = pack.run()     # one Result per configuration: accuracy per epoch, final weights
+
+Each model keeps what a lone `lenet train` run with its flags has: its own initialization and data order
+(its seed), its own learning-rate schedule, momentum, Nesterov, weight decay, label smoothing, moving
+average and augmentation. The data stays on the GPU once; each model gathers its own batch from its
+own permutation (lenet/kernels/data.cu, gather_pack_kernel), so a model sees the batches its lone run
+would. A slot whose model is done (or pruned: lenet/study.py) may take another configuration at an
+epoch's end, with its own step counter and schedule from 0 (``assign``).
+
+Note [pack schedule]: a model's learning rate at each of its steps is written to the GPU once, as one row
+of a (K, steps) table: the gather kernel of each step writes lr[m] = table[m, its step], so a captured
+step follows every model's schedule without a host copy. Its epoch's permutation (K of them, one upload
+an epoch) is drawn on the host while the GPU still runs the epoch before (double-buffered).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import params as P
+from .data import epoch_order
+from .kernels import fill
+from .schedule import SCHEDULES, Schedule
+
+MAX_PACK = 64   # models per pack by default: the step at 128 images per model fills an H100 from ~16 on
+
+
+@dataclass(frozen=True)
+class Config:
+    """One model's training configuration: the flags of `lenet train` a sweep varies (their defaults are
+    the README's fast Fashion-MNIST recipe)."""
+
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 5e-4
+    label_smoothing: float = 0.1
+    schedule: str = "cosine"
+    warmup_epochs: float = 1.0
+    ema: float | None = None
+    shift: int = 0
+    flip: bool = True
+    seed: int = 0
+    batch_size: int = 128
+    epochs: int = 16
+    gamma: float = 1e-4
+    power: float = 0.75
+    step_size: int = 10
+    step_gamma: float = 0.1
+
+    def __post_init__(self):
+        """One-line ValueErrors naming the setting and what it allows."""
+        def bad(name, allowed):
+            return ValueError(f"{name} {getattr(self, name)!r}: {allowed}")
+        for name in ("lr", "weight_decay", "warmup_epochs", "gamma", "power", "step_gamma"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                raise bad(name, "must be a finite number >= 0")
+        if not 0.0 <= self.momentum < 1.0:
+            raise bad("momentum", "must be in [0, 1)")
+        if self.nesterov and self.momentum == 0.0:
+            raise ValueError("nesterov needs a momentum > 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise bad("label_smoothing", "must be in [0, 1)")
+        if self.ema is not None and not 0.0 < self.ema < 1.0:
+            raise bad("ema", "must be in (0, 1), or None (off)")
+        if self.schedule not in SCHEDULES:
+            raise bad("schedule", f"use one of {', '.join(SCHEDULES)}")
+        for name, low, high in (("shift", 0, 13), ("seed", 0, 2**32 - 1), ("batch_size", 1, 1 << 20),
+                                ("epochs", 1, 100000), ("step_size", 1, 100000)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not low <= v <= high:
+                raise bad(name, f"must be an integer from {low} to {high}")
+        if self.warmup_epochs > self.epochs:
+            raise ValueError(f"warmup_epochs {self.warmup_epochs:g} is longer than the run ({self.epochs} epochs)")
+
+    def replace(self, **kw) -> "Config":
+        return dataclasses.replace(self, **kw)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def schedule_of(self, steps: int) -> Schedule:
+        return Schedule(self.schedule, self.lr, self.gamma, self.power, self.step_size, self.step_gamma,
+                        warmup=round(self.warmup_epochs * steps))
+
+    def train_flags(self, tta: bool = False) -> list[str]:
+        """The `lenet train` flags that train this configuration alone."""
+        out = [f"--epochs {self.epochs}", f"--batch-size {self.batch_size}", f"--schedule {self.schedule}",
+               f"--lr {self.lr:g}", f"--momentum {self.momentum:g}", f"--weight-decay {self.weight_decay:g}",
+               f"--seed {self.seed}"]
+        if self.schedule == "inv":
+            out += [f"--gamma {self.gamma:g}", f"--power {self.power:g}"]
+        if self.schedule == "step":
+            out += [f"--step-size {self.step_size}", f"--step-gamma {self.step_gamma:g}"]
+        out += (["--nesterov"] if self.nesterov else []) + \
+               ([f"--label-smoothing {self.label_smoothing:g}"] if self.label_smoothing else []) + \
+               ([f"--warmup-epochs {self.warmup_epochs:g}"] if self.warmup_epochs else []) + \
+               ([f"--ema {self.ema:g}"] if self.ema is not None else []) + \
+               ([f"--shift {self.shift}"] if self.shift else []) + (["--flip"] if self.flip else []) + \
+               (["--tta"] if tta else [])
+        return out
+
+
+def config_from(d: dict) -> Config:
+    """A Config from its as_dict() (a results row, a checkpoint): unknown keys are an error."""
+    names = {f.name for f in dataclasses.fields(Config)}
+    extra = sorted(set(d) - names)
+    if extra:
+        raise ValueError(f"not a configuration: unknown settings {', '.join(extra)}")
+    return Config(**d)
+
+
+@dataclass
+class Result:
+    """One configuration's run: per epoch the evaluated split's accuracy and loss and the mean training
+    loss; its final weights (flat host buffers: evaluated weights, parameters, momentum)."""
+
+    config: Config
+    slot: int
+    accuracy: list = field(default_factory=list)
+    loss: list = field(default_factory=list)
+    train_loss: list = field(default_factory=list)
+    seconds: float = 0.0
+    pruned: bool = False
+    weights: np.ndarray | None = None    # what evaluation used (the moving average when kept)
+    params: np.ndarray | None = None
+    velocity: np.ndarray | None = None
+    tag: object = None                    # the caller's (an Optuna trial)
+
+    @property
+    def final(self) -> float:
+        return self.accuracy[-1] if self.accuracy else float("nan")
+
+    @property
+    def done(self) -> bool:
+        return self.pruned or len(self.accuracy) >= self.config.epochs
+
+
+def packs(configs: list[Config], most: int = MAX_PACK) -> list[list[Config]]:
+    """Configurations grouped by (batch size, epochs), in their order, each group cut into packs of at
+    most ``most`` models: as few packs as the batch sizes and epoch counts allow."""
+    if most < 1:
+        raise ValueError(f"a pack holds at least 1 model, got {most}")
+    groups: dict = {}
+    for c in configs:
+        groups.setdefault((c.batch_size, c.epochs), []).append(c)
+    return [g[i:i + most] for g in groups.values() for i in range(0, len(g), most)]
+
+
+class Pack:
+    """K slots, each training one configuration at a time (module docstring). All slots share the batch
+    size and epoch count; ``evals`` is the split evaluated after every epoch (validation, or test)."""
+
+    def __init__(self, configs: list[Config], train, evals, *, policy=None, plan_cache=False,
+                 eval_batch: int = 1000, tta: bool = False, cuda_graph: bool = True, models: int | None = None,
+                 model=None):
+        import cupy
+
+        from .model import LeNet
+
+        if not configs:
+            raise ValueError("a pack needs at least one configuration")
+        first = configs[0]
+        if any((c.batch_size, c.epochs) != (first.batch_size, first.epochs) for c in configs):
+            raise ValueError("a pack's configurations share one batch size and epoch count (lenet.pack.packs)")
+        K = self.K = int(models or len(configs))
+        if len(configs) > K:
+            raise ValueError(f"{len(configs)} configurations for a pack of {K} models")
+        self.batch_size, self.epochs, self.tta = first.batch_size, first.epochs, bool(tta)
+        self.train, self.evals = train, evals
+        self.B = min(self.batch_size, train.size)   # a batch larger than its split is the whole split
+        self.steps = math.ceil(train.size / self.B)
+        self.eval_batch = min(eval_batch, evals.size)
+        fill = configs + [configs[-1]] * (K - len(configs))   # idle slots train a copy, unread
+        self.model = model or LeNet(
+            max_batch=max(self.B, self.eval_batch), models=K, policy=policy, plan_cache=plan_cache,
+            cuda_graph=cuda_graph, seed=[c.seed for c in fill], momentum=[c.momentum for c in fill],
+            weight_decay=[c.weight_decay for c in fill], nesterov=[c.nesterov for c in fill],
+            label_smoothing=[c.label_smoothing for c in fill], ema_decay=[c.ema for c in fill])
+        m = self.model
+        if m.ema is None and any(c.ema is not None for c in configs):
+            raise ValueError("this pack's model keeps no moving average; make it with one")
+        self.stream = m.stream
+        T = self.steps * self.epochs
+        with self.stream:
+            self.lr_table = cupy.zeros(K * T, cupy.float32)        # (K, T): Note [pack schedule]
+            self.lr_at = cupy.zeros(K, cupy.int32)                 # (K,) row m's first entry this epoch
+            self.aug = cupy.zeros((K, 3), cupy.int32)              # (K, 3) shift, flip, seed
+            self.epoch_dev = cupy.zeros(K, cupy.int32)             # (K,) each slot's epoch (augmentation draws)
+            self.orders = [cupy.zeros((K, train.size), cupy.int32) for _ in range(2)]   # double-buffered
+        self.slots: list[Result | None] = [None] * K
+        self.results: list[Result] = []
+        self._next = None   # (what each slot's next permutation is of, the permutations): Note [pack schedule]
+        self._turn = 0
+        for k, c in enumerate(configs):
+            self.assign(k, c, fresh=False)
+        for n in {self.B, train.size - (self.steps - 1) * self.B, self.eval_batch,
+                  evals.size % self.eval_batch or self.eval_batch}:
+            m.plan(n)   # every batch size now: the search stays out of the epochs
+
+    # ---------------------------------------------------------------- slots
+
+    def assign(self, k: int, config: Config, tag=None, fresh: bool = True) -> Result:
+        """Slot k trains ``config`` from its first step: its own initialization (``fresh``: written now;
+        else the model was made with it), momentum buffer, average, constants and schedule."""
+        if (config.batch_size, config.epochs) != (self.batch_size, self.epochs):
+            raise ValueError(f"slot {k}: configuration of batch {config.batch_size}, {config.epochs} epochs in a "
+                             f"pack of batch {self.batch_size}, {self.epochs} epochs")
+        m, T = self.model, self.steps * self.epochs
+        if fresh and m.hyper is None:
+            raise ValueError("a pack of one model trains the configuration it was made with; give it models >= 2 "
+                             "to let a slot take another")
+        table = config.schedule_of(self.steps).table(self.steps, T).astype(np.float32)
+        with self.stream:
+            self.lr_table[k * T:(k + 1) * T].set(table, stream=self.stream)
+            self.aug[k].set(np.array([config.shift, int(config.flip), config.seed & 0xFFFFFFFF], np.int64)
+                            .astype(np.uint32).view(np.int32), stream=self.stream)
+            if fresh:
+                row = slice(k * P.TOTAL, (k + 1) * P.TOTAL)
+                init = P.pack(P.init_host(config.seed))
+                m.params[row].set(init, stream=self.stream)
+                fill(m.velocity[row], 0)
+                if m.ema is not None:
+                    m.ema[row].set(init, stream=self.stream)
+                if m.hyper is not None:
+                    m.hyper[k].set(np.array([config.momentum, config.weight_decay, float(config.nesterov),
+                                             1.0 - (config.ema or 0.0)], np.float32), stream=self.stream)
+                    m.label_smoothing_dev[k:k + 1].set(np.array([config.label_smoothing], np.float32),
+                                                        stream=self.stream)
+        self.stream.synchronize()   # the host arrays above may go once set() returns
+        r = Result(config, k, tag=tag)
+        self.slots[k] = r
+        self.results.append(r)
+        return r
+
+    @property
+    def active(self) -> list[int]:
+        return [k for k, r in enumerate(self.slots) if r is not None and not r.done]
+
+    def release(self, k: int) -> None:
+        """Slot k's model stops (it is done or pruned): its row keeps training unread until assigned."""
+        self.slots[k] = None
+
+    # ---------------------------------------------------------------- epochs
+
+    def _order_keys(self, ahead: int) -> list:
+        """(seed, epoch) of each slot's permutation ``ahead`` epochs on (None: an idle slot)."""
+        return [(r.config.seed, len(r.accuracy) + ahead) if r is not None else None for r in self.slots]
+
+    def _orders(self, keys: list, have=None) -> np.ndarray:
+        """The permutations ``keys`` name, reusing the rows of ``have`` = (keys, array) that match."""
+        out = np.empty((self.K, self.train.size), np.int32)
+        for k, key in enumerate(keys):
+            if have is not None and have[0][k] == key:
+                out[k] = have[1][k]
+            else:
+                out[k] = epoch_order(*key, self.train.size) if key is not None else np.arange(self.train.size,
+                                                                                            dtype=np.int32)
+        return out
+
+    def begin_epoch(self):
+        """Upload this epoch's permutations, epochs and schedule rows (Note [pack schedule]); returns the
+        device orders."""
+        orders = self._orders(self._order_keys(0), self._next)   # a slot assigned since: its own drawn now
+        self._next = None
+        buf = self.orders[self._turn]
+        self._turn ^= 1
+        T = self.steps * self.epochs
+        epochs = np.array([len(r.accuracy) if r is not None else 0 for r in self.slots], np.int32)
+        with self.stream:
+            buf.set(orders, stream=self.stream)
+            self.epoch_dev.set(epochs, stream=self.stream)
+            self.lr_at.set(np.arange(self.K, dtype=np.int32) * T + np.minimum(epochs, self.epochs - 1) * self.steps,
+                           stream=self.stream)
+            self.model.reset_running_loss(0.0)
+        self.stream.synchronize()
+        return buf
+
+    def steps_of(self, orders, first: int = 0, stop=None) -> int:
+        """The epoch's steps from ``first``; returns the step it stopped before (``stop()`` true after a
+        step: a signal), or self.steps."""
+        m, B = self.model, self.B
+        for s in range(first, self.steps):
+            n = min(B, self.train.size - s * B)
+            m.load_pack(self.train, orders, s * B, n, self.aug, self.epoch_dev, self.lr_table, self.lr_at, s)
+            m.step(n)
+            if s == first and self._next is None:   # drawn while the GPU runs this epoch
+                keys = self._order_keys(1)
+                self._next = (keys, self._orders(keys))
+            if stop is not None and stop():
+                return s + 1
+        return self.steps
+
+    def end_epoch(self, seconds: float) -> list[Result]:
+        """Evaluate every model on ``evals``; append each active slot's figures; returns the slots that are
+        now done (their final weights copied to the host)."""
+        m = self.model
+        train_loss = m.running_loss.get(stream=self.stream) / self.steps
+        loss, acc = m.evaluate(self.evals, batch=self.eval_batch, tta=self.tta)
+        finished = []
+        for k, r in enumerate(self.slots):
+            if r is None or r.done:
+                continue
+            r.accuracy.append(float(acc[k]))
+            r.loss.append(float(loss[k]))
+            r.train_loss.append(float(train_loss[k]))
+            r.seconds += seconds
+            if r.done:
+                self.keep_weights(k)
+                finished.append(r)
+        return finished
+
+    def keep_weights(self, k: int) -> None:
+        r, m = self.slots[k], self.model
+        row = slice(k * P.TOTAL, (k + 1) * P.TOTAL)
+        self.stream.synchronize()
+        r.params, r.velocity = m.params[row].get(), m.velocity[row].get()
+        r.weights = m.ema[row].get() if (m.ema is not None and r.config.ema is not None) else r.params
+
+    def run(self, on_epoch=None) -> list[Result]:
+        """Every slot's configuration to its last epoch (the Python API's whole run); ``on_epoch(pack,
+        finished)`` after each epoch's evaluation. Returns the results in assignment order."""
+        while self.active:
+            t = time.perf_counter()
+            orders = self.begin_epoch()
+            self.steps_of(orders)
+            finished = self.end_epoch(time.perf_counter() - t)
+            for r in finished:
+                self.release(r.slot)
+            if on_epoch is not None:
+                on_epoch(self, finished)
+        return self.results
+
+    def close(self) -> None:
+        self.model.close()

@@ -1,0 +1,283 @@
+"""lenet sweep --search optuna: an Optuna study chooses the configurations, a pack trains them (lenet/pack.py).
+
+Each pack asks the study for K trials; every epoch each model reports its accuracy on the ranked split,
+and a model the pruner stops (Optuna's median pruner) gives its slot to the next trial, which starts from
+its own first step. The study's storage (--storage: a database URL, or a journal file) is Optuna's, not a
+scheduler of ours: one `lenet sweep` worker per GPU, on any machine that reaches the storage, shares the
+study. Start one worker per GPU, each pinned to its GPU, all with the same flags:
+
+    for g in 0 1 2 3; do
+        CUDA_VISIBLE_DEVICES=$g lenet sweep --search optuna --trials 256 --storage sqlite:///study.db \\
+            --validation 10000 --out runs/worker$g &
+    done; wait
+
+(scripts/sweep_workers.sh does this for the GPUs it finds.) A journal file on a shared file system works
+as well as a database for workers on several machines where the file system locks (NFS v4 does).
+
+Note [trial budget]: --trials N counts the study's trials, over every worker. Optuna numbers trials in the
+order the storage creates them, atomically, so a trial is admitted when fewer than N trials numbered
+before it have not failed; a trial asked beyond the budget (two workers asking at once near the end) is
+told FAIL with the user attribute "beyond the budget" and never trained. A trial is trained by the one
+worker that asked for it: no trial runs twice. A worker stopped by a signal tells its running trials
+FAIL ("interrupted") and enqueues their parameters again, so the study still runs those configurations.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+
+from .pack import MAX_PACK, Config, Pack, Result
+from .sweep_results import RESUME_KEYS, SWEPT, Sweep, label_of
+from .train import Signals, StoppedAtOnce
+
+INSTALL = "pip install '.[sweep]' (or pip install optuna)"
+STUDY_KEYS = tuple(k for k in RESUME_KEYS if k not in ("pack_size", "study"))   # every worker's must agree
+
+
+def optuna():
+    """The optuna module, or a one-line ValueError naming the command that installs it."""
+    try:
+        import optuna as o
+    except ImportError:
+        raise ValueError(f"--search optuna needs the package optuna, not installed here: {INSTALL}") from None
+    o.logging.set_verbosity(o.logging.WARNING)
+    return o
+
+
+def storage(url: str | None):
+    """Optuna's storage for --storage: None (in memory), an RDB URL, or a journal file; one line when it
+    cannot be opened."""
+    o = optuna()
+    if url is None:
+        return None
+    try:
+        if "://" in url:
+            return o.storages.RDBStorage(url)
+        from optuna.storages.journal import JournalFileBackend
+
+        folder = os.path.dirname(os.path.abspath(url))
+        if not os.path.isdir(folder):
+            raise ValueError(f"--storage {url}: the folder {folder} does not exist")
+        return o.storages.JournalStorage(JournalFileBackend(url))
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - SQLAlchemy's, Optuna's, the OS's: one line each
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--storage {url}: cannot open it ({first})") from None
+
+
+def space(args) -> tuple[dict, dict]:
+    """(Optuna's distributions of the swept settings, the fixed ones): a flag with one value is fixed,
+    several are a categorical choice, a range LOW:HIGH a float (log-scaled for --lr) or integer range."""
+    o = optuna()
+    D = o.distributions
+    values = {d: list(dict.fromkeys(getattr(args, d))) for d in SWEPT if d != "seed"}
+    values["seed"] = list(dict.fromkeys(s for spec in args.seeds for s in spec))
+    for d in ("batch_size", "epochs"):
+        if len(values[d]) != 1:
+            raise ValueError(f"--search optuna trains every trial at one --{d.replace('_', '-')}: give one value")
+    dists, fixed = {}, {}
+    for d, vs in values.items():
+        ranges = [v for v in vs if isinstance(v, tuple)]
+        if ranges and len(vs) > 1:
+            raise ValueError(f"--{d.replace('_', '-')}: give one range LOW:HIGH or a list of values, not both")
+        if ranges:
+            lo, hi = ranges[0]
+            dists[d] = (D.IntDistribution(int(lo), int(hi)) if d == "shift" else
+                        D.FloatDistribution(float(lo), float(hi), log=(d == "lr" and lo > 0)))
+        elif len(vs) > 1:
+            dists[d] = D.CategoricalDistribution(vs)
+        else:
+            fixed[d] = vs[0]
+    if not dists:
+        raise ValueError("--search optuna has nothing to choose: give some flag two or more values or a range")
+    return dists, fixed
+
+
+def check(args) -> None:
+    """Before the data is read, nothing written: the extra, the space, the storage's form (a URL that
+    parses, or a journal file in a folder that exists); open_study opens it once every other check passed."""
+    space(args)
+    url = args.storage
+    if url is None:
+        return
+    if "://" in url:
+        try:
+            from sqlalchemy.engine import make_url
+
+            make_url(url)
+        except ImportError:
+            pass
+        except Exception as e:  # noqa: BLE001 - SQLAlchemy's ArgumentError: one line
+            raise ValueError(f"--storage {url}: not a database URL ({e}); use e.g. sqlite:///study.db") from None
+        return
+    folder = os.path.dirname(os.path.abspath(url))
+    if not os.path.isdir(folder):
+        raise ValueError(f"--storage {url}: the folder {folder} does not exist")
+    if os.path.isdir(url):
+        raise ValueError(f"--storage {url} is a folder; give a journal file (or a database URL)")
+
+
+def open_study(args, settings: dict):
+    """The study (created, or loaded with the same flags): one line when it was made with others."""
+    o = optuna()
+    pruner = o.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1) if args.prune else o.pruners.NopPruner()
+    sampler = o.samplers.TPESampler(seed=None if args.storage else 0, constant_liar=True)
+    st = storage(args.storage)
+    mine = {k: settings.get(k) for k in STUDY_KEYS}
+    try:
+        study = o.create_study(study_name=args.study, storage=st, direction="maximize", sampler=sampler,
+                               pruner=pruner, load_if_exists=True)
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"--storage {args.storage}: cannot open the study {args.study!r} ({e})") from None
+    made = study.user_attrs.get("lenet")
+    if made is None:
+        study.set_user_attr("lenet", mine)
+    elif made != mine:
+        k = next(k for k in STUDY_KEYS if made.get(k) != mine.get(k))
+        raise ValueError(f"the study {args.study!r} in {args.storage} was made with other flags ({k}={made.get(k)!r}, "
+                         f"this worker has {mine.get(k)!r}); run every worker with the same flags, or name another "
+                         f"--study")
+    return study
+
+
+def admitted(study, trial, budget: int) -> bool:
+    """Note [trial budget]."""
+    fail = optuna().trial.TrialState.FAIL
+    before = sum(1 for t in study.get_trials(deepcopy=False) if t.number < trial.number and t.state != fail)
+    return before < budget
+
+
+class StudySweep(Sweep):
+    """One worker of the study (module docstring)."""
+
+    def __init__(self, args, run, policy, plotter):
+        super().__init__(args, run, policy, plotter)
+        self.study = run["study"]
+        self.dists, self.fixed = space(args)
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
+        self.exhausted = False
+
+    def ask(self):
+        """(trial, configuration) of the next admitted trial, or None when the budget is spent."""
+        if self.exhausted:
+            return None
+        o = optuna()
+        while True:
+            trial = self.study.ask(self.dists)
+            if not admitted(self.study, trial, self.args.trials):
+                trial.set_user_attr("lenet", "beyond the budget")
+                self.study.tell(trial, state=o.trial.TrialState.FAIL)
+                self.exhausted = True
+                return None
+            trial.set_user_attr("worker", self.worker)
+            kw = {**self.fixed, **trial.params}
+            try:
+                return trial, Config(**kw)
+            except ValueError as e:   # e.g. nesterov with momentum 0 drawn together: not a configuration
+                trial.set_user_attr("lenet", f"not a configuration: {e}")
+                self.study.tell(trial, state=o.trial.TrialState.FAIL)
+
+    def run(self) -> int:
+        args, o = self.args, optuna()
+        K = min(args.trials, args.pack_size or MAX_PACK)
+        first = []
+        for _ in range(K):
+            got = self.ask()
+            if got is None:
+                break
+            first.append(got)
+        if not first:
+            self.say(f"nothing to do: the study {args.study!r} has its {args.trials} trials")
+            return self.finish(self.policy)
+        self.say(f"study {args.study!r}: {len(self.study.trials)} trials so far, budget {args.trials}; this worker "
+                 f"trains {K} at a time, ranked on the {self.split} split")
+        pack = Pack([c for _, c in first], *self.datasets(self._stream()), policy=self.policy, models=max(K, 2),
+                    plan_cache=args.plan_cache, eval_batch=args.eval_batch_size, tta=args.tta,
+                    cuda_graph=args.cuda_graph)
+        for r, (trial, _) in zip(pack.results, first):
+            r.tag = trial
+        self.progress(None)
+        try:
+            with Signals() as sig:
+                while pack.active:
+                    t = time.perf_counter()
+                    orders = pack.begin_epoch()
+                    at = pack.steps_of(orders, 0, lambda: sig.signum is not None)
+                    if self.bar is not None:
+                        self.bar.update(at)
+                    if at < pack.steps:
+                        return self.interrupted(pack, sig.signum, sig.name)
+                    done = pack.end_epoch(time.perf_counter() - t)
+                    self.report(pack, done, o)
+        except StoppedAtOnce as e:
+            return self.interrupted(pack, e.signum, Signals.NAMES.get(e.signum, str(e.signum)))
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        pack.close()
+        return self.finish(self.policy)
+
+    def _stream(self):
+        import cupy
+
+        return cupy.cuda.Stream(non_blocking=True)
+
+    def report(self, pack, done: list[Result], o) -> None:
+        """Each model's epoch to the study: done ones told complete, pruned ones pruned; freed slots take
+        the next trials."""
+        for k in list(pack.active) + [r.slot for r in done]:
+            r = pack.slots[k]
+            if r is None:
+                continue
+            trial, epoch = r.tag, len(r.accuracy)
+            trial.report(r.final, epoch)
+            if r in done:
+                self.study.tell(trial, r.final)
+            elif self.args.prune and trial.should_prune():
+                r.pruned = True
+                self.study.tell(trial, state=o.trial.TrialState.PRUNED)
+            else:
+                continue
+            self.record(r, trial.number)
+            pack.release(k)
+            got = self.ask()
+            if got is not None:
+                pack.assign(k, got[1], tag=got[0])
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.best_line(), refresh=False)
+
+    def interrupted(self, pack, signum: int, name: str) -> int:
+        """Note [stopping a sweep] in lenet/sweep.py: the running trials failed and enqueued again."""
+        o = optuna()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        again = 0
+        for r in pack.slots:
+            if r is None or r.done:
+                continue
+            r.tag.set_user_attr("lenet", "interrupted")
+            self.study.tell(r.tag, state=o.trial.TrialState.FAIL)
+            self.study.enqueue_trial(r.tag.params, skip_if_exists=False)
+            again += 1
+        print(f"stopped by {name}: {len(self.rows)} trials finished here; {again} running trials marked failed and "
+              f"enqueued again in the study {self.args.study!r}", flush=True)
+        return 130 if signum == signal.SIGINT else 143
+
+    def finish(self, policy) -> int:
+        code = super().finish(policy)
+        try:
+            best = self.study.best_trial
+        except ValueError:
+            return code
+        states = {}
+        for t in self.study.get_trials(deepcopy=False):
+            states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+        self.say(f"study {self.args.study!r}: {', '.join(f'{v} {k}' for k, v in sorted(states.items()))}; best trial "
+                 f"{best.number}: {100 * best.value:.2f}% ({label_of({**Config().as_dict(), **self.fixed, **best.params})})")
+        return code
+

@@ -1,0 +1,505 @@
+"""lenet sweep: many LeNet trainings at once, packed K to a step on one GPU (lenet/pack.py).
+
+    lenet sweep --lr 0.05 0.1 0.2 --label-smoothing 0 0.1 --seeds 0-15 --validation 10000 --out runs/sweep
+    lenet sweep --search optuna --trials 64 --lr 0.02:0.5 --weight-decay 0:2e-3 --storage runs/study.log
+
+A grid is every combination of the values given (each training flag of `lenet train` takes a list here;
+the defaults are the README's fast Fashion-MNIST recipe), packed into as few packs as the batch sizes and
+epoch counts allow. ``--search optuna`` lets an Optuna study choose the configurations instead
+(lenet/study.py): its storage (--storage) may be shared by one worker per GPU, on any machine.
+
+Every model is evaluated after each epoch on the split it is ranked by: with ``--validation N`` the last
+N training images, held out of training (the test split is then seen only by the winner, once, at the
+end); else the test split. Under --out: results.csv and results.jsonl (one row per model: its
+configuration, accuracy per epoch, final accuracy, seconds), curves.png (every curve, the best drawn
+out), best/checkpoint.npz and best/model.safetensors (the winner, readable by `lenet predict` and
+`lenet export`), summary.json, and sweep.json (the sweep's settings, which --resume checks).
+
+Note [stopping a sweep]: the first SIGINT or SIGTERM stops after the step in flight. A grid then writes
+the pack in flight (its models' weights, momentum, averages, histories and the step it stopped at) to
+pack.npz; `--resume` skips every model results.jsonl holds and continues that pack at that step, so the
+resumed sweep ends as an uninterrupted one would have. An Optuna worker marks its running trials failed
+and asks the study to run them again (their configurations enqueued): completed trials are the study's.
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":   # python -m lenet.sweep: the GPU's start-up threads begin before the imports below
+    from lenet import plot, startup
+
+    startup.begin(then=plot.start_early)
+
+import itertools
+import json
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import cli, data, files, startup
+from .pack import MAX_PACK, Config, packs
+from .plot import Plotter, can_plot, take_early
+from .schedule import SCHEDULES
+from .sweep_results import RESUME_KEYS, SWEPT, Sweep
+from .train import Signals, StoppedAtOnce
+
+FAST = Config()   # the defaults: the README's fast recipe
+OUT_FILES = ("results.csv", "results.jsonl", "curves.png", "summary.json", "sweep.json", "pack.npz", "best")
+
+
+# ---------------------------------------------------------------------- values of the flags
+
+def on_off(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("on", "yes", "true", "1"):
+        return True
+    if t in ("off", "no", "false", "0"):
+        return False
+    import argparse
+
+    raise argparse.ArgumentTypeError(f"invalid value {text!r}: use on or off")
+
+
+def ema_value(text: str):
+    if text.strip().lower() in ("off", "none", "no"):
+        return None
+    return cli.open_unit_interval(text)
+
+
+def seeds(text: str) -> list[int]:
+    """'0-15', '3', '0-3,8,10-11' -> the seeds; a range must not run backwards."""
+    import argparse
+
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if dash else int(lo)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid seeds {text!r}: use integers >= 0 and ranges A-B, e.g. "
+                                             f"0-15 or 0-3,8") from None
+        if a < 0 or b < a:
+            raise argparse.ArgumentTypeError(f"invalid seed range {part!r}: from A to B needs 0 <= A <= B")
+        out += range(a, b + 1)
+    return out
+
+
+def ranged(kind):
+    """A flag's value: one value of ``kind``, or (for --search optuna) a range LOW:HIGH of two."""
+    import argparse
+
+    def parse(text: str):
+        if ":" in text:
+            lo, _, hi = text.partition(":")
+            a, b = kind(lo), kind(hi)
+            if not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a < b):
+                raise argparse.ArgumentTypeError(f"invalid range {text!r}: LOW:HIGH with LOW < HIGH")
+            return (a, b)
+        return kind(text)
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
+
+
+# The swept flags: dest -> (parse one value, help). Each takes one or more values.
+FLAG_TYPES = {
+    "lr": (ranged(cli.nonneg_float), "learning rates"),
+    "momentum": (ranged(cli.unit_interval), "momenta, in [0, 1)"),
+    "nesterov": (on_off, "Nesterov momentum: on, off"),
+    "weight_decay": (ranged(cli.nonneg_float), "weight decays"),
+    "label_smoothing": (ranged(cli.unit_interval), "label smoothings, in [0, 1)"),
+    "schedule": (str, f"learning-rate schedules: {', '.join(SCHEDULES)}"),
+    "warmup_epochs": (ranged(cli.nonneg_float), "warm-up epochs"),
+    "ema": (ema_value, "moving averages of the weights: a decay in (0, 1), or off"),
+    "shift": (ranged(cli.nonneg_int), "augmentation shifts in pixels, 0..13"),
+    "flip": (on_off, "left-right mirror augmentation: on, off"),
+    "batch_size": (cli.batch_size, "batch sizes (one pack per batch size and epoch count)"),
+    "epochs": (cli.positive_int, "epoch counts"),
+}
+
+
+def parser() -> cli.Parser:
+    p = cli.Parser(prog=cli.prog("sweep"),
+                   description="Train many LeNet-5 configurations at once, K models in one step on one GPU: a grid "
+                               "of the values given, or an Optuna study (--search optuna). Each training flag takes "
+                               "one or more values; the defaults are the README's fast Fashion-MNIST recipe.")
+    p.add_argument("--data-dir", metavar="DIR", help="folder with the four IDX files (default: $LENET_DATA, "
+                   "./data/<name>, /usr/share/datasets/fashion-mnist)")
+    p.add_argument("--validation", type=cli.nonneg_int, default=0, metavar="N",
+                   help="hold out the last N training images: rank the models on them, and evaluate only the "
+                        "winner on the test split, once (default: 0, rank on the test split)")
+    p.add_argument("--train-size", type=cli.positive_int, default=None, metavar="N",
+                   help="use the first N training images only (default: all)")
+    p.add_argument("--test-size", type=cli.positive_int, default=None, metavar="N",
+                   help="evaluate on the first N test images only (default: all)")
+    p.add_argument("--eval-batch-size", type=cli.batch_size, default=1000, metavar="N", help="(default: 1000)")
+    cli.add_data_cache_flag(p)
+    g = p.add_argument_group("the grid (every flag takes one or more values; ranges LOW:HIGH for --search optuna)")
+    for dest, (kind, what) in FLAG_TYPES.items():
+        default = getattr(FAST, dest)
+        shown = "off" if default is None else ("on" if default is True else "off" if default is False else default)
+        g.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind, nargs="+", default=[default],
+                       metavar="V", help=f"{what} (default: {shown})")
+    g.add_argument("--seeds", type=seeds, nargs="+", default=[[0]], metavar="SPEC",
+                   help="seeds of the init and data order: integers and ranges, e.g. 0-15 or 0-3,8 (default: 0)")
+    g.add_argument("--tta", action=__import__("argparse").BooleanOptionalAction, default=True,
+                   help="score each evaluated image on the mean of its logits and its mirror's (default: on, "
+                        "as the fast recipe)")
+    s = p.add_argument_group("search")
+    s.add_argument("--search", choices=("grid", "optuna"), default="grid",
+                   help="grid: every combination; optuna: an Optuna study picks --trials configurations from the "
+                        "values and ranges given, pruning the worst after each epoch (needs the extra: pip "
+                        "install '.[sweep]') (default: grid)")
+    s.add_argument("--trials", type=cli.positive_int, default=None, metavar="N",
+                   help="--search optuna: trials in the whole study, over every worker")
+    s.add_argument("--storage", metavar="URL", default=None,
+                   help="--search optuna: the study's storage, shared by every worker: a database URL "
+                        "(sqlite:///study.db, postgresql://...) or a journal file path (default: in memory, one "
+                        "worker)")
+    s.add_argument("--study", default="lenet-sweep", metavar="NAME", help="the study's name (default: lenet-sweep)")
+    s.add_argument("--no-prune", dest="prune", action="store_false",
+                   help="--search optuna: let every trial run all its epochs (default: prune with Optuna's "
+                        "median pruner)")
+    s.add_argument("--pack-size", type=cli.positive_int, default=None, metavar="K",
+                   help=f"models trained together in one step (default: as many as the grid has, up to {MAX_PACK})")
+    cli.add_algorithm_flags(p)
+    p.set_defaults(algo="exhaustive")   # a pack's plan is searched once and kept in the plan cache
+    cli.add_speed_flags(p)
+    o = p.add_argument_group("output")
+    o.add_argument("--out", metavar="DIR", help="write the results, curves, the best model and its export here "
+                                              "(default: none: print the table only)")
+    o.add_argument("--resume", action="store_true", help="continue the sweep in --out where it stopped")
+    o.add_argument("--overwrite", action="store_true", help="replace an earlier sweep in --out")
+    o.add_argument("--quiet", action="store_true", help="plain log lines, no progress bar")
+    return p
+
+
+def grid(args) -> list[Config]:
+    """Every combination of the swept flags' values (seeds innermost), each configuration once; one-line
+    ValueErrors for an empty grid, a range outside --search optuna, or a configuration that cannot train."""
+    values = {d: list(dict.fromkeys(getattr(args, d))) for d in FLAG_TYPES}
+    values["seed"] = list(dict.fromkeys(s for spec in args.seeds for s in spec))
+    for d, vs in values.items():
+        if not vs:
+            raise ValueError(f"--{d.replace('_', '-')} has no values: the grid is empty")
+        ranges = [v for v in vs if isinstance(v, tuple)]
+        if ranges and args.search != "optuna":
+            raise ValueError(f"--{d.replace('_', '-')} {ranges[0][0]:g}:{ranges[0][1]:g} is a range; ranges are for "
+                             f"--search optuna, a grid takes values")
+    if args.search == "optuna":
+        return []
+    bad = [s for s in values["schedule"] if s not in SCHEDULES]
+    if bad:
+        raise ValueError(f"--schedule {bad[0]}: use one of {', '.join(SCHEDULES)}")
+    out = []
+    for combo in itertools.product(*(values[d] for d in SWEPT)):
+        kw = dict(zip(SWEPT, combo))
+        if kw["nesterov"] and kw["momentum"] == 0:
+            continue   # Nesterov needs momentum: the combination does not exist
+        out.append(Config(**kw))
+    if not out:
+        raise ValueError("the grid is empty: every combination has --nesterov on with --momentum 0")
+    return out
+
+
+def check_flags(args) -> None:
+    """The flags' own checks, before anything is read."""
+    if args.search == "optuna":
+        if args.trials is None:
+            raise ValueError("--search optuna needs --trials N, the trials of the whole study")
+        if args.pack_size == 1:
+            raise ValueError("--search optuna needs --pack-size >= 2: a pruned trial's slot takes the next trial")
+    else:
+        for flag, v in (("--trials", args.trials), ("--storage", args.storage)):
+            if v is not None:
+                raise ValueError(f"{flag} is for --search optuna; a grid runs every combination once")
+    if args.out == "":
+        raise files.OutputError("--out is empty: give a folder, or leave --out out to write nothing")
+    if args.out is None and (args.resume or args.overwrite):
+        raise ValueError(f"{'--resume' if args.resume else '--overwrite'} needs --out DIR")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the sweep in --out and --overwrite replaces it: give one")
+
+
+class GridSweep(Sweep):
+    """Every configuration of the grid, pack after pack (Note [stopping a sweep])."""
+
+    def __init__(self, args, run, policy, plotter, configs: list[Config]):
+        super().__init__(args, run, policy, plotter)
+        done = {json.dumps(r["config"], sort_keys=True) for r in self.rows}
+        self.todo = [c for c in configs if json.dumps(c.as_dict(), sort_keys=True) not in done]
+        self.packs = packs(self.todo, args.pack_size or MAX_PACK)
+
+    def run(self) -> int:
+        if not self.packs:
+            self.say(f"nothing to do: every one of the grid's models is in {files.show(self.out / 'results.jsonl')}"
+                     if self.rows else "nothing to do")
+            return self.finish(self.policy)
+        steps = sum(math.ceil(self.run_info["train_size"] / min(p[0].batch_size, self.run_info["train_size"]))
+                    * p[0].epochs for p in self.packs)
+        self.say(f"{len(self.todo)} models in {len(self.packs)} pack{'s' * (len(self.packs) > 1)} "
+                 f"({', '.join(str(len(p)) for p in self.packs)}), ranked on the {self.split} split"
+                 + (f"; {len(self.rows)} done before" if self.rows else ""))
+        self.progress(steps)
+        with Signals() as sig:
+            try:
+                for i, configs in enumerate(self.packs):
+                    code = self.one_pack(configs, sig, resume=self.run_info.get("pack_state") if i == 0 else None)
+                    if code is not None:
+                        return code
+            except StoppedAtOnce as e:
+                self.close_bar()
+                print(f"stopped at once by a second {Signals.NAMES.get(e.signum, e.signum)}; the models finished "
+                      f"are in results.jsonl", flush=True)
+                return 128 + e.signum
+        self.close_bar()
+        return self.finish(self.policy)
+
+    def close_bar(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def one_pack(self, configs: list[Config], sig, resume=None) -> int | None:
+        from .pack import Pack
+
+        t_start = time.perf_counter()
+        pack = Pack(configs, *self.datasets_for_pack(), policy=self.policy, plan_cache=self.args.plan_cache,
+                    eval_batch=self.args.eval_batch_size, tta=self.args.tta, cuda_graph=self.args.cuda_graph)
+        first = 0
+        if resume is not None:
+            first = self.restore(pack, resume)
+        stop = (lambda: sig.signum is not None)
+        while pack.active:
+            t = time.perf_counter()
+            orders = pack.begin_epoch()
+            if first:
+                with pack.stream:
+                    pack.model.running_loss.set(np.asarray(resume["running"], np.float32), stream=pack.stream)
+            at = pack.steps_of(orders, first, stop)
+            if self.bar is not None:
+                self.bar.update(at - first)
+            first = 0
+            if at < pack.steps:
+                return self.stopped(pack, at, sig)
+            for r in pack.end_epoch(time.perf_counter() - t):
+                self.record(r, self.trial_counter)
+                self.trial_counter += 1
+                pack.release(r.slot)
+            if self.bar is not None:
+                self.bar.set_postfix_str(self.best_line(), refresh=False)
+        if self.out is not None:
+            (self.out / "pack.npz").unlink(missing_ok=True)
+        self.say(f"pack of {len(configs)} models: {time.perf_counter() - t_start:.2f} s; {self.best_line()}")
+        pack.close()
+        return None
+
+    def datasets_for_pack(self):
+        if not hasattr(self, "_data"):
+            import cupy
+
+            self._data = self.datasets(cupy.cuda.Stream(non_blocking=True))
+        return self._data
+
+    def stopped(self, pack, at: int, sig) -> int:
+        """Note [stopping a sweep]: the pack in flight to pack.npz; the exit status."""
+        self.close_bar()
+        m = pack.model
+        if self.out is not None:
+            params, velocity, ema = (a.get() for a in (m.params, m.velocity, m.ema if m.ema is not None else m.params))
+            state = {"configs": [r.config.as_dict() for r in pack.results],
+                     "history": [{"accuracy": r.accuracy, "loss": r.loss, "train_loss": r.train_loss,
+                                  "seconds": r.seconds} for r in pack.results],
+                     "done": [r.done for r in pack.results], "step": at,
+                     "running": m.running_loss.get(stream=pack.stream).tolist()}
+            files.save_npz(self.out / "pack.npz", {"params": params, "velocity": velocity, "ema": ema,
+                                                  "state": np.array(json.dumps(state))})
+            where = f"pack.npz holds the pack in flight (step {at} of its epoch)"
+        else:
+            where = "no --out, nothing was saved"
+        print(f"stopped by {sig.name}: {len(self.rows)} models finished; {where}"
+              + (f"; continue with: {cli.prog('sweep')} {' '.join(_resume_args())} --resume" if self.out else ""),
+              flush=True)
+        return 130 if sig.signum == signal.SIGINT else 143
+
+    def restore(self, pack, state: dict) -> int:
+        m = pack.model
+        with pack.stream:
+            m.params.set(state["params"], stream=pack.stream)
+            m.velocity.set(state["velocity"], stream=pack.stream)
+            if m.ema is not None:
+                m.ema.set(state["ema"], stream=pack.stream)
+        pack.stream.synchronize()
+        for r, h in zip(pack.results, state["history"]):
+            r.accuracy, r.loss, r.train_loss, r.seconds = h["accuracy"], h["loss"], h["train_loss"], h["seconds"]
+        self.say(f"resumed the pack in flight at epoch {len(pack.results[0].accuracy) + 1}, step {state['step']}")
+        return int(state["step"])
+
+
+def _resume_args() -> list[str]:
+    return [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
+
+
+# ---------------------------------------------------------------------- before the GPU
+
+def settings_of(args, fingerprint: str | None, train_size: int, test_size: int) -> dict:
+    return {"grid": {d: [v if not isinstance(v, tuple) else list(v) for v in getattr(args, d)] for d in FLAG_TYPES}
+            | {"seed": sorted({s for spec in args.seeds for s in spec})},
+            "search": args.search, "trials": args.trials, "validation": args.validation, "train_size": train_size,
+            "test_size": test_size, "data_fingerprint": fingerprint, "tta": args.tta, "pack_size": args.pack_size,
+            "eval_batch_size": args.eval_batch_size, "study": args.study}
+
+
+def prepare(args) -> dict:
+    """Every check that needs no GPU: the flags, the grid, the dataset, --out and --resume. One-line
+    errors (exit 2), nothing written."""
+    check_flags(args)
+    configs = grid(args)
+    if args.search == "optuna":
+        from . import study
+
+        study.check(args)   # the extra installed, the storage opens, the space is one
+    root = data.find_dataset(args.data_dir)
+    if root is None:
+        raise data.DataError(data.not_found_message(args.data_dir))
+    cache, pending = cli.data_cache(args), []
+    (train_x, train_y), (test_x, test_y) = data.load_splits(root, ("train", "test"), cache, pending)
+    for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
+                                                                             len(test_x))):
+        if want is not None and want > have:
+            raise data.DataError(f"{flag} {want} is more than the {have} images of {root}'s "
+                                 f"{'training' if flag == '--train-size' else 'test'} split; give at most {have}")
+    train_x, train_y = train_x[: args.train_size], train_y[: args.train_size]
+    test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
+    if args.validation:
+        if args.validation >= len(train_x):
+            raise ValueError(f"--validation {args.validation} leaves no training image: the training split has "
+                             f"{len(train_x)}; hold out fewer")
+        evals = (train_x[-args.validation:], train_y[-args.validation:])
+        train_x, train_y = train_x[: -args.validation], train_y[: -args.validation]
+    else:
+        evals = (test_x, test_y)
+    mean, std = data.pixel_stats(train_x)
+    if pending:
+        files.write_later(data.commit, pending, cache)
+    fingerprint = data.fingerprint(root, cache)
+    settings = settings_of(args, fingerprint, len(train_x), len(test_x))
+    out = Path(args.out) if args.out else None
+    done_rows, pack_state = _check_out(out, args, settings)
+    study = None
+    if args.search == "optuna":   # opened (or made) now: a study made with other flags is refused before the GPU
+        from .study import open_study
+
+        study = open_study(args, settings)
+    return {"study": study, "root": root, "dataset": data.dataset_name(root), "fingerprint": fingerprint, "train": (train_x, train_y),
+            "evals": evals, "test": (test_x, test_y), "mean": mean, "std": std, "train_size": len(train_x),
+            "out": out, "configs": configs, "settings": settings, "done_rows": done_rows, "pack_state": pack_state}
+
+
+def _check_out(out: Path | None, args, settings: dict):
+    """--out a folder this sweep may write; with --resume, the earlier sweep's rows and pack in flight."""
+    if out is None:
+        return [], None
+    files.check_output_dir(out, "--out")
+    earlier = [n for n in OUT_FILES if (out / n).exists()]
+    if args.resume:
+        made = out / "sweep.json"
+        if not made.exists():
+            raise ValueError(f"--resume: {files.show(out)} holds no sweep (no sweep.json); start one without --resume")
+        try:
+            before = json.loads(made.read_text())
+        except (OSError, ValueError):
+            raise ValueError(f"--resume: {files.show(made)} is not a sweep's settings file") from None
+        diff = [k for k in RESUME_KEYS if before.get(k) != settings.get(k)]
+        if diff:
+            raise ValueError(f"--resume: the sweep in {files.show(out)} was made with {diff[0]}="
+                             f"{before.get(diff[0])!r}, this one has {settings.get(diff[0])!r}; resume with the "
+                             f"same flags")
+        rows = []
+        if (out / "results.jsonl").exists():
+            for line in (out / "results.jsonl").read_text().splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass   # a line cut by a kill: that model runs again
+        state = None
+        if (out / "pack.npz").exists():
+            with np.load(out / "pack.npz", allow_pickle=False) as z:
+                state = {k: z[k] for k in ("params", "velocity", "ema")} | json.loads(str(z["state"]))
+        return rows, state
+    if earlier and not args.overwrite:
+        raise files.OutputError(f"--out {files.show(out)} holds an earlier sweep ({', '.join(earlier)}); continue it "
+                                f"with --resume, write to a new folder, or replace it with --overwrite")
+    return [], None
+
+
+def open_out(out: Path | None, overwrite: bool, settings: dict, resume: bool) -> None:
+    if out is None:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    if overwrite:
+        import shutil
+
+        for name in OUT_FILES:
+            p = out / name
+            if p.is_dir():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)
+    if not resume:
+        files.write_atomic(out / "sweep.json", (json.dumps(settings, indent=1) + "\n").encode())
+
+
+def start_plotter(args) -> Plotter | None:
+    early = take_early()
+    if not (args.out and can_plot()):
+        if early is not None:
+            early.discard()
+        return None
+    return early or Plotter()
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    policy = cli.policy_from(args)
+    from .model import check_pack
+
+    check_pack(policy, 2)   # an engine for every operation of a pack, before anything is read
+    plotter = start_plotter(args)
+    with startup.starting(args.engine, (max(args.batch_size),)):
+        run = prepare(args)
+    from descriptors import require_gpu
+
+    gpu = require_gpu()
+    print(f"GPU {gpu} | dataset {run['dataset']} ({run['train_size']} train, {len(run['evals'][0])} "
+          f"{'validation' if args.validation else 'test'}) | policy {policy}", flush=True)
+    check_pack_memory(args, run, policy)
+    open_out(run["out"], args.overwrite, run["settings"], args.resume)
+    if args.search == "optuna":
+        from .study import StudySweep
+
+        return StudySweep(args, run, policy, plotter).run()
+    return GridSweep(args, run, policy, plotter, run["configs"]).run()
+
+
+def check_pack_memory(args, run, policy) -> None:
+    """More models in a pack than the GPU holds: one line naming how many fit, before any allocation."""
+    import cupy
+
+    from .model import check_memory
+
+    sizes = [len(p) for p in packs(run["configs"], args.pack_size or MAX_PACK)] if run["configs"] else \
+        [min(args.trials, args.pack_size or MAX_PACK)]
+    batch = max(max(args.batch_size), min(args.eval_batch_size, len(run["evals"][0])))
+    check_memory(batch, *cupy.cuda.runtime.memGetInfo(), policy, max(sizes))
+
+
+def run() -> None:
+    cli.run(main, cli.prog("sweep"))
+
+
+if __name__ == "__main__":
+    run()

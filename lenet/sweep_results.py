@@ -1,0 +1,200 @@
+"""What a sweep records and writes (lenet sweep, lenet/sweep.py; its Optuna worker, lenet/study.py): one row
+per model, the ranking, the winner (its weights, its test accuracy with --validation, its checkpoint and
+export), results.csv, summary.json and the curves."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from . import data, files, startup
+from .pack import Config, Result, config_from
+
+SWEPT = ("lr", "momentum", "nesterov", "weight_decay", "label_smoothing", "schedule", "warmup_epochs", "ema",
+         "shift", "flip", "batch_size", "epochs", "seed")
+RESUME_KEYS = ("grid", "search", "trials", "validation", "train_size", "test_size", "data_fingerprint", "tta",
+               "pack_size", "eval_batch_size", "study")
+
+
+def row_of(r: Result, trial, split: str) -> dict:
+    return {"trial": trial, "status": "pruned" if r.pruned else "complete", "config": r.config.as_dict(),
+            "split": split, "accuracy": r.accuracy, "loss": r.loss, "train_loss": r.train_loss,
+            "final": r.final, "epochs_run": len(r.accuracy), "seconds": round(r.seconds, 4)}
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["trial", "status", *SWEPT, "final", "epochs_run", "seconds", "accuracy_per_epoch"])
+    for r in rows:
+        c = r["config"]
+        w.writerow([r["trial"], r["status"], *("off" if c[k] is None else c[k] for k in SWEPT),
+                    f"{r['final']:.6f}", r["epochs_run"], r["seconds"],
+                    " ".join(f"{a:.4f}" for a in r["accuracy"])])
+    files.write_atomic(path, buf.getvalue().encode())
+
+
+def best_of(rows: list[dict]) -> dict | None:
+    """The winner: the highest final accuracy of a complete run; ties go to the lower final loss."""
+    done = [r for r in rows if r["status"] == "complete"]
+    return max(done, key=lambda r: (r["final"], -(r.get("loss") or [0])[-1])) if done else None
+
+
+def label_of(c: dict) -> str:
+    base = Config()
+    parts = [f"{k}={'off' if c[k] is None else c[k]}" for k in SWEPT if c[k] != getattr(base, k) or k == "seed"]
+    return " ".join(parts)
+
+
+class Sweep:
+    """One `lenet sweep` on one GPU: the data, the packs in turn (grid) or the study's trials (optuna),
+    and what it writes."""
+
+    def __init__(self, args, run: dict, policy, plotter):
+        self.args, self.run_info, self.policy, self.plotter = args, run, policy, plotter
+        self.out: Path | None = run["out"]
+        self.split = "validation" if args.validation else "test"
+        self.rows: list[dict] = list(run["done_rows"])
+        self.trial_counter = max([r["trial"] for r in self.rows if isinstance(r["trial"], int)], default=-1) + 1
+        self.best_weights = None   # (row, Result) of the best complete model of this process
+        self.bar = None
+        self.t0 = time.perf_counter()
+
+    def say(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            print(line, flush=True)
+
+    # -- data
+
+    def datasets(self, stream):
+        cfg = self.run_info
+        train_x, train_y = cfg["train"]
+        mean, std = cfg["mean"], cfg["std"]
+        train = data.GpuDataset(train_x, train_y, mean, std, stream)
+        evals = data.GpuDataset(*cfg["evals"], mean, std, stream)
+        return train, evals
+
+    # -- a finished model
+
+    def record(self, r: Result, trial) -> dict:
+        row = row_of(r, trial, self.split)
+        self.rows.append(row)
+        if self.out is not None:
+            files.append_line(self.out / "results.jsonl", json.dumps(row))
+        if row["status"] == "complete":
+            best = best_of(self.rows)
+            if best is row:
+                self.best_weights = (row, r)
+        return row
+
+    def progress(self, total_steps: int):
+        if self.args.quiet:
+            return None
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return None
+        self.bar = tqdm(total=total_steps, desc="sweep", unit="step", dynamic_ncols=True, file=sys.stderr)
+        return self.bar
+
+    def best_line(self) -> str:
+        b = best_of(self.rows)
+        return f"best {100 * b['final']:.2f}% ({label_of(b['config'])})" if b else "best -"
+
+    # -- ending
+
+    def finish(self, model_policy) -> int:
+        """The table, the winner on the test split (with --validation), the files."""
+        rows = sorted(self.rows, key=lambda r: -r["final"] if r["status"] == "complete" else 1.0)
+        if not rows:
+            self.say("no model finished")
+            return 0
+        best = best_of(self.rows)
+        self.say(f"{len(self.rows)} models ({sum(r['status'] == 'pruned' for r in self.rows)} pruned), ranked on the "
+                 f"{self.split} split ({'the last %d training images, held out' % self.args.validation if self.args.validation else 'test'}):")
+        for r in rows[:10]:
+            self.say(f"  {100 * r['final']:6.2f}%  {r['status']:<8}  {label_of(r['config'])}")
+        if len(rows) > 10:
+            self.say(f"  ... {len(rows) - 10} more (results.csv)")
+        summary = {"models": len(self.rows), "split": self.split, "best": best, "seconds": round(
+            startup.process_seconds(), 3)}
+        if best is not None:
+            cfg = config_from(best["config"])
+            summary["train_command"] = "lenet train " + " ".join(cfg.train_flags(self.args.tta))
+            test = self.evaluate_winner(best, model_policy)
+            if test is not None:
+                summary["test_accuracy"], summary["test_loss"] = test
+                self.say(f"the winner on the test split (seen now, once, by it alone): {100 * test[0]:.2f}%")
+            self.say(f"the winner alone: {summary['train_command']}")
+        if self.out is not None:
+            self.write_outputs(summary, best)
+        self.say(f"wall clock {startup.process_seconds():.2f} s from process start")
+        return 0
+
+    def evaluate_winner(self, best: dict, policy):
+        """With --validation: the winner's weights on the test split, once. None when there is no
+        validation split or the winner's weights are not in this process (a resumed sweep's winner
+        finished before: its checkpoint holds them)."""
+        weights = self.winner_weights(best)
+        if not self.args.validation or weights is None:
+            return None
+        from .model import LeNet
+
+        test_x, test_y = self.run_info["test"]
+        model = LeNet(max_batch=min(self.args.eval_batch_size, len(test_x)), policy=policy, cuda_graph=True)
+        model.load_flat(weights[0], np.zeros_like(weights[0]))
+        split = data.GpuDataset(test_x, test_y, self.run_info["mean"], self.run_info["std"], model.stream)
+        loss, acc = model.evaluate(split, batch=self.args.eval_batch_size, tta=self.args.tta)
+        model.close()
+        return float(acc), float(loss)
+
+    def winner_weights(self, best: dict):
+        if self.best_weights is not None and self.best_weights[0] is best:
+            r = self.best_weights[1]
+            return r.weights, r.params, r.velocity
+        if self.out is not None and (self.out / "best" / "checkpoint.npz").exists():
+            params, velocity, meta = ckpt.load(self.out / "best" / "checkpoint.npz")
+            if meta.get("sweep_row") == best.get("trial"):
+                return ckpt.weights(params, meta)[0], params, velocity
+        return None
+
+    def write_outputs(self, summary: dict, best: dict | None) -> None:
+        out = self.out
+        write_csv(out / "results.csv", self.rows)
+        files.write_atomic(out / "summary.json", (json.dumps(summary, indent=1, default=float) + "\n").encode())
+        if best is not None and self.best_weights is not None and self.best_weights[0] is best:
+            r = self.best_weights[1]
+            (out / "best").mkdir(exist_ok=True)
+            cfg = r.config
+            config = {"dataset": self.run_info["dataset"], "data_fingerprint": self.run_info["fingerprint"],
+                      "train_size": self.run_info["train_size"], "mean": self.run_info["mean"],
+                      "std": self.run_info["std"], **{k: v for k, v in cfg.as_dict().items()},
+                      "ema": cfg.ema, "tta": self.args.tta, "engine": self.args.engine}
+            meta = {"epoch": len(r.accuracy), "step": 0, "iteration": 0, "running_loss": 0.0, "config": config,
+                    "history": [{"epoch": e + 1, f"{self.split}_accuracy": a} for e, a in enumerate(r.accuracy)],
+                    "sweep_row": best["trial"]}
+            ckpt.save(out / "best" / "checkpoint.npz", r.params, r.velocity, meta,
+                      r.weights if cfg.ema is not None else None)
+            from . import export
+            from .params import unpack
+
+            try:
+                export.save(unpack(r.weights), out / "best" / "model.safetensors")
+            except ValueError:   # no safetensors: NumPy's format
+                export.save(unpack(r.weights), out / "best" / "model.npz")
+        if self.plotter is not None:
+            curves = [{"label": label_of(r["config"]), "accuracy": r["accuracy"], "best": r is best} for r in self.rows]
+            self.plotter.path = out / "curves.png"
+            self.plotter.draw_sweep(curves, self.split)
+            err = self.plotter.close()
+            if err:
+                self.say(f"curves.png not drawn: {err}")

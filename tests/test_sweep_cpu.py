@@ -1,0 +1,249 @@
+"""lenet sweep without a GPU: the grid and its packs, the configurations, every bad input refused in one line
+before the GPU with nothing written, the study's storage and its trial bookkeeping (Note [trial budget] in
+lenet/study.py), and the resume checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lenet import sweep
+from lenet.pack import Config, config_from, packs
+from lenet.schedule import SCHEDULES, Schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def parse(*argv):
+    return sweep.parser().parse_args([str(a) for a in argv])
+
+
+def run(*args, env=None, cwd=None):
+    e = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "lenet", "sweep", *map(str, args)], env=e, cwd=cwd,
+                          capture_output=True, text=True, timeout=120)
+
+
+def one_line(out) -> str:
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert "Traceback" not in out.stderr and len(lines) == 1, out.stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------ the grid
+
+def test_grid_is_every_combination_seeds_innermost():
+    args = parse("--lr", 0.05, 0.1, 0.2, 0.4, "--label-smoothing", 0, 0.1, "--weight-decay", 0, 5e-4,
+                 "--seeds", "0-3")
+    configs = sweep.grid(args)
+    assert len(configs) == 64 and len(set(configs)) == 64
+    assert [c.seed for c in configs[:5]] == [0, 1, 2, 3, 0]
+    assert {c.lr for c in configs} == {0.05, 0.1, 0.2, 0.4}
+    # the defaults are the fast recipe
+    assert all((c.epochs, c.batch_size, c.schedule, c.nesterov, c.flip) == (16, 128, "cosine", True, True)
+               for c in configs)
+
+
+def test_seed_specs_and_repeated_values():
+    assert sweep.seeds("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    args = parse("--lr", 0.1, 0.1, "--seeds", "0-1", "1-2")
+    assert [c.seed for c in sweep.grid(args)] == [0, 1, 2]   # each configuration once
+
+
+def test_nesterov_without_momentum_is_left_out_of_the_grid():
+    args = parse("--momentum", 0, 0.9, "--nesterov", "on", "off")
+    assert {(c.momentum, c.nesterov) for c in sweep.grid(args)} == {(0.0, False), (0.9, True), (0.9, False)}
+
+
+def test_packs_group_by_batch_and_epochs_and_cut_at_the_pack_size():
+    configs = [Config(seed=s, batch_size=b, epochs=e) for b in (64, 128) for e in (2, 4) for s in range(5)]
+    got = packs(configs, 3)
+    assert [len(p) for p in got] == [3, 2] * 4
+    for p in got:
+        assert len({(c.batch_size, c.epochs) for c in p}) == 1
+    assert [len(p) for p in packs(configs)] == [5] * 4
+    with pytest.raises(ValueError):
+        packs(configs, 0)
+
+
+def test_config_refuses_what_cannot_train_in_one_line():
+    for kw, words in (({"lr": float("nan")}, "lr"), ({"lr": -0.1}, "lr"), ({"momentum": 1.0}, "momentum"),
+                      ({"nesterov": True, "momentum": 0.0}, "nesterov"), ({"ema": 1.0}, "ema"),
+                      ({"schedule": "linear"}, "schedule"), ({"shift": 14}, "shift"), ({"seed": -1}, "seed"),
+                      ({"warmup_epochs": 20, "epochs": 16}, "warmup")):
+        with pytest.raises(ValueError, match=words):
+            Config(**kw)
+    c = Config(lr=0.2, seed=7, ema=0.999)
+    assert config_from(c.as_dict()) == c
+    with pytest.raises(ValueError, match="unknown settings"):
+        config_from({**c.as_dict(), "dropout": 0.5})
+
+
+def test_train_flags_name_the_lone_run():
+    flags = " ".join(Config(lr=0.2, seed=3, ema=0.999, shift=2).train_flags(tta=True))
+    for part in ("--lr 0.2", "--seed 3", "--ema 0.999", "--shift 2", "--nesterov", "--label-smoothing 0.1",
+                 "--warmup-epochs 1", "--flip", "--tta", "--schedule cosine", "--epochs 16", "--batch-size 128"):
+        assert part in flags
+    assert "--ema" not in " ".join(Config().train_flags())
+
+
+@pytest.mark.parametrize("kind", SCHEDULES)
+def test_schedule_table_is_the_schedule_step_by_step(kind):
+    s = Schedule(kind, 0.1, warmup=300)
+    table = s.table(469, 469 * 16).astype(np.float32)
+    ref = np.array([s.at(i, 469, 469 * 16) for i in range(469 * 16)], np.float32)
+    assert np.array_equal(table, ref)
+
+
+# ------------------------------------------------------------------ bad input: one line, before the GPU, nothing written
+
+@pytest.mark.parametrize("flags,words", [
+    (["--seeds", "5-2"], "seed range '5-2'"),
+    (["--lr", "0.1", "nan"], "invalid value 'nan'"),
+    (["--lr", "-0.1"], "invalid value '-0.1'"),
+    (["--trials", "0", "--search", "optuna"], "invalid value '0'"),
+    (["--momentum", "0", "--nesterov", "on"], "the grid is empty"),
+    (["--lr"], "expected at least one argument"),
+    (["--trials", "8"], "--trials is for --search optuna"),
+    (["--search", "optuna"], "needs --trials"),
+    (["--lr", "0.01:0.5"], "ranges are for --search optuna"),
+    (["--engine", "legacy"], "a pack of 2 models"),
+    (["--schedule", "linear"], "use one of"),
+    (["--search", "optuna", "--trials", "4", "--storage", "/no/such/folder/study.log", "--lr", "0.1", "0.2"],
+     "does not exist"),
+    (["--search", "optuna", "--trials", "4", "--storage", "sqlite:////no/such/folder/study.db", "--lr", "0.1", "0.2"],
+     "cannot open"),
+    (["--search", "optuna", "--trials", "4"], "nothing to choose"),
+    (["--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--epochs", "2", "4"], "one value"),
+])
+def test_bad_input_is_one_line_before_the_gpu_and_writes_nothing(flags, words, dataset, tmp_path):
+    out = tmp_path / "out"
+    r = run("--data-dir", dataset, "--out", out, *flags)
+    assert r.returncode == 2
+    line = one_line(r)
+    assert line.startswith("lenet sweep: error:") and words in line, line
+    assert not out.exists()
+
+
+def test_optuna_missing_names_the_command_that_installs_it(dataset, tmp_path):
+    fake = tmp_path / "site"
+    (fake / "optuna").mkdir(parents=True)
+    (fake / "optuna" / "__init__.py").write_text("raise ImportError('No module named optuna')\n")
+    r = run("--data-dir", dataset, "--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2",
+            env={"PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"})
+    assert r.returncode == 2 and "pip install '.[sweep]'" in one_line(r)
+
+
+def test_validation_larger_than_the_split_is_refused(dataset, tmp_path):
+    r = run("--data-dir", dataset, "--validation", 40, "--out", tmp_path / "out")
+    assert r.returncode == 2 and "leaves no training image" in one_line(r)
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_earlier_sweep_is_kept_unless_resumed_or_overwritten(dataset, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.jsonl").write_text("")
+    r = run("--data-dir", dataset, "--out", out)
+    assert r.returncode == 2 and "holds an earlier sweep" in one_line(r)
+    r = run("--data-dir", dataset, "--out", out, "--resume")
+    assert r.returncode == 2 and "holds no sweep" in one_line(r)
+    args = parse("--data-dir", dataset, "--out", out, "--lr", 0.1, 0.2)
+    settings = sweep.settings_of(args, "abc", 40, 20)
+    (out / "sweep.json").write_text(json.dumps(settings))
+    r = run("--data-dir", dataset, "--out", out, "--resume", "--lr", 0.1, 0.3)
+    assert r.returncode == 2 and "was made with grid=" in one_line(r)
+    assert sorted(p.name for p in out.iterdir()) == ["results.jsonl", "sweep.json"]
+
+
+def test_more_models_than_fit_names_how_many_fit():
+    from lenet.engines import Policy
+    from lenet.model import bytes_per_image, check_memory, models_that_fit
+
+    per = 128 * bytes_per_image(Policy(), 2)
+    free = 10 << 30
+    fit = models_that_fit(128, free)
+    assert fit * per <= 0.9 * free - (256 << 20) < (fit + 1) * per
+    check_memory(128, free, 80 << 30, Policy(), fit)
+    with pytest.raises(ValueError, match=f"{fit} such models fit"):
+        check_memory(128, free, 80 << 30, Policy(), fit + 1)
+
+
+# ------------------------------------------------------------------ the study's storage and bookkeeping
+
+optuna = pytest.importorskip("optuna", reason="the optional extra .[sweep]")
+
+
+def _args(tmp_path, *extra):
+    return parse("--search", "optuna", "--trials", 5, "--lr", "0.01:0.5", "--seeds", "0-3",
+                 "--storage", tmp_path / "study.log", *extra)
+
+
+def test_two_workers_share_one_journal_and_the_budget(tmp_path):
+    from lenet import study
+
+    args = _args(tmp_path)
+    settings = sweep.settings_of(args, "abc", 50000, 10000)
+    a, b = study.open_study(args, settings), study.open_study(args, settings)   # two workers, one file
+    dists, _ = study.space(args)
+    admitted = []
+    for worker in [a, b, b, a, a, b, a, b]:
+        t = worker.ask(dists)
+        if study.admitted(worker, t, args.trials):
+            admitted.append(t.number)
+            worker.tell(t, 0.5 + 0.01 * t.number)
+        else:
+            worker.tell(t, state=optuna.trial.TrialState.FAIL)
+    assert admitted == [0, 1, 2, 3, 4]   # each number once, in order, and no more than the budget
+    trials = study.open_study(args, settings).get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) == 5 and len({t.number for t in done}) == 5
+    assert study.open_study(args, settings).best_trial.number == 4
+
+
+def test_a_failed_trial_leaves_its_place_in_the_budget(tmp_path):
+    from lenet import study
+
+    args = _args(tmp_path)
+    s = study.open_study(args, sweep.settings_of(args, "abc", 50000, 10000))
+    dists, _ = study.space(args)
+    t0 = s.ask(dists)
+    s.tell(t0, state=optuna.trial.TrialState.FAIL)   # interrupted
+    numbers = []
+    for _ in range(7):
+        t = s.ask(dists)
+        if study.admitted(s, t, args.trials):
+            numbers.append(t.number)
+            s.tell(t, 0.1)
+    assert numbers == [1, 2, 3, 4, 5]
+
+
+def test_a_study_made_with_other_flags_is_refused(tmp_path):
+    from lenet import study
+
+    args = _args(tmp_path)
+    study.open_study(args, sweep.settings_of(args, "abc", 50000, 10000))
+    other = _args(tmp_path, "--validation", 10000)
+    with pytest.raises(ValueError, match="was made with other flags"):
+        study.open_study(other, sweep.settings_of(other, "abc", 50000, 10000))
+    # another pack size is the same study: a worker per GPU may pack differently
+    same = _args(tmp_path, "--pack-size", 8)
+    study.open_study(same, sweep.settings_of(same, "abc", 50000, 10000))
+
+
+def test_space_is_categorical_lists_and_float_ranges():
+    from lenet import study
+
+    args = parse("--search", "optuna", "--trials", 4, "--lr", "0.01:0.5", "--label-smoothing", 0, 0.1,
+                 "--ema", "off", "0.999", "--shift", "0:2")
+    dists, fixed = study.space(args)
+    assert dists["lr"].log and (dists["lr"].low, dists["lr"].high) == (0.01, 0.5)
+    assert dists["label_smoothing"].choices == (0.0, 0.1) and dists["ema"].choices == (None, 0.999)
+    assert (dists["shift"].low, dists["shift"].high) == (0, 2)
+    assert fixed["seed"] == 0 and fixed["epochs"] == 16 and "lr" not in fixed
