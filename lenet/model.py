@@ -255,9 +255,11 @@ class LeNet:
         ema_decays = st["ema_decay"]
         with self.stream:
             self._allocate(st["seed"], ema_decays)
-        self._operations(momentum if K == 1 else 0.0, weight_decay if K == 1 else 0.0, bool(nesterov) if K == 1
-                         else False, float(label_smoothing) if K == 1 else self.label_smoothing_dev,
-                         ema_decay if K == 1 else (0.0 if self.ema is not None else None))
+        if K == 1:   # the constants in the update's launch, as ever
+            self._operations(st["momentum"][0], st["weight_decay"][0], bool(st["nesterov"][0]),
+                             float(st["label_smoothing"][0]), ema_decays[0])
+        else:        # a pack's on the device (self.hyper, self.label_smoothing_dev)
+            self._operations(0.0, 0.0, False, self.label_smoothing_dev, 0.0 if self.ema is not None else None)
         self.runner = Runner(self.stream, self.planner.workspace, self._save_state, self._restore_state)
         self._steps: dict[int, Step] = {}
         self._lr_host: float | None = None

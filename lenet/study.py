@@ -125,7 +125,16 @@ def open_study(args, settings: dict):
     """The study (created, or loaded with the same flags): one line when it was made with others."""
     o = optuna()
     pruner = o.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1) if args.prune else o.pruners.NopPruner()
-    sampler = o.samplers.TPESampler(seed=None if args.storage else 0, constant_liar=True)
+    seed = None if args.storage else 0   # one worker alone: reproducible choices
+    if args.sampler == "grid":
+        dists, _ = space(args)
+        if any(not isinstance(d, o.distributions.CategoricalDistribution) for d in dists.values()):
+            raise ValueError("--sampler grid takes lists of values, not ranges LOW:HIGH")
+        sampler = o.samplers.GridSampler({k: list(d.choices) for k, d in dists.items()}, seed=seed)
+    elif args.sampler == "random":
+        sampler = o.samplers.RandomSampler(seed=seed)
+    else:
+        sampler = o.samplers.TPESampler(seed=seed, constant_liar=True)
     st = storage(args.storage)
     mine = {k: settings.get(k) for k in STUDY_KEYS}
     try:

@@ -160,6 +160,9 @@ def parser() -> cli.Parser:
                         "(sqlite:///study.db, postgresql://...) or a journal file path (default: in memory, one "
                         "worker)")
     s.add_argument("--study", default="lenet-sweep", metavar="NAME", help="the study's name (default: lenet-sweep)")
+    s.add_argument("--sampler", choices=("tpe", "random", "grid"), default="tpe",
+                   help="--search optuna: how trials are chosen: tpe (Optuna's default), random, or grid (every "
+                        "combination of the values given once, over every worker; no ranges) (default: tpe)")
     s.add_argument("--no-prune", dest="prune", action="store_false",
                    help="--search optuna: let every trial run all its epochs (default: prune with Optuna's "
                         "median pruner)")
@@ -350,7 +353,8 @@ def settings_of(args, fingerprint: str | None, train_size: int, test_size: int) 
             | {"seed": sorted({s for spec in args.seeds for s in spec})},
             "search": args.search, "trials": args.trials, "validation": args.validation, "train_size": train_size,
             "test_size": test_size, "data_fingerprint": fingerprint, "tta": args.tta, "pack_size": args.pack_size,
-            "eval_batch_size": args.eval_batch_size, "study": args.study}
+            "eval_batch_size": args.eval_batch_size, "study": args.study, "sampler": args.sampler,
+            "prune": args.prune}
 
 
 def prepare(args) -> dict:

@@ -20,7 +20,7 @@ from .pack import Config, Result, config_from
 SWEPT = ("lr", "momentum", "nesterov", "weight_decay", "label_smoothing", "schedule", "warmup_epochs", "ema",
          "shift", "flip", "batch_size", "epochs", "seed")
 RESUME_KEYS = ("grid", "search", "trials", "validation", "train_size", "test_size", "data_fingerprint", "tta",
-               "pack_size", "eval_batch_size", "study")
+               "pack_size", "eval_batch_size", "study", "sampler", "prune")
 
 
 def row_of(r: Result, trial, split: str) -> dict:

@@ -1,0 +1,126 @@
+"""lenet sweep on the GPU: a grid's outputs and its winner, a sweep stopped by a signal and resumed ending as an
+uninterrupted one did, and two Optuna workers on one GPU sharing one storage file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_train_gpu import dataset  # noqa: F401 - the synthetic dataset fixture
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--epochs", "2", "--train-size", "2000", "--quiet", "--algo", "heuristic", "--deterministic"]
+
+
+def sweep(*args, timeout=300, background=False):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "lenet", "sweep", *map(str, args)]
+    if background:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_grid_writes_every_model_and_the_winner(dataset, tmp_path):  # noqa: F811
+    out = tmp_path / "out"
+    r = sweep("--data-dir", dataset, "--lr", 0.05, 0.1, "--seeds", "0-1", "--validation", 500, *SMALL, "--out", out)
+    assert r.returncode == 0, r.stderr
+    got = rows(out)
+    assert len(got) == 4 and {(g["config"]["lr"], g["config"]["seed"]) for g in got} == \
+        {(a, s) for a in (0.05, 0.1) for s in (0, 1)}
+    assert all(len(g["accuracy"]) == 2 and g["split"] == "validation" for g in got)
+    assert max(g["final"] for g in got) > 0.5
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best"]["final"] == max(g["final"] for g in got) and 0.5 < summary["test_accuracy"] <= 1.0
+    assert "the winner on the test split (seen now, once, by it alone)" in r.stdout
+    assert (out / "curves.png").stat().st_size > 1000 and (out / "results.csv").read_text().count("\n") == 5
+    from lenet import checkpoint as ckpt
+
+    params, _, meta = ckpt.load(out / "best" / "checkpoint.npz")
+    assert meta["config"]["lr"] == summary["best"]["config"]["lr"]
+    assert any((out / "best" / n).exists() for n in ("model.safetensors", "model.npz"))
+    # the winner's checkpoint is one `lenet predict` reads (on the CPU: no GPU needed for it)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "lenet", "predict", "--checkpoint", str(out / "best" / "checkpoint.npz"),
+                        str(dataset / "t10k-images-idx3-ubyte.gz"), "--labels", str(dataset / "t10k-labels-idx1-ubyte"),
+                        "--device", "cpu", "--show", "0"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    import re
+
+    cpu = float(re.search(r"accuracy ([\d.]+)%", p.stdout).group(1))
+    assert abs(cpu - 100 * summary["test_accuracy"]) <= 0.2, p.stdout   # the same weights (a near tie may flip)
+
+
+def test_a_sweep_stopped_by_a_signal_resumes_to_what_an_uninterrupted_one_gives(dataset, tmp_path, monkeypatch):  # noqa: F811
+    from lenet import sweep as program
+    from lenet.pack import Pack
+
+    flags = ["--data-dir", str(dataset), "--lr", "0.05", "0.1", "--seeds", "0-1", *SMALL, "--epochs", "3"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert program.main([*flags, "--out", str(whole)]) == 0
+    original, calls = Pack.steps_of, {"n": 0}
+
+    def interrupted(self, orders, first=0, stop=None):
+        calls["n"] += 1
+        if calls["n"] != 2:
+            return original(self, orders, first, stop)
+        seen = {"steps": 0}
+
+        def stop_after_five():   # SIGINT in the second epoch, five steps in
+            seen["steps"] += 1
+            if seen["steps"] == 5:
+                os.kill(os.getpid(), signal.SIGINT)
+            return stop()
+        return original(self, orders, first, stop_after_five)
+    monkeypatch.setattr(Pack, "steps_of", interrupted)
+    assert program.main([*flags, "--out", str(parts)]) == 130
+    assert (parts / "pack.npz").exists()
+    monkeypatch.setattr(Pack, "steps_of", original)
+    assert program.main([*flags, "--out", str(parts), "--resume"]) == 0
+    assert not (parts / "pack.npz").exists()
+
+    def by_config(out):
+        return {json.dumps(r["config"], sort_keys=True): (r["accuracy"], r["loss"], r["train_loss"]) for r in rows(out)}
+    assert by_config(parts) == by_config(whole)   # bit-identical under --deterministic
+
+
+def test_two_workers_on_one_gpu_share_one_study(dataset, tmp_path):  # noqa: F811
+    pytest.importorskip("optuna", reason="the optional extra .[sweep]")
+    import optuna
+
+    flags = ["--data-dir", dataset, "--search", "optuna", "--sampler", "grid", "--no-prune", "--trials", 8,
+             "--lr", 0.05, 0.1, "--label-smoothing", 0, 0.1, "--seeds", "0-1", "--pack-size", 2, "--validation", 500,
+             *SMALL]
+    both = tmp_path / "both.log"
+    workers = [sweep(*flags, "--storage", both, "--out", tmp_path / f"w{i}", background=True) for i in range(2)]
+    for w in workers:
+        _, err = w.communicate(timeout=400)
+        assert w.returncode == 0, err
+    alone = sweep(*flags, "--storage", tmp_path / "alone.log", "--out", tmp_path / "alone")
+    assert alone.returncode == 0, alone.stderr
+
+    def study(path):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.load_study(study_name="lenet-sweep",
+                                 storage=optuna.storages.JournalStorage(JournalFileBackend(str(path))))
+    shared = study(both)
+    complete = [t for t in shared.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    assert sorted(t.number for t in complete) == list(range(8))   # the study complete
+    ran = [r["trial"] for i in range(2) for r in rows(tmp_path / f"w{i}")]
+    assert sorted(ran) == list(range(8))                           # each trial run once, by one worker
+    assert all(rows(tmp_path / f"w{i}") for i in range(2))         # both workers trained
+    configs = [json.dumps(r["config"], sort_keys=True) for i in range(2) for r in rows(tmp_path / f"w{i}")]
+    assert len(set(configs)) == 8                                  # the grid, no configuration twice
+    one = study(tmp_path / "alone.log")
+    assert shared.best_trial.params == one.best_trial.params and shared.best_value == one.best_value
