@@ -130,7 +130,7 @@ def open_study(args, settings: dict):
         dists, _ = space(args)
         if any(not isinstance(d, o.distributions.CategoricalDistribution) for d in dists.values()):
             raise ValueError("--sampler grid takes lists of values, not ranges LOW:HIGH")
-        sampler = o.samplers.GridSampler({k: list(d.choices) for k, d in dists.items()}, seed=seed)
+        sampler = _Grid({k: list(d.choices) for k, d in dists.items()}, seed=seed)
     elif args.sampler == "random":
         sampler = o.samplers.RandomSampler(seed=seed)
     else:
@@ -151,6 +151,22 @@ def open_study(args, settings: dict):
                          f"this worker has {mine.get(k)!r}); run every worker with the same flags, or name another "
                          f"--study")
     return study
+
+
+def _grid_sampler():
+    o = optuna()
+
+    class Grid(o.samplers.GridSampler):
+        """Optuna's grid sampler, but the budget (--trials) ends a worker, not the grid: GridSampler stops the
+        study once every point ran, and Study.stop() raises outside Study.optimize (ask and tell, here)."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            pass
+    return Grid
+
+
+def _Grid(*args, **kw):
+    return _grid_sampler()(*args, **kw)
 
 
 def admitted(study, trial, budget: int) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,8 @@ RESUME_KEYS = ("grid", "search", "trials", "validation", "train_size", "test_siz
 
 
 def row_of(r: Result, trial, split: str) -> dict:
-    return {"trial": trial, "status": "pruned" if r.pruned else "complete", "config": r.config.as_dict(),
+    status = "pruned" if r.pruned else ("complete" if all(map(math.isfinite, r.loss)) else "diverged")
+    return {"trial": trial, "status": status, "config": r.config.as_dict(),
             "split": split, "accuracy": r.accuracy, "loss": r.loss, "train_loss": r.train_loss,
             "final": r.final, "epochs_run": len(r.accuracy), "seconds": round(r.seconds, 4)}
 
@@ -119,7 +121,8 @@ class Sweep:
             self.say("no model finished")
             return 0
         best = best_of(self.rows)
-        self.say(f"{len(self.rows)} models ({sum(r['status'] == 'pruned' for r in self.rows)} pruned), ranked on the "
+        count = {k: sum(r["status"] == k for r in self.rows) for k in ("pruned", "diverged")}
+        self.say(f"{len(self.rows)} models ({count['pruned']} pruned, {count['diverged']} diverged), ranked on the "
                  f"{self.split} split ({'the last %d training images, held out' % self.args.validation if self.args.validation else 'test'}):")
         for r in rows[:10]:
             self.say(f"  {100 * r['final']:6.2f}%  {r['status']:<8}  {label_of(r['config'])}")

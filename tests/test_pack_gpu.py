@@ -104,3 +104,40 @@ def test_pack_of_one_is_a_lone_model():
     assert one.describe(32) == plain.describe(32) or [r["algo"] for r in one.describe(32)] == \
         [r["algo"] for r in plain.describe(32)]
     assert rel_err(flat(one.state_dict()), flat(plain.state_dict())) == 0.0
+
+
+def test_each_model_of_a_pack_gathers_what_its_lone_run_gathers():
+    """gather_pack (one launch for the pack) against gather_batch (a lone run's), model by model: its own
+    permutation, augmentation draws, epoch, labels and learning rate."""
+    import cupy
+
+    from lenet.data import GpuDataset
+    from lenet.kernels import Augment, gather_batch
+    from lenet.pack import Config, Pack
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (700, 28, 28), dtype=np.uint8), rng.integers(0, 10, 700).astype(np.uint8)
+    configs = [Config(seed=3, flip=True, epochs=4, lr=0.2), Config(seed=8, shift=2, flip=False, epochs=4, lr=0.05),
+               Config(seed=1, schedule="step", epochs=4, lr=0.1)]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    train, test = GpuDataset(images, labels, 70.0, 80.0, stream), GpuDataset(images[:100], labels[:100], 70.0, 80.0,
+                                                                              stream)
+    pack = Pack(configs, train, test, cuda_graph=False)
+    pack.slots[1].accuracy = [0.5, 0.5]   # model 1 in its third epoch: its own epoch's order and draws
+    orders = pack.begin_epoch()
+    n, s = 100, 3
+    pack.model.load_pack(train, orders, s * 128, n, pack.aug, pack.epoch_dev, pack.lr_table, pack.lr_at, s)
+    with stream:
+        x, y = cupy.zeros((n, 1, 28, 28), cupy.float32), cupy.zeros(n, cupy.int32)
+        lr = cupy.zeros(1, cupy.float32)
+    for m, c in enumerate(configs):
+        epoch = len(pack.slots[m].accuracy)
+        with stream:
+            gather_batch(train.images, train.labels, train.order(c.seed, epoch), s * 128, n, train.mean, train.std,
+                         x, y, 0.0, None, Augment(c.shift, c.flip, c.seed), epoch)
+        stream.synchronize()
+        rows = slice(m * n, (m + 1) * n)
+        assert cupy.array_equal(pack.model.buf["x"][rows], x) and cupy.array_equal(pack.model.buf["labels"][rows], y)
+        want = np.float32(c.schedule_of(pack.steps).at(epoch * pack.steps + s, pack.steps, pack.steps * c.epochs))
+        assert float(pack.model.lr_dev[m].get()) == want
+    pack.close()

@@ -16,7 +16,9 @@ from test_train_gpu import dataset  # noqa: F401 - the synthetic dataset fixture
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--epochs", "2", "--train-size", "2000", "--quiet", "--algo", "heuristic", "--deterministic"]
+# Two epochs of the synthetic set: no mirror (its templates are not symmetric), no warm-up, batch 64.
+SMALL = ["--epochs", "2", "--train-size", "2000", "--quiet", "--algo", "heuristic", "--deterministic", "--flip", "off",
+         "--warmup-epochs", "0", "--batch-size", "64", "--no-tta"]
 
 
 def sweep(*args, timeout=300, background=False):

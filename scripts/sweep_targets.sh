@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The sweep's measured targets on a GPU machine, from the repository root (logs under $OUT or out/sweep-targets):
+#   bash scripts/sweep_targets.sh timings    16 seeds of the fast recipe; the 64-configuration grid of 16 epochs
+#                                            (each run once to warm the caches, then timed from process start);
+#                                            the fast recipe's seeds 0-2 as a pack beside three lone `lenet train`s
+#   bash scripts/sweep_targets.sh recipe     a recipe chosen on --validation 10000 alone, then the winner's
+#                                            `lenet train` command on the test split with seeds 0, 1, 2
+# Needs the dataset ($LENET_DATA or the default places) and the project importable (PYTHONPATH).
+set -u -o pipefail
+out=${OUT:-out/sweep-targets}
+mkdir -p "$out"
+part=${1:-timings}
+
+timed() {   # timed NAME PROGRAM ARGS...: the wall clock from process start to exit, and the log's last lines
+    local name=$1; shift
+    local t0 t1
+    t0=$(date +%s.%N)
+    python3 -m lenet "$@" > "$out/$name.log" 2>&1
+    local rc=$?
+    t1=$(date +%s.%N)
+    echo "== $name: rc $rc, $(python3 -c "print(f'{$t1 - $t0:.2f}')") s from process start to exit"
+    grep -v "^$" "$out/$name.log" | tail -${TAIL:-14}
+}
+
+if [ "$part" = timings ]; then
+    seeds=(sweep --quiet --seeds 0-15 --overwrite)
+    timed seeds16-first "${seeds[@]}" --out "$out/seeds16"
+    timed seeds16 "${seeds[@]}" --out "$out/seeds16"
+    grid=(sweep --quiet --lr 0.05 0.1 0.2 0.4 --label-smoothing 0 0.1 --weight-decay 5e-4 1e-3 --seeds 0-3 --overwrite)
+    timed grid64-first "${grid[@]}" --out "$out/grid64"
+    TAIL=16 timed grid64 "${grid[@]}" --out "$out/grid64"
+    python3 - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+for name in ("seeds16", "grid64"):
+    rows = [json.loads(x) for x in (out / name / "results.jsonl").read_text().splitlines()]
+    finals = sorted(100 * r["final"] for r in rows)
+    print(f"{name}: {len(rows)} models, final test accuracy min {finals[0]:.2f}% median {finals[len(finals) // 2]:.2f}% "
+          f"max {finals[-1]:.2f}%; at least 91%: {sum(f >= 91.0 for f in finals)} of {len(finals)}")
+    if name == "seeds16":
+        print("  per seed: " + " ".join(f"{r['config']['seed']}:{100 * r['final']:.2f}" for r in
+                                        sorted(rows, key=lambda r: r['config']['seed'])))
+EOF
+    # the fast recipe's seeds 0-2: a pack of three against three lone runs
+    timed pack3 sweep --quiet --seeds 0-2 --overwrite --out "$out/pack3"
+    for s in 0 1 2; do
+        timed "lone$s" train --quiet --epochs 16 --batch-size 128 --schedule cosine --lr 0.1 --nesterov \
+            --label-smoothing 0.1 --warmup-epochs 1 --flip --tta --seed $s
+    done
+    python3 - "$out" <<'EOF'
+import json, re, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+pack = {r["config"]["seed"]: 100 * r["final"] for r in map(json.loads, (out / "pack3" / "results.jsonl").read_text().splitlines())}
+for s in range(3):
+    lone = float(re.findall(r"test accuracy ([\d.]+)%", (out / f"lone{s}.log").read_text())[-1])
+    print(f"seed {s}: pack {pack[s]:.2f}%, lone {lone:.2f}%, difference {pack[s] - lone:+.2f} points")
+EOF
+fi
+
+if [ "$part" = recipe ]; then
+    TAIL=16 timed recipe-sweep sweep --quiet --validation 10000 --batch-size 64 --epochs 60 100 --lr 0.05 0.1 \
+        --weight-decay 5e-4 1e-3 2e-3 --shift 0 1 2 --ema 0.999 --seeds 0-1 --overwrite --out "$out/recipe"
+    cmd=$(python3 -c "import json; print(json.load(open('$out/recipe/summary.json'))['train_command'])")
+    echo "the winner: $cmd"
+    for s in 0 1 2; do
+        timed "winner$s" $(echo "$cmd" | sed -e "s/^lenet //" -e "s/--seed [0-9]*/--seed $s/") --quiet
+    done
+    python3 - "$out" <<'EOF'
+import re, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+accs = [float(re.findall(r"test accuracy ([\d.]+)%", (out / f"winner{s}.log").read_text())[-1]) for s in range(3)]
+print(f"the winner on the test split, seeds 0 1 2: {' / '.join(f'{a:.2f}' for a in accs)}%, mean {sum(accs) / 3:.2f}%")
+EOF
+fi
