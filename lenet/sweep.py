@@ -312,6 +312,7 @@ class GridSweep(Sweep):
         self.close_bar()
         m = pack.model
         if self.out is not None:
+            pack.stream.synchronize()   # the step in flight finished: get() copies on CuPy's stream, not the model's
             params, velocity, ema = (a.get() for a in (m.params, m.velocity, m.ema if m.ema is not None else m.params))
             state = {"configs": [r.config.as_dict() for r in pack.results],
                      "history": [{"accuracy": r.accuracy, "loss": r.loss, "train_loss": r.train_loss,

@@ -49,6 +49,19 @@ def best_of(rows: list[dict]) -> dict | None:
     return max(done, key=lambda r: (r["final"], -(r.get("loss") or [0])[-1])) if done else None
 
 
+def recipes(rows: list[dict]) -> list[dict]:
+    """The configurations but their seed, each with its seeds' final accuracies and their mean, best mean first
+    (a recipe is chosen on its mean over seeds, not on its luckiest seed); diverged or pruned runs count as 0."""
+    groups: dict = {}
+    for r in rows:
+        key = json.dumps({k: v for k, v in r["config"].items() if k != "seed"}, sort_keys=True)
+        g = groups.setdefault(key, {"config": {**r["config"], "seed": None}, "seeds": [], "finals": []})
+        g["seeds"].append(r["config"]["seed"])
+        g["finals"].append(r["final"] if r["status"] == "complete" else 0.0)
+    out = [{**g, "mean": sum(g["finals"]) / len(g["finals"])} for g in groups.values()]
+    return sorted(out, key=lambda g: -g["mean"])
+
+
 def label_of(c: dict) -> str:
     base = Config()
     parts = [f"{k}={'off' if c[k] is None else c[k]}" for k in SWEPT if c[k] != getattr(base, k) or k == "seed"]
@@ -130,6 +143,17 @@ class Sweep:
             self.say(f"  ... {len(rows) - 10} more (results.csv)")
         summary = {"models": len(self.rows), "split": self.split, "best": best, "seconds": round(
             startup.process_seconds(), 3)}
+        ranked = recipes(self.rows)
+        if any(len(g["seeds"]) > 1 for g in ranked):
+            self.say(f"configurations by their mean over seeds on the {self.split} split:")
+            for g in ranked[:5]:
+                self.say(f"  {100 * g['mean']:6.2f}%  ({' / '.join(f'{100 * f:.2f}' for f in g['finals'])}, seeds "
+                         f"{' '.join(map(str, g['seeds']))})  {label_of({**g['config'], 'seed': Config().seed})}")
+            top = ranked[0]
+            summary["best_recipe"] = top
+            flags = config_from({**top["config"], "seed": 0}).train_flags(self.args.tta)
+            summary["recipe_command"] = "lenet train " + " ".join(f for f in flags if not f.startswith("--seed"))
+            self.say(f"the best recipe (mean {100 * top['mean']:.2f}%): {summary['recipe_command']}")
         if best is not None:
             cfg = config_from(best["config"])
             summary["train_command"] = "lenet train " + " ".join(cfg.train_flags(self.args.tta))

@@ -247,3 +247,42 @@ def test_space_is_categorical_lists_and_float_ranges():
     assert dists["label_smoothing"].choices == (0.0, 0.1) and dists["ema"].choices == (None, 0.999)
     assert (dists["shift"].low, dists["shift"].high) == (0, 2)
     assert fixed["seed"] == 0 and fixed["epochs"] == 16 and "lr" not in fixed
+
+
+# ------------------------------------------------------------------ one worker per GPU (scripts/sweep_workers.sh)
+
+def _fake_bin(tmp_path, gpus: str):
+    """nvidia-smi listing ``gpus`` and a python3 that records each worker's GPU and flags."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{gpus}'\n")
+    (bin_ / "python3").write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES $*\" >> {tmp_path}/calls\n")
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_workers_one_per_gpu_each_pinned_all_on_one_storage(tmp_path):
+    env = _fake_bin(tmp_path, "0\\n1\\n2\\n3\\n")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "sweep_workers.sh"), "sqlite:///s.db", str(tmp_path / "o"),
+                        "--trials", "256", "--sampler", "grid"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = sorted((tmp_path / "calls").read_text().splitlines())
+    assert [c.split()[0] for c in calls] == ["0", "1", "2", "3"]
+    for c in calls:
+        g = c.split()[0]
+        assert f"-m lenet sweep --search optuna --storage sqlite:///s.db --out {tmp_path}/o/gpu{g}" in c
+        assert c.endswith("--trials 256 --sampler grid")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "sweep_workers.sh"), "s.log", str(tmp_path / "p")],
+                       env={**env, "GPUS": "2"}, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and (tmp_path / "calls").read_text().splitlines()[-1].startswith("2 ")
+
+
+@pytest.mark.parametrize("argv,words", [([], "usage"), (["s.log", "o", "--storage", "x"], "first two arguments"),
+                                        (["s.log", "o"], "no GPU found")])
+def test_workers_refusals(tmp_path, argv, words):
+    env = _fake_bin(tmp_path, "")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "sweep_workers.sh"), *argv], env=env, capture_output=True,
+                       text=True, timeout=60, cwd=tmp_path)
+    said = r.stdout + r.stderr + ("usage" if "STORAGE OUT [lenet sweep flags" in r.stdout else "")
+    assert r.returncode == 2 and words in said, said
