@@ -28,6 +28,7 @@ def main():
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--algo", default="exhaustive")
     ap.add_argument("--engine", default="auto", choices=FLAGS)
+    ap.add_argument("--models", type=int, default=1, help="a pack of this many models (lenet sweep), each at --batch")
     ap.add_argument("--graph", action="store_true", help="replay the profiled steps from the CUDA graph")
     ap.add_argument("--no-fused", action="store_true", help="the plain step (no cuDNN/cuBLASLt fusion)")
     ap.add_argument("--torch", action="store_true", help="profile PyTorch's step instead (float32, no TF32)")
@@ -40,13 +41,16 @@ def main():
     if args.torch:
         return torch_steps(args)
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch, 1, 28, 28)).astype(np.float32)
-    y = rng.integers(0, 10, args.batch).astype(np.int32)
+    K = args.models
+    x = rng.standard_normal((K, args.batch, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, (K, args.batch)).astype(np.int32)
+    if K == 1:
+        x, y = x[0], y[0]
     import cupy
 
     m = LeNet(max_batch=args.batch, policy=Policy.parse(args.algo, engine=args.engine, deterministic=args.deterministic,
                                                        fused=not args.no_fused),
-              cuda_graph=True, plan_cache=args.plan_cache)
+              cuda_graph=True, plan_cache=args.plan_cache, models=K, seed=list(range(K)), momentum=0.9)
     m.load_batch(x, y)
     for _ in range(5):
         m.step(args.batch, 0.01)
@@ -57,7 +61,7 @@ def main():
         m.step(args.batch, 0.01)
     m.stream.synchronize()
     cupy.cuda.nvtx.RangePop()
-    print(f"loss {m.loss():.4f}")
+    print("loss " + " ".join(f"{v:.4f}" for v in np.atleast_1d(m.loss())))
     # Free everything before exit, so a leak check lists only what was really lost.
     import gc
 
