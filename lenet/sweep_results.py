@@ -62,9 +62,11 @@ def recipes(rows: list[dict]) -> list[dict]:
     return sorted(out, key=lambda g: -g["mean"])
 
 
-def label_of(c: dict) -> str:
+def label_of(c: dict, seed: bool = True) -> str:
+    """The settings of configuration ``c`` that differ from the fast recipe's (and its seed)."""
     base = Config()
-    parts = [f"{k}={'off' if c[k] is None else c[k]}" for k in SWEPT if c[k] != getattr(base, k) or k == "seed"]
+    parts = [f"{k}={'off' if c[k] is None else c[k]}" for k in SWEPT
+             if (k == "seed" and seed) or (k != "seed" and c[k] != getattr(base, k))]
     return " ".join(parts)
 
 
@@ -148,7 +150,7 @@ class Sweep:
             self.say(f"configurations by their mean over seeds on the {self.split} split:")
             for g in ranked[:5]:
                 self.say(f"  {100 * g['mean']:6.2f}%  ({' / '.join(f'{100 * f:.2f}' for f in g['finals'])}, seeds "
-                         f"{' '.join(map(str, g['seeds']))})  {label_of({**g['config'], 'seed': Config().seed})}")
+                         f"{' '.join(map(str, g['seeds']))})  {label_of(g['config'], seed=False) or 'the fast recipe'}")
             top = ranked[0]
             summary["best_recipe"] = top
             flags = config_from({**top["config"], "seed": 0}).train_flags(self.args.tta)

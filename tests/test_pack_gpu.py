@@ -129,7 +129,6 @@ def test_each_model_of_a_pack_gathers_what_its_lone_run_gathers():
     pack.model.load_pack(train, orders, s * 128, n, pack.aug, pack.epoch_dev, pack.lr_table, pack.lr_at, s)
     with stream:
         x, y = cupy.zeros((n, 1, 28, 28), cupy.float32), cupy.zeros(n, cupy.int32)
-        lr = cupy.zeros(1, cupy.float32)
     for m, c in enumerate(configs):
         epoch = len(pack.slots[m].accuracy)
         with stream:
