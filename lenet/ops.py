@@ -72,6 +72,15 @@ class StageSpec:
         return {**k, "dx_mask": False}
 
 
+def shifted(a, floats: int):
+    """A view of a's shape ``floats`` elements further into its allocation (model m's parameter of a pack)."""
+    if floats == 0:
+        return a
+    import cupy
+
+    return cupy.ndarray(a.shape, a.dtype, a.data + floats * a.itemsize)
+
+
 def _rows(a, n: int):
     return None if a is None else a[:n]
 
@@ -90,6 +99,14 @@ class StageTensors:
     dw: object
     db: object
     dx: object = None
+
+    def model(self, m: int, n: int, stride: int) -> "StageTensors":
+        """Model m's tensors in a pack of n images per model whose parameters lie ``stride`` floats apart
+        (Note [packs]): an engine that runs a pack one model at a time binds each model's."""
+        rows = slice(m * n, (m + 1) * n)
+        return StageTensors(x=self.x[rows], y=self.y[rows], dy=self.dy[rows], w=shifted(self.w, m * stride),
+                            b=shifted(self.b, m * stride), dw=shifted(self.dw, m * stride),
+                            db=shifted(self.db, m * stride), dx=None if self.dx is None else self.dx[rows])
 
     def rows(self, n: int) -> "StageTensors":
         """The first n rows (a pack's K models at n images each: K n rows)."""

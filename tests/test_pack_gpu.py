@@ -140,3 +140,42 @@ def test_each_model_of_a_pack_gathers_what_its_lone_run_gathers():
         want = np.float32(c.schedule_of(pack.steps).at(epoch * pack.steps + s, pack.steps, pack.steps * c.epochs))
         assert float(pack.model.lr_dev[m].get()) == want
     pack.close()
+
+
+@pytest.mark.parametrize("engine", ["legacy", "graph"])
+def test_a_pack_on_cudnn_is_each_models_lone_cudnn_run(engine):
+    """Note [a pack on cuDNN] in lenet/engines/cudnn.py: --engine legacy|graph runs a pack's stages as each
+    model's lone calls, and under --deterministic its head as each model's lone matmuls (Note [a deterministic
+    pack's head]): every model's gradients and parameters after SGD steps are its lone run's, bit for bit."""
+    from lenet.engines import Policy
+    from lenet.model import LeNet
+
+    n = 32
+    policy = Policy(engine=engine, deterministic=True)
+    data = batches(n, 3, seed=9)
+    pack = LeNet(max_batch=n, models=K, policy=policy, cuda_graph=True, **SETTINGS)
+    alone = [lone(m, n, policy=policy, cuda_graph=True) for m in range(K)]
+    assert all(r["engine"] != "ours" for r in pack.describe(n) if r["layer"].startswith("conv"))
+    x, y = data[0]
+    pack.load_batch(x, y)
+    pack.forward(n)
+    pack.backward(n)
+    same = []
+    for m, a in enumerate(alone):
+        a.load_batch(x[m], y[m])
+        a.forward(n)
+        a.backward(n)
+        err = rel_err(flat(pack.grad_dict(m)), flat(a.grad_dict()))
+        assert err <= 1e-6, f"model {m}: first-step gradients differ by {err:.2e}"
+        conv = [k for k in pack.grad_dict(m) if k.startswith("conv")]
+        same.append(all(np.array_equal(pack.grad_dict(m)[k], a.grad_dict()[k]) for k in conv))
+    for x, y in data:
+        pack.train_step(x, y, LR)
+        for m, a in enumerate(alone):
+            a.train_step(x[m], y[m], LR[m])
+    identical = [np.array_equal(flat(pack.state_dict(m)), flat(a.state_dict())) for m, a in enumerate(alone)]
+    for m, a in enumerate(alone):
+        assert rel_err(flat(pack.state_dict(m)), flat(a.state_dict())) <= 1e-6
+    print(f"pack of {K} on {engine}, deterministic: first-step conv gradients bit-identical {same}; parameters "
+          f"after {len(data)} steps bit-identical {identical}")
+    assert all(same) and all(identical)   # Note [a deterministic pack's head] in lenet/engines/cublaslt.py

@@ -113,7 +113,7 @@ def test_schedule_table_is_the_schedule_step_by_step(kind):
     (["--trials", "8"], "--trials is for --search optuna"),
     (["--search", "optuna"], "needs --trials"),
     (["--lr", "0.01:0.5"], "ranges are for --search optuna"),
-    (["--engine", "legacy"], "a pack of 2 models"),
+    (["--no-fused"], "a pack of 2 models"),
     (["--schedule", "linear"], "use one of"),
     (["--search", "optuna", "--trials", "4", "--storage", "/no/such/folder/study.log", "--lr", "0.1", "0.2"],
      "does not exist"),

@@ -114,35 +114,52 @@ class PlannedHead:
         self.lt, self.note = None, "fusion off"
         if lt is not None:
             try:
-                self.lt = self._lt(lt.get(), relu_mask[: models * n * LtMatmul.AUX_LD // 8])
+                aux = relu_mask[: models * n * LtMatmul.AUX_LD // 8]
+                # Note [a deterministic pack's head]: each model its lone run's six matmuls
+                self.lt = ([self._lt(lt.get(), aux)] if models == 1 or not planner.policy.deterministic else
+                           [self._lt(lt.get(), aux, model=m) for m in range(models)])
                 self.note = ""
             except (LtUnavailable, ImportError) as e:
                 self.note = str(e)
 
-    def _lt(self, lt, aux):
+    def _lt(self, lt, aux, model: int | None = None):
         """The six matmuls; a pack's (Note [packs] in lenet/ops.py) as batched ones, model m's activations
-        n rows after model m - 1's, its parameters P.TOTAL floats after."""
+        n rows after model m - 1's, its parameters P.TOTAL floats after; or, given ``model``, that model's
+        alone, the calls of its lone run.
+
+        Note [a deterministic pack's head]: batched matmuls sum as cuBLASLt's batched kernel does, which is
+        not bit for bit the lone run's (measured on an H100: a pack on cuDNN's engines then differed from the
+        lone runs in every gradient). Under --deterministic a pack's head therefore runs each model's six
+        matmuls of its lone run, K times six launches: with --engine legacy|graph (Note [a pack on cuDNN] in
+        lenet/engines/cudnn.py) every model of the pack is then its lone run, bit for bit."""
         from ..blas import LtMatmul
+        from ..ops import shifted
 
         w, g, n, K, T = self.w, self.g, self.n, self.models, P.TOTAL
+        x, h1, logits, dlogits, dh1, dx = self.x, self.h1, self.logits, self.dlogits, self.dh1, self.dx
+        if model is not None:
+            m = model
+            w, g = {k: shifted(v, m * T) for k, v in w.items()}, {k: shifted(v, m * T) for k, v in g.items()}
+            x, h1, logits, dlogits, dh1, dx = (shifted(a, m * n * a.shape[1]) for a in (x, h1, logits, dlogits, dh1, dx))
+            aux, K = aux[m * n * LtMatmul.AUX_LD // 8:(m + 1) * n * LtMatmul.AUX_LD // 8], 1
 
         def mm(a, b, c, **kw):
             sa, sb, sc = (T if _is_param(v, w, g) else n * v.shape[1] for v in (a, b, c))
             return LtMatmul(lt, a, b, c, batch=K, strides=(sa, sb, sc), bias_stride=T, **kw)
         return {
-            "fc1": mm(self.x, w["fc1.weight"], self.h1, trans_b=True, epilogue="relu_aux_bias",
-                      bias=w["fc1.bias"], aux=aux),
-            "fc2": mm(self.h1, w["fc2.weight"], self.logits, trans_b=True, epilogue="bias", bias=w["fc2.bias"]),
-            "dW2": mm(self.dlogits, self.h1, g["fc2.weight"], trans_a=True, epilogue="bgradb", bias=g["fc2.bias"]),
-            "dh1": mm(self.dlogits, w["fc2.weight"], self.dh1, epilogue="drelu", aux=aux),
-            "dW1": mm(self.dh1, self.x, g["fc1.weight"], trans_a=True, epilogue="bgradb", bias=g["fc1.bias"]),
-            "dp2": mm(self.dh1, w["fc1.weight"], self.dx),
+            "fc1": mm(x, w["fc1.weight"], h1, trans_b=True, epilogue="relu_aux_bias", bias=w["fc1.bias"], aux=aux),
+            "fc2": mm(h1, w["fc2.weight"], logits, trans_b=True, epilogue="bias", bias=w["fc2.bias"]),
+            "dW2": mm(dlogits, h1, g["fc2.weight"], trans_a=True, epilogue="bgradb", bias=g["fc2.bias"]),
+            "dh1": mm(dlogits, w["fc2.weight"], dh1, epilogue="drelu", aux=aux),
+            "dW1": mm(dh1, x, g["fc1.weight"], trans_a=True, epilogue="bgradb", bias=g["fc1.bias"]),
+            "dp2": mm(dh1, w["fc1.weight"], dx),
         }
 
     def forward(self) -> None:
         if self.lt is not None:   # see Note [cuBLASLt epilogues]
-            self.lt["fc1"]()
-            self.lt["fc2"]()
+            for lt in self.lt:
+                lt["fc1"]()
+                lt["fc2"]()
             return
         h, w, blas = self.h, self.w, self.blas
         blas.gemm(self.x, w["fc1.weight"], self.h1, trans_b=True)              # (n,256)@(256,120)
@@ -162,8 +179,9 @@ class PlannedHead:
 
     def backward(self) -> None:
         if self.lt is not None:
-            for op in ("dW2", "dh1", "dW1", "dp2"):
-                self.lt[op]()
+            for lt in self.lt:
+                for op in ("dW2", "dh1", "dW1", "dp2"):
+                    lt[op]()
         else:
             h, w, g, blas = self.h, self.w, self.g, self.blas
             blas.gemm(self.dlogits, self.h1, g["fc2.weight"], trans_a=True)    # (10,n)@(n,120)

@@ -50,6 +50,7 @@ from descriptors.candidates import BATCH_ROLES, Candidate
 from descriptors.errors import CudnnError
 from descriptors.exact import reference, tolerance
 
+from .. import params as P
 from ..kernels import distance, prefetch
 from .base import Check, Named, Trial
 
@@ -132,9 +133,6 @@ class Cudnn:
     def refuses(self, op, policy) -> str | None:
         if policy.engine == "ours":
             return "engine ours runs no cuDNN convolution"
-        if op.models > 1:   # Note [packs] in lenet/ops.py
-            return (f"runs one model per call; a pack of {op.models} runs on our kernels, which take the model "
-                    f"from their grid")
         theirs = [name for name, owner in policy.owners().items() if owner is not None]
         if theirs:
             return f"--algo names {theirs[0]}, not a cuDNN algorithm"
@@ -169,7 +167,7 @@ class Cudnn:
         k, h, w = spec.conv_chw
 
         def make():
-            N = op.max_batch
+            N = op.max_batch * op.models
             return {"c": cupy.zeros((N, k, h, w), cupy.float32),      # (N, K, H, W) relu(conv + bias)
                     "dc": cupy.zeros((N, k, h, w), cupy.float32),     # (N, K, H, W) its gradient
                     "bias": cupy.zeros(k * h * w, cupy.float32)}      # (K*H*W,) bias-gradient scratch
@@ -177,13 +175,17 @@ class Cudnn:
         if ("stage", op.name) not in state:
             with planner.stream:   # zeroed on the model's stream, which waits for no other
                 state[("stage", op.name)] = make()
-        own, t = state[("stage", op.name)], op.tensors.rows(n)
-        c, dc = own["c"][:n], own["dc"][:n]
-        act = t.x if (t.dx is not None and spec.dx_mask) else None   # the images' gradient takes no mask
-        conv = PlannedConv(self, planner, spec.name, spec.conv, n, x=t.x, w=t.w, b=t.b, y=c, dy=dc, dw=t.dw, db=t.db,
-                           dx=t.dx, act=act, bias_scratch=own["bias"])
-        pool = PlannedPool(self, planner, spec.name.replace("conv", "pool"), n, x=c, y=t.y, dx=dc, dy=t.dy)
-        return CudnnPlan(conv, pool)
+        own, whole = state[("stage", op.name)], op.tensors.rows(op.models * n)
+        plans = []
+        for m in range(op.models):   # Note [a pack on cuDNN]
+            t = whole.model(m, n, P.TOTAL) if op.models > 1 else whole
+            c, dc = own["c"][m * n:(m + 1) * n], own["dc"][m * n:(m + 1) * n]
+            act = t.x if (t.dx is not None and spec.dx_mask) else None   # the images' gradient takes no mask
+            conv = PlannedConv(self, planner, spec.name, spec.conv, n, x=t.x, w=t.w, b=t.b, y=c, dy=dc, dw=t.dw,
+                               db=t.db, dx=t.dx, act=act, bias_scratch=own["bias"])
+            pool = PlannedPool(self, planner, spec.name.replace("conv", "pool"), n, x=c, y=t.y, dx=dc, dy=t.dy)
+            plans.append(CudnnPlan(conv, pool))
+        return plans[0] if op.models == 1 else CudnnPackPlan(plans)
 
     # ---------------------------------------------------------------- convolutions
 
@@ -352,6 +354,29 @@ class CudnnPlan:
 
     def describe(self) -> list[dict]:
         return self.conv.describe() + self.pool.describe()
+
+
+class CudnnPackPlan:
+    """Note [a pack on cuDNN]: a pack of K models (Note [packs] in lenet/ops.py) runs on cuDNN as K stages, one
+    per model, each its lone run's calls (the same candidates and chunks, chosen once for all K): a model of
+    the pack sums exactly what its lone run on cuDNN sums. A grouped convolution (model k as group k) would
+    need the models' images side by side in one image, (n, K C, H, W), where our kernels and the head take
+    each model's images one after another, (K n, C, H, W)."""
+
+    def __init__(self, plans: list):
+        self.plans = plans
+        self.workspace_bytes = max(p.workspace_bytes for p in plans)
+
+    def forward(self) -> None:
+        for p in self.plans:
+            p.forward()
+
+    def backward(self) -> None:
+        for p in self.plans:
+            p.backward()
+
+    def describe(self) -> list[dict]:
+        return [{**row, "models": len(self.plans)} for row in self.plans[0].describe()]
 
 
 class BoundConv:
