@@ -30,7 +30,7 @@ import numpy as np
 from descriptors.algorithms import AlgorithmNotSupportedError, UnknownAlgorithmError
 
 from .. import params as P
-from ..kernels import SoftmaxCE, prefetch, sgd_launch, sm_count, source_digest
+from ..kernels import SoftmaxCE, pack_module, prefetch, sgd_launch, sm_count, source_digest
 from ..kernels import head as head_kernels
 from ..kernels import stages
 from ..kernels.stages import Backward, Forward
@@ -241,7 +241,8 @@ class Ours:
         own = self._scratch(planner, ("stage", op.name), make)
         t, arg = op.tensors.rows(K * n), own["arg"][: K * n]
         fwds, bwds = self.stage_candidates(spec, planner.policy, K * n)   # a pack fills the GPU as K n images do
-        prefetch({ks.forward[c.version].name for c in fwds} | {ks.backward[c.version].name for c in bwds})   # at once
+        prefetch({pack_module(m, K) for m in {ks.forward[c.version].name for c in fwds} |
+                  {ks.backward[c.version].name for c in bwds} | {"stage_reduce"}})   # at once
 
         def forward(c):
             run = stages.stage_forward(ks, c, n, stream, t.x, t.w, t.b, t.y, arg, K, P.TOTAL)

@@ -109,15 +109,28 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+PACK = "__pack"   # a module's pack version: NAME__pack, compiled with LENET_PACK (Note [model from the grid])
+
+
+def pack_module(name: str, models: int) -> str:
+    """The module a launch for ``models`` models takes: ``name`` itself for one, its pack version else."""
+    return name if models == 1 else name + PACK
+
+
+def _declared(name: str):
+    return declared()[name[: -len(PACK)] if name.endswith(PACK) else name]
+
+
 def source(name: str) -> str:
     """The CUDA source module ``name`` is compiled from (its macros: ``options(name)``)."""
-    m = declared()[name]
+    m = _declared(name)
     return "\n".join((FOLDER / f"{part}.cu").read_text() for part in (PRELUDE, *m.uses, m.file))
 
 
 def options(name: str) -> tuple[str, ...]:
-    """NVRTC's options for module ``name``."""
-    return ("-std=c++17", *(f"-D{d}" for d in declared()[name].defines))
+    """NVRTC's options for module ``name`` (a pack version's: LENET_PACK too)."""
+    pack = ("-DLENET_PACK",) if name.endswith(PACK) else ()
+    return ("-std=c++17", *(f"-D{d}" for d in _declared(name).defines), *pack)
 
 
 @functools.lru_cache(maxsize=None)

@@ -38,8 +38,15 @@
 // Model m's images are rows [m * N, (m + 1) * N) of every activation (N: images per model); its
 // parameters and their gradients lie ps floats after model m - 1's (the flat buffers are (K, ps));
 // its rows of partial sums, gridDim.x rows after model m - 1's. Each kernel moves its pointers to its
-// model's first, and the rest of it is the one-model kernel. A grid of one model is blockIdx.y = 0.
+// model's first, and the rest of it is the one-model kernel. That is its pack version, a module of its
+// own compiled with LENET_PACK (lenet/kernels/__init__.py: PACK); the one-model module compiles without
+// the offsets, as it did before packs existed (with them, a lone model's step took 1.5 to 6% longer on
+// an H100, same machine, before against after).
+#ifdef LENET_PACK
 #define PACK_MODEL(ptr, per) ((ptr) = (ptr) ? (ptr) + (size_t)blockIdx.y * (size_t)(per) : (ptr))
+#else
+#define PACK_MODEL(ptr, per) ((void)0)
+#endif
 
 // ReLU of a window's maximum that keeps a NaN (fmaxf would turn it into 0 and hide a diverged run).
 __device__ __forceinline__ float relu_keep_nan(float v) { return (v > 0.f || v != v) ? v : 0.f; }

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import declared, kernel, sm_count
+from . import declared, kernel, pack_module, sm_count
 from .launch import Launch
 
 BACKWARD_BLOCKS_PER_SM = (4, 2, 8, 16)   # the first is the heuristic's (scripts/probes/stage_kernels.py)
@@ -174,9 +174,10 @@ def heuristic_modules(batches=None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out + ["stage_reduce"]))
 
 
-def function(module):
-    """The kernel of one of our stage modules (each holds one, named after it)."""
-    return kernel(module.name, module.kernel)
+def function(module, models: int = 1):
+    """The kernel of one of our stage modules (each holds one, named after it), its pack version for a pack
+    of ``models`` > 1 (Note [model from the grid] in stage_common.cu)."""
+    return kernel(pack_module(module.name, models), module.kernel)
 
 
 def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, arg, models: int = 1,
@@ -185,7 +186,7 @@ def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, a
     parameters ``ps`` floats apart: Note [model from the grid] in stage_common.cu), on ``stream``."""
     m = ks.forward[cand.version]
     grid, threads = cand.grid(n, models), m.threads * cand.images
-    return Launch(function(m), (grid, models), (threads,), (x, w, b, y, arg, np.int32(n), np.int32(ps)), stream,
+    return Launch(function(m, models), (grid, models), (threads,), (x, w, b, y, arg, np.int32(n), np.int32(ps)), stream,
                   m.smem_bytes(cand.images))
 
 
@@ -195,7 +196,8 @@ def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w,
     sums: on ``side`` (lenet.plan.SideStream, Note [side stream]) when given, else on ``stream``. A grid
     of one block writes dw and db itself, and no reduction runs."""
     m = ks.backward[cand.version]
-    fn, reduce, grid = function(m), kernel("stage_reduce", "stage_reduce_kernel"), cand.grid(n, models)
+    fn, grid = function(m, models), cand.grid(n, models)
+    reduce = kernel(pack_module("stage_reduce", models), "stage_reduce_kernel")
     if part.shape[0] < grid * models:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid * models}")
     args = ((x, arg, dy, part, dw, db, np.int32(n), np.int32(ps)) if dx is None else
