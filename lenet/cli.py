@@ -206,11 +206,41 @@ def add_data_cache_flag(p) -> None:
                         "sooner)")
 
 
+def add_split_flags(p) -> None:
+    """How much of the dataset a run reads (run_splits) and the evaluation's batch size."""
+    p.add_argument("--train-size", type=positive_int, default=None, metavar="N",
+                   help="train on the first N training images only (default: all)")
+    p.add_argument("--test-size", type=positive_int, default=None, metavar="N",
+                   help="evaluate on the first N test images only (default: all)")
+    p.add_argument("--eval-batch-size", type=batch_size, default=1000, metavar="N", help="(default: 1000)")
+    add_data_cache_flag(p)
+
+
 def data_cache(args):
     """The folder of inflated dataset copies the flags ask for, or None."""
     from .data import cache_dir
 
     return cache_dir() if args.data_cache else None
+
+
+def run_splits(args):
+    """The dataset a run's flags name (--data-dir, --train-size, --test-size, the data cache), read and
+    checked: (root, (train images, labels), (test images, labels), cache, pending cache entries, written
+    by the caller once it is satisfied: Note [dataset cache] in lenet/data.py). One-line DataErrors."""
+    from . import data
+
+    root = data.find_dataset(args.data_dir)
+    if root is None:
+        raise data.DataError(data.not_found_message(args.data_dir))
+    cache, pending = data_cache(args), []   # cache entries are written once the whole dataset validated
+    (train_x, train_y), (test_x, test_y) = data.load_splits(root, ("train", "test"), cache, pending)
+    for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
+                                                                             len(test_x))):
+        if want is not None and want > have:
+            raise data.DataError(f"{flag} {want} is more than the {have} images of {root}'s "
+                                 f"{'training' if flag == '--train-size' else 'test'} split; give at most {have}")
+    return root, (train_x[: args.train_size], train_y[: args.train_size]), \
+        (test_x[: args.test_size], test_y[: args.test_size]), cache, pending
 
 
 def add_speed_flags(p: argparse.ArgumentParser) -> None:

@@ -131,12 +131,7 @@ def parser() -> cli.Parser:
     p.add_argument("--validation", type=cli.nonneg_int, default=0, metavar="N",
                    help="hold out the last N training images: rank the models on them, and evaluate only the "
                         "winner on the test split, once (default: 0, rank on the test split)")
-    p.add_argument("--train-size", type=cli.positive_int, default=None, metavar="N",
-                   help="use the first N training images only (default: all)")
-    p.add_argument("--test-size", type=cli.positive_int, default=None, metavar="N",
-                   help="evaluate on the first N test images only (default: all)")
-    p.add_argument("--eval-batch-size", type=cli.batch_size, default=1000, metavar="N", help="(default: 1000)")
-    cli.add_data_cache_flag(p)
+    cli.add_split_flags(p)
     g = p.add_argument_group("the grid (every flag takes one or more values; ranges LOW:HIGH for --search optuna)")
     for dest, (kind, what) in FLAG_TYPES.items():
         default = getattr(FAST, dest)
@@ -273,6 +268,10 @@ class GridSweep(Sweep):
         pack = Pack(configs, *self.datasets_for_pack(), policy=self.policy, plan_cache=self.args.plan_cache,
                     eval_batch=self.args.eval_batch_size, tta=self.args.tta, cuda_graph=self.args.cuda_graph)
         first = 0
+        if resume is not None and resume["configs"] != [c.as_dict() for c in configs]:
+            self.say("pack.npz holds another pack than the next one to run: it is left aside, and the pack runs "
+                     "from its start")
+            resume = None
         if resume is not None:
             first = self.restore(pack, resume)
         stop = (lambda: sig.signum is not None)
@@ -367,18 +366,7 @@ def prepare(args) -> dict:
         from . import study
 
         study.check(args)   # the extra installed, the storage opens, the space is one
-    root = data.find_dataset(args.data_dir)
-    if root is None:
-        raise data.DataError(data.not_found_message(args.data_dir))
-    cache, pending = cli.data_cache(args), []
-    (train_x, train_y), (test_x, test_y) = data.load_splits(root, ("train", "test"), cache, pending)
-    for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
-                                                                             len(test_x))):
-        if want is not None and want > have:
-            raise data.DataError(f"{flag} {want} is more than the {have} images of {root}'s "
-                                 f"{'training' if flag == '--train-size' else 'test'} split; give at most {have}")
-    train_x, train_y = train_x[: args.train_size], train_y[: args.train_size]
-    test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
+    root, (train_x, train_y), (test_x, test_y), cache, pending = cli.run_splits(args)
     if args.validation:
         if args.validation >= len(train_x):
             raise ValueError(f"--validation {args.validation} leaves no training image: the training split has "

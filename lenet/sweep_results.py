@@ -111,7 +111,29 @@ class Sweep:
             best = best_of(self.rows)
             if best is row:
                 self.best_weights = (row, r)
+                if self.out is not None:   # now, not at the end: a sweep stopped later keeps its winner
+                    self.save_best(row, r)
         return row
+
+    def save_best(self, row: dict, r: Result) -> None:
+        """best/checkpoint.npz (what `lenet predict`, `lenet export` and --resume read) and its export."""
+        out = self.out / "best"
+        out.mkdir(exist_ok=True)
+        cfg = r.config
+        config = {"dataset": self.run_info["dataset"], "data_fingerprint": self.run_info["fingerprint"],
+                  "train_size": self.run_info["train_size"], "mean": self.run_info["mean"],
+                  "std": self.run_info["std"], **cfg.as_dict(), "tta": self.args.tta, "engine": self.args.engine}
+        meta = {"epoch": len(r.accuracy), "step": 0, "iteration": 0, "running_loss": 0.0, "config": config,
+                "history": [{"epoch": e + 1, f"{self.split}_accuracy": a} for e, a in enumerate(r.accuracy)],
+                "sweep_row": row["trial"]}
+        ckpt.save(out / "checkpoint.npz", r.params, r.velocity, meta, r.weights if cfg.ema is not None else None)
+        from . import export
+        from .params import unpack
+
+        try:
+            export.save(unpack(r.weights), out / "model.safetensors")
+        except ValueError:   # no safetensors: NumPy's format
+            export.save(unpack(r.weights), out / "model.npz")
 
     def progress(self, total_steps: int):
         if self.args.quiet:
@@ -197,29 +219,10 @@ class Sweep:
         return None
 
     def write_outputs(self, summary: dict, best: dict | None) -> None:
+        """results.csv, summary.json and curves.png (the winner's checkpoint is written as it finishes)."""
         out = self.out
         write_csv(out / "results.csv", self.rows)
         files.write_atomic(out / "summary.json", (json.dumps(summary, indent=1, default=float) + "\n").encode())
-        if best is not None and self.best_weights is not None and self.best_weights[0] is best:
-            r = self.best_weights[1]
-            (out / "best").mkdir(exist_ok=True)
-            cfg = r.config
-            config = {"dataset": self.run_info["dataset"], "data_fingerprint": self.run_info["fingerprint"],
-                      "train_size": self.run_info["train_size"], "mean": self.run_info["mean"],
-                      "std": self.run_info["std"], **{k: v for k, v in cfg.as_dict().items()},
-                      "ema": cfg.ema, "tta": self.args.tta, "engine": self.args.engine}
-            meta = {"epoch": len(r.accuracy), "step": 0, "iteration": 0, "running_loss": 0.0, "config": config,
-                    "history": [{"epoch": e + 1, f"{self.split}_accuracy": a} for e, a in enumerate(r.accuracy)],
-                    "sweep_row": best["trial"]}
-            ckpt.save(out / "best" / "checkpoint.npz", r.params, r.velocity, meta,
-                      r.weights if cfg.ema is not None else None)
-            from . import export
-            from .params import unpack
-
-            try:
-                export.save(unpack(r.weights), out / "best" / "model.safetensors")
-            except ValueError:   # no safetensors: NumPy's format
-                export.save(unpack(r.weights), out / "best" / "model.npz")
         if self.plotter is not None:
             curves = [{"label": label_of(r["config"]), "accuracy": r["accuracy"], "best": r is best} for r in self.rows]
             self.plotter.path = out / "curves.png"

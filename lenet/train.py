@@ -147,12 +147,7 @@ def parser() -> cli.Parser:
     p.add_argument("--step-gamma", type=cli.nonneg_float, default=0.1, help="step schedule's factor (default: 0.1)")
     p.add_argument("--seed", type=cli.nonneg_int, default=0,
                    help="seed of the init and the batch order, an integer >= 0 (default: 0)")
-    p.add_argument("--train-size", type=cli.positive_int, default=None, metavar="N",
-                   help="train on the first N training images only (default: all)")
-    p.add_argument("--test-size", type=cli.positive_int, default=None, metavar="N",
-                   help="evaluate on the first N test images only (default: all)")
-    p.add_argument("--eval-batch-size", type=cli.batch_size, default=1000, metavar="N", help="(default: 1000)")
-    cli.add_data_cache_flag(p)
+    cli.add_split_flags(p)
     _recipe_flags(p.add_argument_group("recipe"))
     cli.add_algorithm_flags(p)
     cli.add_speed_flags(p)
@@ -288,18 +283,7 @@ def prepare(args) -> dict:
     if args.warmup_epochs > args.epochs:
         raise ValueError(f"--warmup-epochs {args.warmup_epochs:g} is longer than the run (--epochs {args.epochs}); "
                          f"give at most {args.epochs}")
-    root = data.find_dataset(args.data_dir)
-    if root is None:
-        raise data.DataError(data.not_found_message(args.data_dir))
-    cache, pending = cli.data_cache(args), []   # cache entries are written once the whole dataset validated
-    (train_x, train_y), (test_x, test_y) = data.load_splits(root, ("train", "test"), cache, pending)
-    for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
-                                                                             len(test_x))):
-        if want is not None and want > have:
-            raise data.DataError(f"{flag} {want} is more than the {have} images of {root}'s "
-                                 f"{'training' if flag == '--train-size' else 'test'} split; give at most {have}")
-    train_x, train_y = train_x[: args.train_size], train_y[: args.train_size]
-    test_x, test_y = test_x[: args.test_size], test_y[: args.test_size]
+    root, (train_x, train_y), (test_x, test_y), cache, pending = cli.run_splits(args)
     mean, std = data.pixel_stats(train_x)
     if pending:
         files.write_later(data.commit, pending, cache)   # Note [dataset cache] in lenet/data.py

@@ -25,6 +25,29 @@ __device__ __forceinline__ unsigned int lenet_hash(unsigned int seed, unsigned i
     return lenet_mix(lenet_mix(lenet_mix(seed + 0x9e3779b9u) ^ epoch) ^ i);
 }
 
+// Pixel i = b * 784 + p of the batch: x[i] from image order[start + b] (augmented), and y[b] at p == 0.
+__device__ __forceinline__ void gather_pixel(const unsigned char* __restrict__ images,
+                                             const unsigned char* __restrict__ labels, const int* __restrict__ order,
+                                             int start, int i, int shift, int flip, unsigned int span,
+                                             unsigned int seed, unsigned int epoch, float mean, float std,
+                                             float* __restrict__ x, int* __restrict__ y) {
+    const int pixels = 28 * 28;
+    const int b = i / pixels, p = i - b * pixels;
+    const long src = order[start + b];
+    int r = p / 28, c = p - r * 28;
+    if (shift > 0 || flip) {
+        const unsigned int h = lenet_hash(seed, epoch, (unsigned int)(start + b));
+        const int dx = (int)(h % span) - shift, dy = (int)((h / span) % span) - shift;
+        if (flip == 2 || (flip == 1 && ((h >> 24) & 1u))) c = 27 - c;
+        r -= dy;
+        c -= dx;
+    }
+    const bool inside = r >= 0 && r < 28 && c >= 0 && c < 28;
+    const unsigned char v = inside ? images[src * pixels + r * 28 + c] : (unsigned char)0;
+    x[i] = ((float)v / 255.0f - mean) / std;
+    if (p == 0) y[b] = (int)labels[src];
+}
+
 extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__ images,
                                                const unsigned char* __restrict__ labels,
                                                const int* __restrict__ order, int start, int n,
@@ -34,22 +57,8 @@ extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__
     const int pixels = 28 * 28;
     const int total = n * pixels;
     const unsigned int span = 2u * (unsigned int)shift + 1u;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int b = i / pixels, p = i - b * pixels;
-        const long src = order[start + b];
-        int r = p / 28, c = p - r * 28;
-        if (shift > 0 || flip) {
-            const unsigned int h = lenet_hash(seed, epoch, (unsigned int)(start + b));
-            const int dx = (int)(h % span) - shift, dy = (int)((h / span) % span) - shift;
-            if (flip == 2 || (flip == 1 && ((h >> 24) & 1u))) c = 27 - c;
-            r -= dy;
-            c -= dx;
-        }
-        const bool inside = r >= 0 && r < 28 && c >= 0 && c < 28;
-        const unsigned char v = inside ? images[src * pixels + r * 28 + c] : (unsigned char)0;
-        x[i] = ((float)v / 255.0f - mean) / std;
-        if (p == 0) y[b] = (int)labels[src];
-    }
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
+        gather_pixel(images, labels, order, start, i, shift, flip, span, seed, epoch, mean, std, x, y);
     if (lr_out && blockIdx.x == 0 && threadIdx.x == 0) lr_out[0] = lr;
 }
 
@@ -73,22 +82,8 @@ extern "C" __global__ void gather_pack_kernel(const unsigned char* __restrict__ 
     const int* order = orders + (size_t)m * size;
     x += (size_t)m * total;
     y += (size_t)m * n;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int b = i / pixels, p = i - b * pixels;
-        const long src = order[start + b];
-        int r = p / 28, c = p - r * 28;
-        if (shift > 0 || flip) {
-            const unsigned int h = lenet_hash(seed, epoch, (unsigned int)(start + b));
-            const int dx = (int)(h % span) - shift, dy = (int)((h / span) % span) - shift;
-            if (flip == 2 || (flip == 1 && ((h >> 24) & 1u))) c = 27 - c;
-            r -= dy;
-            c -= dx;
-        }
-        const bool inside = r >= 0 && r < 28 && c >= 0 && c < 28;
-        const unsigned char v = inside ? images[src * pixels + r * 28 + c] : (unsigned char)0;
-        x[i] = ((float)v / 255.0f - mean) / std;
-        if (p == 0) y[b] = (int)labels[src];
-    }
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x)
+        gather_pixel(images, labels, order, start, i, shift, flip, span, seed, epoch, mean, std, x, y);
     if (lr_out && blockIdx.x == 0 && threadIdx.x == 0) lr_out[m] = lr_table[lr_at[m] + step];
 }
 
