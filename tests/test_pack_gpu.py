@@ -179,3 +179,20 @@ def test_a_pack_on_cudnn_is_each_models_lone_cudnn_run(engine):
     print(f"pack of {K} on {engine}, deterministic: first-step conv gradients bit-identical {same}; parameters "
           f"after {len(data)} steps bit-identical {identical}")
     assert all(same) and all(identical)   # Note [a deterministic pack's head] in lenet/engines/cublaslt.py
+
+
+def test_the_pack_versions_of_our_kernels_pass_cudnns_check():
+    """Note [checking a pack] in lenet/engines/ours.py: each launch shape's pack version, as a pack launches
+    it, against cuDNN's exact result, model by model; and a planned pack's decisions carry the checks."""
+    from lenet.engines.ours import Ours
+    from lenet.model import STAGES, LeNet
+
+    model = LeNet(max_batch=64, models=3)
+    ours = Ours()
+    for spec in STAGES:
+        fwds, bwds = ours.stage_candidates(spec, model.policy, 192)
+        for c in fwds[:2] + bwds[:2]:
+            check = ours.check_stage(model.planner, spec, c, 3)
+            assert check.why is None and check.error is not None and check.error < 1e-5, (spec.name, c.name, check)
+    rows = [r for r in model.describe(64) if r["layer"].startswith("conv") and r["engine"] == "ours"]
+    assert rows and all(r.get("error") is not None for r in rows)

@@ -51,6 +51,9 @@ def pins(name: str) -> tuple[str, ...]:
     return ("fwd",) if isinstance(c, Forward) else ("bwd-data", "bwd-filter")
 
 
+PACK_CHECK_MODELS = 3   # models of a pack version's check (Note [checking a pack])
+
+
 @dataclass(frozen=True)
 class HeadShape:
     """Our head's launch shape: images per forward block iteration, images per weight-gradient range."""
@@ -191,14 +194,73 @@ class Ours:
             state[key] = reference.stage_reference(planner.handle, spec)
         return state[key]
 
-    def check_stage(self, planner, spec, cand) -> Check:
+    def check_stage(self, planner, spec, cand, models: int = 1) -> Check:
         """A launch shape against cuDNN's exact result, once per candidate and model (Note [checking a
-        stage])."""
+        stage]); for a pack of ``models``, its pack version as the pack launches it."""
         state = planner.state("ours")
-        key = ("check", planner.handle.device_id, spec, cand)
+        models = min(models, PACK_CHECK_MODELS)
+        key = ("check", planner.handle.device_id, spec, cand, models)
         if key not in state:
-            state[key] = self._run_check(planner, spec, cand)
+            state[key] = self._run_check(planner, spec, cand) if models == 1 else \
+                self._run_pack_check(planner, spec, cand, models)
         return state[key]
+
+    def _run_pack_check(self, planner, spec, cand, K: int) -> Check:
+        """Note [checking a pack]: the pack version of a launch shape (lenet/kernels/stage_common.cu, Note
+        [model from the grid]) is its own binary. It is checked as the pack launches it, K models on the
+        grid, each given the reference's operands at its own rows and parameter offset: every model's result
+        must pass the one-model check against cuDNN's, and the worst is the candidate's. PACK_CHECK_MODELS
+        models stand for any K: the pack version differs from the one-model kernel only in the offsets of
+        blockIdx.y, the same for every model, and a check reads each model's output back to the host."""
+        import cupy
+
+        from ..kernels import device_copy
+
+        ks, handle = stages.for_spec(spec), planner.handle
+        ref = self._reference(planner, spec)
+        m = ref.x.shape[0]
+        wsize, bsize = int(np.prod(spec.w)), spec.w[0]
+        boff = -(-wsize // 64) * 64
+        ps = boff + -(-bsize // 64) * 64   # each model's (w, b) row, as the flat parameter buffer lays them out
+
+        def unset(shape, dtype=np.float32):
+            a = cupy.empty(shape, dtype)
+            a.data.memset_async(0xFF, a.nbytes)
+            return a
+
+        def copies(a):   # K copies of a, one after another
+            out = cupy.empty((K * a.shape[0], *a.shape[1:]), a.dtype)
+            for k in range(K):
+                device_copy(out[k * a.shape[0]:(k + 1) * a.shape[0]], a)
+            return out
+        checks = []
+        with handle.stream:
+            params = cupy.zeros((K, ps), cupy.float32)
+            for k in range(K):
+                device_copy(params[k, :wsize], ref.w.reshape(-1))
+                device_copy(params[k, boff:boff + bsize], ref.b.reshape(-1))
+            x, w, b = copies(ref.x), params[0, :wsize].reshape(spec.w), params[0, boff:boff + bsize]
+            if isinstance(cand, Forward):
+                y, arg = unset((K * m, *ref.y.shape[1:])), unset((K * m, *ref.arg.shape[1:]), np.uint8)
+                stages.stage_forward(ks, cand, m, handle.stream, x, w, b, y, arg, K, ps)()
+                for k in range(K):
+                    rows = slice(k * m, (k + 1) * m)
+                    checks.append(reference.check_forward(ref, y[rows], arg[rows]))
+            else:
+                part = cupy.zeros((cand.grid(m, K) * K, ks.width), cupy.float32)
+                grads = unset((K, ps))
+                dx = unset((K * m, *ref.x.shape[1:])) if spec.dx else None
+                stages.stage_backward(ks, cand, m, handle.stream, part, x, w, copies(ref.arg), copies(ref.dy),
+                                      grads[0, :wsize].reshape(spec.w), grads[0, boff:boff + bsize], dx, None, K, ps)()
+                for k in range(K):
+                    (err, why) = reference.check_backward(ref, grads[k, :wsize].reshape(spec.w),
+                                                          grads[k, boff:boff + bsize],
+                                                          dx[k * m:(k + 1) * m] if dx is not None else None)
+                    checks.append((err, 0, why))
+        handle.stream.synchronize()
+        failed = [c for c in checks if c[2] is not None]
+        err, ties, why = failed[0] if failed else max(checks, key=lambda c: c[0])
+        return Check(err, ties, why if why is None else f"in a pack of {K}: {why}")
 
     def _run_check(self, planner, spec, cand) -> Check:
         import cupy
@@ -264,7 +326,7 @@ class Ours:
         kind = Forward if d == "fwd" else Backward
 
         def trial(c, best):
-            check = self.check_stage(planner, op.spec, c)
+            check = self.check_stage(planner, op.spec, c, op.models)
             if check.why is not None:
                 return check.why
             run, timed = launcher(c)
