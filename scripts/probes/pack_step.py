@@ -1,5 +1,14 @@
 """Probe: a pack of K LeNets at 128 images each, one captured step replayed (random batches, no gather):
-us per step and images/s over all models, beside K = 1. Usage: python scripts/probes/pack_step.py [K ...]"""
+us per step and images/s over all models, beside K = 1, and each operation's engine and planned time.
+Usage: python scripts/probes/pack_step.py [K ...] [--exhaustive]
+
+# Note (H100, 2026-11-24): with the heuristic ranking our launch shapes by the images per model (128: the
+# small-batch versions), K = 16 ran 251.5 us (8.14 M img/s) and K = 64 882.6 us (9.28 M); ranked by the
+# images of the whole pack (K n, what the SMs see) 227.1 us (9.02 M) and 776.3 us (10.55 M), so the heuristic
+# ranks by K n (lenet/engines/ours.py). The exhaustive search: 214.3 us (9.55 M) and 715.7 us (11.45 M),
+# choosing conv2's tiled forward (v2, 8 or 4 images a block, 16 blocks per SM) and 8 to 16 backward blocks
+# per SM; at K = 64 stage 2's backward is 327 of the 716 us. `lenet sweep` therefore searches by default
+# (--algo exhaustive) and keeps the choice in the plan cache."""
 import sys
 import time
 
