@@ -221,12 +221,13 @@ class LeNet:
     def __init__(self, max_batch: int = 64, *, policy: Policy | None = None, seed=0,
                  momentum=0.0, weight_decay=0.0, nesterov=False, label_smoothing=0.0, ema_decay=None,
                  stream=None, cuda_graph: bool = False, fused: bool | None = None, plan_cache=False,
-                 input_grad: bool = False, models: int = 1):
+                 input_grad: bool = False, models: int = 1, keep_average: bool = False):
         if not isinstance(max_batch, (int, np.integer)) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if isinstance(models, bool) or not isinstance(models, (int, np.integer)) or models < 1:
             raise ValueError(f"models must be an integer >= 1, got {models!r}")
         K = self.models = int(models)   # a pack of K > 1: Note [packs] in lenet/ops.py; each setting one or K values
+        self.keep_average = bool(keep_average)
         self.settings = {k: per_model(v, K, k) for k, v in (
             ("seed", seed), ("momentum", momentum), ("weight_decay", weight_decay), ("nesterov", nesterov),
             ("label_smoothing", label_smoothing), ("ema_decay", ema_decay))}
@@ -281,7 +282,8 @@ class LeNet:
         import cupy
 
         N, K = self.max_batch, self.models
-        keeps = any(d is not None for d in ema_decays)
+        # A pack whose slots may later take configurations with an average keeps the buffer (``keep_average``).
+        keeps = any(d is not None for d in ema_decays) or (self.keep_average and K > 1)
         self.params = cupy.asarray(np.concatenate([P.pack(P.init_host(s)) for s in seeds]))   # (K TOTAL,)
         self.grads = cupy.zeros(K * P.TOTAL, dtype=cupy.float32)      # (K TOTAL,)
         self.velocity = cupy.zeros(K * P.TOTAL, dtype=cupy.float32)   # (K TOTAL,)

@@ -176,7 +176,7 @@ class Pack:
 
     def __init__(self, configs: list[Config], train, evals, *, policy=None, plan_cache=False,
                  eval_batch: int = 1000, tta: bool = False, cuda_graph: bool = True, models: int | None = None,
-                 model=None):
+                 model=None, keep_average: bool = False):
         import cupy
 
         from .model import LeNet
@@ -199,7 +199,8 @@ class Pack:
             max_batch=max(self.B, self.eval_batch), models=K, policy=policy, plan_cache=plan_cache,
             cuda_graph=cuda_graph, seed=[c.seed for c in fill], momentum=[c.momentum for c in fill],
             weight_decay=[c.weight_decay for c in fill], nesterov=[c.nesterov for c in fill],
-            label_smoothing=[c.label_smoothing for c in fill], ema_decay=[c.ema for c in fill])
+            label_smoothing=[c.label_smoothing for c in fill], ema_decay=[c.ema for c in fill],
+            keep_average=keep_average)   # slots assigned later may keep a moving average
         m = self.model
         if m.ema is None and any(c.ema is not None for c in configs):
             raise ValueError("this pack's model keeps no moving average; make it with one")
@@ -230,6 +231,9 @@ class Pack:
             raise ValueError(f"slot {k}: configuration of batch {config.batch_size}, {config.epochs} epochs in a "
                              f"pack of batch {self.batch_size}, {self.epochs} epochs")
         m, T = self.model, self.steps * self.epochs
+        if config.ema is not None and m.ema is None:
+            raise ValueError(f"slot {k}: a configuration with a moving average in a pack made without one "
+                             f"(make the pack with keep_average=True)")
         if fresh and m.hyper is None:
             raise ValueError("a pack of one model trains the configuration it was made with; give it models >= 2 "
                              "to let a slot take another")

@@ -186,6 +186,13 @@ class StudySweep(Sweep):
         self.worker = f"{socket.gethostname()}:{os.getpid()}"
         self.exhausted = False
 
+    def may_average(self) -> bool:
+        """Whether a trial may keep a moving average of the weights (the pack then keeps the buffer)."""
+        if "ema" in self.dists:
+            d = self.dists["ema"]
+            return any(v is not None for v in getattr(d, "choices", (1.0,)))
+        return self.fixed.get("ema") is not None
+
     def ask(self):
         """(trial, configuration) of the next admitted trial, or None when the budget is spent."""
         if self.exhausted:
@@ -222,7 +229,7 @@ class StudySweep(Sweep):
                  f"trains {K} at a time, ranked on the {self.split} split")
         pack = Pack([c for _, c in first], *self.datasets(self._stream()), policy=self.policy, models=max(K, 2),
                     plan_cache=args.plan_cache, eval_batch=args.eval_batch_size, tta=args.tta,
-                    cuda_graph=args.cuda_graph)
+                    cuda_graph=args.cuda_graph, keep_average=self.may_average())
         for r, (trial, _) in zip(pack.results, first):
             r.tag = trial
         self.progress(None)

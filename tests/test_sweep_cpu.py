@@ -286,3 +286,16 @@ def test_workers_refusals(tmp_path, argv, words):
                        text=True, timeout=60, cwd=tmp_path)
     said = r.stdout + r.stderr + ("usage" if "STORAGE OUT [lenet sweep flags" in r.stdout else "")
     assert r.returncode == 2 and words in said, said
+
+
+@pytest.mark.parametrize("extra,keeps", [([], False), (["--ema", "off", "0.999"], True), (["--ema", "0.999"], True),
+                                         (["--ema", "off"], False)])
+def test_a_study_whose_trials_may_average_makes_packs_that_keep_the_buffer(extra, keeps):
+    """A slot that takes a later trial with --ema needs the pack's moving-average buffer, whatever the first
+    trials drew (lenet.pack.Pack(keep_average=...))."""
+    from lenet.study import StudySweep, space
+
+    args = parse("--search", "optuna", "--trials", 4, "--lr", 0.1, 0.2, *extra)
+    worker = StudySweep.__new__(StudySweep)   # the space alone: no storage, no GPU
+    worker.dists, worker.fixed = space(args)
+    assert worker.may_average() is keeps
