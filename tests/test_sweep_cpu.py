@@ -299,3 +299,43 @@ def test_a_study_whose_trials_may_average_makes_packs_that_keep_the_buffer(extra
     worker = StudySweep.__new__(StudySweep)   # the space alone: no storage, no GPU
     worker.dists, worker.fixed = space(args)
     assert worker.may_average() is keeps
+
+
+# ------------------------------------------------------------------ rows, ranking, the table
+
+def _row(trial, final, loss=0.3, status="complete", **kw):
+    from lenet.sweep_results import row_of
+    from lenet.pack import Result
+
+    r = Result(Config(**kw), 0, accuracy=[final - 0.01, final], loss=[loss + 0.1, loss], train_loss=[0.9, 0.8])
+    row = row_of(r, trial, "validation")
+    row["status"] = status if status != "complete" else row["status"]
+    return row
+
+
+def test_rows_rank_complete_models_and_recipes_by_their_mean_over_seeds():
+    from lenet.sweep_results import best_of, label_of, recipes
+
+    rows = [_row(0, 0.90, lr=0.1, seed=0), _row(1, 0.94, lr=0.1, seed=1), _row(2, 0.93, lr=0.2, seed=0),
+            _row(3, 0.93, lr=0.2, seed=1), _row(4, 0.99, lr=0.4, seed=0, status="pruned")]
+    assert best_of(rows)["trial"] == 1                      # the best complete model, not the pruned one
+    ranked = recipes(rows)
+    assert [g["config"]["lr"] for g in ranked] == [0.2, 0.1, 0.4]   # means 0.93, 0.92, and the pruned one's 0
+    assert ranked[0]["seeds"] == [0, 1] and abs(ranked[0]["mean"] - 0.93) < 1e-12
+    assert ranked[-1]["finals"] == [0.0]                   # a pruned model counts as 0 in its recipe's mean
+    assert label_of(rows[2]["config"]) == "lr=0.2 seed=0" and label_of(rows[2]["config"], seed=False) == "lr=0.2"
+    tie = [_row(0, 0.92, loss=0.31, seed=0), _row(1, 0.92, loss=0.30, seed=1)]
+    assert best_of(tie)["trial"] == 1                        # a tie goes to the lower final loss
+
+
+def test_a_diverged_model_is_no_winner_and_the_table_says_so(tmp_path):
+    from lenet.pack import Result
+    from lenet.sweep_results import best_of, row_of, write_csv
+
+    bad = row_of(Result(Config(lr=5.0), 0, accuracy=[0.1], loss=[float("nan")], train_loss=[float("nan")]), 0, "test")
+    good = _row(1, 0.9, ema=0.999)
+    assert bad["status"] == "diverged" and best_of([bad, good]) is good
+    write_csv(tmp_path / "results.csv", [bad, good])
+    lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert lines[0].startswith("trial,status,lr,") and lines[1].startswith("0,diverged,5.0,")
+    assert ",off," in lines[1] and ",0.999," in lines[2] and len(lines) == 3
