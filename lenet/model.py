@@ -136,6 +136,12 @@ def check_hyperparameters(momentum, weight_decay, nesterov, label_smoothing, ema
         raise ValueError(f"the EMA decay must be in (0, 1), got {ema_decay}")
 
 
+def _constants(momentum, weight_decay, nesterov, ema_decay) -> np.ndarray:
+    """A pack model's row of the update's constants (sgd.cu): momentum, weight decay, nesterov, ema weight
+    (1: no average kept, the buffer copies the weights)."""
+    return np.array([momentum, weight_decay, float(bool(nesterov)), 1.0 - (ema_decay or 0.0)], np.float32)
+
+
 def per_model(value, models: int, name: str) -> list:
     """A setting of a pack (Note [packs] in lenet/ops.py): one value for every model, or a sequence of
     one per model."""
@@ -296,9 +302,9 @@ class LeNet:
         self.running_loss = cupy.zeros(K, dtype=cupy.float32)     # (K,) sum of step losses since reset
         st = self.settings
         # A pack's constants (sgd.cu): momentum, weight decay, nesterov, ema weight (1: no average kept).
-        self.hyper = cupy.asarray(np.array([[st["momentum"][m], st["weight_decay"][m], float(bool(st["nesterov"][m])),
-                                             1.0 - (ema_decays[m] if ema_decays[m] is not None else 0.0)]
-                                            for m in range(K)], np.float32)) if K > 1 else None
+        self.hyper = cupy.asarray(np.stack([
+            _constants(st["momentum"][m], st["weight_decay"][m], st["nesterov"][m], ema_decays[m]) for m in range(K)
+        ])) if K > 1 else None
         self.label_smoothing_dev = cupy.asarray(np.array(st["label_smoothing"], np.float32)) if K > 1 else None
         # Every buffer written (zeros) before any plan reads it: planning times candidates on them.
         self.buf = {k: cupy.zeros((K * N, *shape), dtype) for k, (shape, dtype) in BUFFERS.items() if k != "x"}
@@ -424,8 +430,15 @@ class LeNet:
             self._lr_host = lr
         self.n = n
 
-    def reset_running_loss(self, value: float = 0.0) -> None:
-        """Set the running sum of step losses (0, or a resumed epoch's sum so far)."""
+    def reset_running_loss(self, value=0.0) -> None:
+        """Set the running sum of step losses (0, or a resumed epoch's sum so far; a pack's: one value, or one
+        per model, which waits for the stream)."""
+        if self.models > 1 and isinstance(value, (list, tuple, np.ndarray)):
+            with self.stream:
+                self.running_loss.set(np.asarray(per_model(value, self.models, "running loss"), np.float32),
+                                      stream=self.stream)
+            self.stream.synchronize()   # the host array may go once this returns
+            return
         with self.stream:
             fill(self.running_loss, value)
 
@@ -441,10 +454,11 @@ class LeNet:
             if not (math.isfinite(r) and r >= 0):
                 raise ValueError(f"learning rate must be a finite number >= 0, got {r}")
         if self.models > 1:
-            with self.stream:
-                self.lr_dev.set(np.asarray(rates, np.float32), stream=self.stream)
-            self.stream.synchronize()   # the host array may go before an asynchronous copy reads it
-            self._lr_host = tuple(rates)
+            if tuple(rates) != self._lr_host:   # a copy only when the rates change: it waits for the stream
+                with self.stream:
+                    self.lr_dev.set(np.asarray(rates, np.float32), stream=self.stream)
+                self.stream.synchronize()   # the host array may go before an asynchronous copy reads it
+                self._lr_host = tuple(rates)
         elif lr != self._lr_host:
             with self.stream:
                 fill(self.lr_dev, lr)
@@ -626,11 +640,38 @@ class LeNet:
     def grad_dict(self, model: int | None = None) -> dict[str, np.ndarray]:
         return P.unpack(self._row(self.grads, model))
 
-    def flat_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def flat_state(self, model: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(parameters, momentum buffer, moving average or None) as flat host arrays: what a
-        checkpoint holds."""
+        checkpoint holds; of every model of a pack, (K TOTAL,) each, or of ``model`` alone."""
+        if model is not None:
+            return (self._row(self.params, model), self._row(self.velocity, model),
+                    self._row(self.ema, model) if self.ema is not None else None)
         self.stream.synchronize()
         return self.params.get(), self.velocity.get(), (self.ema.get() if self.ema is not None else None)
+
+    def set_model(self, model: int, *, seed: int, momentum: float, weight_decay: float, nesterov: bool,
+                  label_smoothing: float, ema_decay: float | None) -> None:
+        """Model ``model`` of a pack starts again (lenet.pack's slots): the initialization of ``seed``, a
+        zero momentum buffer, its average at the weights, and its own constants. Waits for the stream."""
+        if self.hyper is None:
+            raise ValueError("a lone model trains the configuration it was made with; a pack (models >= 2) "
+                             "lets a model take another")
+        if not 0 <= model < self.models:
+            raise ValueError(f"model {model} is outside 0..{self.models - 1}")
+        if ema_decay is not None and self.ema is None:
+            raise ValueError(f"model {model}: a moving average in a pack made without one (keep_average=True)")
+        P.check_seed(seed)
+        check_hyperparameters(momentum, weight_decay, nesterov, label_smoothing, ema_decay)
+        row = slice(model * P.TOTAL, (model + 1) * P.TOTAL)
+        init = P.pack(P.init_host(seed))
+        with self.stream:
+            self.params[row].set(init, stream=self.stream)
+            fill(self.velocity[row], 0)
+            if self.ema is not None:
+                self.ema[row].set(init, stream=self.stream)
+            self.hyper[model].set(_constants(momentum, weight_decay, nesterov, ema_decay), stream=self.stream)
+            self.label_smoothing_dev[model:model + 1].set(np.array([label_smoothing], np.float32), stream=self.stream)
+        self.stream.synchronize()   # the host arrays above may go once this returns
 
     def load_flat(self, params_flat: np.ndarray, velocity_flat: np.ndarray, ema_flat: np.ndarray | None = None) -> None:
         """Load a checkpoint's flat buffers. Without ``ema_flat`` a model that keeps a moving

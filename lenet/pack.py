@@ -39,9 +39,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import params as P
 from .data import epoch_order
-from .kernels import fill
 from .schedule import SCHEDULES, Schedule
 
 MAX_PACK = 64   # models per pack by default: the step at 128 images per model fills an H100 from ~16 on
@@ -231,29 +229,16 @@ class Pack:
             raise ValueError(f"slot {k}: configuration of batch {config.batch_size}, {config.epochs} epochs in a "
                              f"pack of batch {self.batch_size}, {self.epochs} epochs")
         m, T = self.model, self.steps * self.epochs
-        if config.ema is not None and m.ema is None:
-            raise ValueError(f"slot {k}: a configuration with a moving average in a pack made without one "
-                             f"(make the pack with keep_average=True)")
-        if fresh and m.hyper is None:
-            raise ValueError("a pack of one model trains the configuration it was made with; give it models >= 2 "
-                             "to let a slot take another")
+        if fresh:   # the model's own (it refuses what it cannot take: a lone model, an average it has no room for)
+            m.set_model(k, seed=config.seed, momentum=config.momentum, weight_decay=config.weight_decay,
+                        nesterov=config.nesterov, label_smoothing=config.label_smoothing, ema_decay=config.ema)
+        elif config.ema is not None and m.ema is None:
+            raise ValueError(f"slot {k}: a moving average in a pack made without one (keep_average=True)")
         table = config.schedule_of(self.steps).table(self.steps, T).astype(np.float32)
         with self.stream:
             self.lr_table[k * T:(k + 1) * T].set(table, stream=self.stream)
             self.aug[k].set(np.array([config.shift, int(config.flip), config.seed & 0xFFFFFFFF], np.int64)
                             .astype(np.uint32).view(np.int32), stream=self.stream)
-            if fresh:
-                row = slice(k * P.TOTAL, (k + 1) * P.TOTAL)
-                init = P.pack(P.init_host(config.seed))
-                m.params[row].set(init, stream=self.stream)
-                fill(m.velocity[row], 0)
-                if m.ema is not None:
-                    m.ema[row].set(init, stream=self.stream)
-                if m.hyper is not None:
-                    m.hyper[k].set(np.array([config.momentum, config.weight_decay, float(config.nesterov),
-                                             1.0 - (config.ema or 0.0)], np.float32), stream=self.stream)
-                    m.label_smoothing_dev[k:k + 1].set(np.array([config.label_smoothing], np.float32),
-                                                        stream=self.stream)
         self.stream.synchronize()   # the host arrays above may go once set() returns
         r = Result(config, k, tag=tag)
         self.slots[k] = r
@@ -338,11 +323,9 @@ class Pack:
         return finished
 
     def keep_weights(self, k: int) -> None:
-        r, m = self.slots[k], self.model
-        row = slice(k * P.TOTAL, (k + 1) * P.TOTAL)
-        self.stream.synchronize()
-        r.params, r.velocity = m.params[row].get(), m.velocity[row].get()
-        r.weights = m.ema[row].get() if (m.ema is not None and r.config.ema is not None) else r.params
+        r = self.slots[k]
+        r.params, r.velocity, ema = self.model.flat_state(k)
+        r.weights = ema if r.config.ema is not None else r.params
 
     def run(self, on_epoch=None) -> list[Result]:
         """Every slot's configuration to its last epoch (the Python API's whole run); ``on_epoch(pack,

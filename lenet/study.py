@@ -130,7 +130,7 @@ def open_study(args, settings: dict):
         dists, _ = space(args)
         if any(not isinstance(d, o.distributions.CategoricalDistribution) for d in dists.values()):
             raise ValueError("--sampler grid takes lists of values, not ranges LOW:HIGH")
-        sampler = _Grid({k: list(d.choices) for k, d in dists.items()}, seed=seed)
+        sampler = grid_sampler({k: list(d.choices) for k, d in dists.items()}, seed)
     elif args.sampler == "random":
         sampler = o.samplers.RandomSampler(seed=seed)
     else:
@@ -153,20 +153,13 @@ def open_study(args, settings: dict):
     return study
 
 
-def _grid_sampler():
-    o = optuna()
-
-    class Grid(o.samplers.GridSampler):
-        """Optuna's grid sampler, but the budget (--trials) ends a worker, not the grid: GridSampler stops the
-        study once every point ran, and Study.stop() raises outside Study.optimize (ask and tell, here)."""
-
+def grid_sampler(search_space: dict, seed=None):
+    """Optuna's grid sampler, but the budget (--trials) ends a worker, not the grid: GridSampler stops the
+    study once every point ran, and Study.stop() raises outside Study.optimize (ask and tell, here)."""
+    class Grid(optuna().samplers.GridSampler):
         def after_trial(self, study, trial, state, values) -> None:
             pass
-    return Grid
-
-
-def _Grid(*args, **kw):
-    return _grid_sampler()(*args, **kw)
+    return Grid(search_space, seed=seed)
 
 
 def admitted(study, trial, budget: int) -> bool:
@@ -227,7 +220,7 @@ class StudySweep(Sweep):
             return self.finish(self.policy)
         self.say(f"study {args.study!r}: {len(self.study.trials)} trials so far, budget {args.trials}; this worker "
                  f"trains {K} at a time, ranked on the {self.split} split")
-        pack = Pack([c for _, c in first], *self.datasets(self._stream()), policy=self.policy, models=max(K, 2),
+        pack = Pack([c for _, c in first], *self.datasets(), policy=self.policy, models=max(K, 2),
                     plan_cache=args.plan_cache, eval_batch=args.eval_batch_size, tta=args.tta,
                     cuda_graph=args.cuda_graph, keep_average=self.may_average())
         for r, (trial, _) in zip(pack.results, first):
@@ -252,11 +245,6 @@ class StudySweep(Sweep):
             self.bar = None
         pack.close()
         return self.finish(self.policy)
-
-    def _stream(self):
-        import cupy
-
-        return cupy.cuda.Stream(non_blocking=True)
 
     def report(self, pack, done: list[Result], o) -> None:
         """Each model's epoch to the study: done ones told complete, pruned ones pruned; freed slots take

@@ -33,7 +33,6 @@ import itertools
 import json
 import math
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -41,10 +40,9 @@ import numpy as np
 
 from . import cli, data, files, startup
 from .pack import MAX_PACK, Config, packs
-from .plot import Plotter, can_plot, take_early
 from .schedule import SCHEDULES
 from .sweep_results import RESUME_KEYS, SWEPT, Sweep
-from .train import Signals, StoppedAtOnce
+from .train import Signals, StoppedAtOnce, resume_args, start_plotter
 
 FAST = Config()   # the defaults: the README's fast recipe
 OUT_FILES = ("results.csv", "results.jsonl", "curves.png", "summary.json", "sweep.json", "pack.npz", "best")
@@ -265,7 +263,7 @@ class GridSweep(Sweep):
         from .pack import Pack
 
         t_start = time.perf_counter()
-        pack = Pack(configs, *self.datasets_for_pack(), policy=self.policy, plan_cache=self.args.plan_cache,
+        pack = Pack(configs, *self.datasets(), policy=self.policy, plan_cache=self.args.plan_cache,
                     eval_batch=self.args.eval_batch_size, tta=self.args.tta, cuda_graph=self.args.cuda_graph)
         first = 0
         if resume is not None and resume["configs"] != [c.as_dict() for c in configs]:
@@ -279,8 +277,7 @@ class GridSweep(Sweep):
             t = time.perf_counter()
             orders = pack.begin_epoch()
             if first:
-                with pack.stream:
-                    pack.model.running_loss.set(np.asarray(resume["running"], np.float32), stream=pack.stream)
+                pack.model.reset_running_loss(resume["running"])
             at = pack.steps_of(orders, first, stop)
             if self.bar is not None:
                 self.bar.update(at - first)
@@ -299,20 +296,13 @@ class GridSweep(Sweep):
         pack.close()
         return None
 
-    def datasets_for_pack(self):
-        if not hasattr(self, "_data"):
-            import cupy
-
-            self._data = self.datasets(cupy.cuda.Stream(non_blocking=True))
-        return self._data
-
     def stopped(self, pack, at: int, sig) -> int:
         """Note [stopping a sweep]: the pack in flight to pack.npz; the exit status."""
         self.close_bar()
         m = pack.model
         if self.out is not None:
-            pack.stream.synchronize()   # the step in flight finished: get() copies on CuPy's stream, not the model's
-            params, velocity, ema = (a.get() for a in (m.params, m.velocity, m.ema if m.ema is not None else m.params))
+            params, velocity, ema = m.flat_state()   # after the step in flight
+            ema = params if ema is None else ema
             state = {"configs": [r.config.as_dict() for r in pack.results],
                      "history": [{"accuracy": r.accuracy, "loss": r.loss, "train_loss": r.train_loss,
                                   "seconds": r.seconds} for r in pack.results],
@@ -324,26 +314,16 @@ class GridSweep(Sweep):
         else:
             where = "no --out, nothing was saved"
         print(f"stopped by {sig.name}: {len(self.rows)} models finished; {where}"
-              + (f"; continue with: {cli.prog('sweep')} {' '.join(_resume_args())} --resume" if self.out else ""),
+              + (f"; continue with: {cli.prog('sweep')} {' '.join(resume_args(None))} --resume" if self.out else ""),
               flush=True)
         return 130 if sig.signum == signal.SIGINT else 143
 
     def restore(self, pack, state: dict) -> int:
-        m = pack.model
-        with pack.stream:
-            m.params.set(state["params"], stream=pack.stream)
-            m.velocity.set(state["velocity"], stream=pack.stream)
-            if m.ema is not None:
-                m.ema.set(state["ema"], stream=pack.stream)
-        pack.stream.synchronize()
+        pack.model.load_flat(state["params"], state["velocity"], state["ema"])
         for r, h in zip(pack.results, state["history"]):
             r.accuracy, r.loss, r.train_loss, r.seconds = h["accuracy"], h["loss"], h["train_loss"], h["seconds"]
         self.say(f"resumed the pack in flight at epoch {len(pack.results[0].accuracy) + 1}, step {state['step']}")
         return int(state["step"])
-
-
-def _resume_args() -> list[str]:
-    return [a for a in sys.argv[1:] if a not in ("--resume", "--overwrite")]
 
 
 # ---------------------------------------------------------------------- before the GPU
@@ -444,15 +424,6 @@ def open_out(out: Path | None, overwrite: bool, settings: dict, resume: bool) ->
                 p.unlink(missing_ok=True)
     if not resume:
         files.write_atomic(out / "sweep.json", (json.dumps(settings, indent=1) + "\n").encode())
-
-
-def start_plotter(args) -> Plotter | None:
-    early = take_early()
-    if not (args.out and can_plot()):
-        if early is not None:
-            early.discard()
-        return None
-    return early or Plotter()
 
 
 def main(argv=None) -> int:

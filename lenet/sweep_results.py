@@ -9,7 +9,6 @@ import io
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +81,7 @@ class Sweep:
         self.trial_counter = max([r["trial"] for r in self.rows if isinstance(r["trial"], int)], default=-1) + 1
         self.best_weights = None   # (row, Result) of the best complete model of this process
         self.bar = None
-        self.t0 = time.perf_counter()
+        self._data = None   # datasets(): made on first use
 
     def say(self, line: str) -> None:
         if self.bar is not None:
@@ -92,13 +91,16 @@ class Sweep:
 
     # -- data
 
-    def datasets(self, stream):
-        cfg = self.run_info
-        train_x, train_y = cfg["train"]
-        mean, std = cfg["mean"], cfg["std"]
-        train = data.GpuDataset(train_x, train_y, mean, std, stream)
-        evals = data.GpuDataset(*cfg["evals"], mean, std, stream)
-        return train, evals
+    def datasets(self):
+        """(training split, ranked split) on the GPU, sent once for every pack of this sweep."""
+        if self._data is None:
+            import cupy
+
+            stream = cupy.cuda.Stream(non_blocking=True)
+            cfg = self.run_info
+            self._data = tuple(data.GpuDataset(*split, cfg["mean"], cfg["std"], stream)
+                               for split in (cfg["train"], cfg["evals"]))
+        return self._data
 
     # -- a finished model
 

@@ -446,7 +446,7 @@ class Trainer:
                 where = f"epoch {epoch + 1}/{args.epochs}, step {s + 1}/{steps} (iteration {self.iteration})"
                 self.say(f"stopped by {sig.name} at {where}; " + (
                     f"checkpoint {self.checkpoint_path}; continue with: python -m lenet.train "
-                    f"{' '.join(_resume_args(self.argv))} --resume" if self.out else "no --out, nothing was saved"))
+                    f"{' '.join(resume_args(self.argv))} --resume" if self.out else "no --out, nothing was saved"))
                 return (130 if sig.signum == signal.SIGINT else 143), 0.0, 0.0
             every = CHECKPOINT_EVERY if args.checkpoint_every is None else args.checkpoint_every
             if every and self.iteration % every == 0 and s + 1 < steps:
@@ -601,7 +601,7 @@ def main(argv=None) -> int:
     return trainer.run()
 
 
-def _resume_args(argv) -> list[str]:
+def resume_args(argv) -> list[str]:
     """The command line of this run without --resume/--overwrite, for the resume hint."""
     args = list(sys.argv[1:] if argv is None else argv)
     out, skip = [], False

@@ -59,26 +59,14 @@ def ours(train, test, K: int, algo: str) -> float:
 def torch_ensemble(train, K: int) -> tuple[float, str]:
     """Seconds per step of PyTorch's torch.func ensemble of K (the anchor)."""
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
     from torch.func import functional_call, grad, stack_module_state, vmap
+    from torch_lenet import TorchLeNet as LeNet, exact_float32   # the project's PyTorch LeNet (scripts/)
 
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    X = torch.as_tensor(train[0]).cuda().float().div(255)
-    Y = torch.as_tensor(train[1]).long().cuda()
+    exact_float32()
+    X = torch.as_tensor(train[0].copy()).cuda().float().div(255)
+    Y = torch.as_tensor(train[1].copy()).long().cuda()
     X = ((X - X.mean()) / X.std()).unsqueeze(1)
-
-    class LeNet(nn.Module):
-        def __init__(s):
-            super().__init__()
-            s.conv1, s.conv2 = nn.Conv2d(1, 6, 5), nn.Conv2d(6, 16, 5)
-            s.fc1, s.fc2 = nn.Linear(256, 120), nn.Linear(120, 10)
-
-        def forward(s, x):
-            x = F.max_pool2d(F.relu(s.conv1(x)), 2)
-            x = F.max_pool2d(F.relu(s.conv2(x)), 2)
-            return s.fc2(F.relu(s.fc1(x.flatten(1))))
     steps = len(Y) // B
     base = LeNet().to("meta")
 

@@ -259,17 +259,13 @@ def test_the_first_install_has_every_module_the_programs_import():
             continue
         if f == ROOT / "lenet" / "study.py":   # the optional extra .[sweep]: optuna (and its own SQLAlchemy)
             assert "optuna" in " ".join(project["optional-dependencies"]["sweep"])
-            mods = {n.module.split(".")[0] for n in ast.walk(ast.parse(f.read_text()))
-                    if isinstance(n, ast.ImportFrom) and n.level == 0} | \
-                   {a.name.split(".")[0] for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.Import)
-                    for a in n.names}
-            imported |= mods - {"optuna", "sqlalchemy"}   # the rest is the first install's
-            continue
+        mods = set()
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Import):
-                imported |= {a.name.split(".")[0] for a in node.names}
+                mods |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                imported.add(node.module.split(".")[0])
+                mods.add(node.module.split(".")[0])
+        imported |= mods - ({"optuna", "sqlalchemy"} if f == ROOT / "lenet" / "study.py" else set())
     third_party = imported - set(sys.stdlib_module_names) - {"lenet", "descriptors", "__future__"}
     unknown = third_party - set(PROVIDES)
     assert not unknown, f"modules with no known distribution: {unknown}"
