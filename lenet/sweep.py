@@ -34,6 +34,7 @@ import json
 import math
 import signal
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -400,8 +401,14 @@ def _check_out(out: Path | None, args, settings: dict):
                     pass   # a line cut by a kill: that model runs again
         state = None
         if (out / "pack.npz").exists():
-            with np.load(out / "pack.npz", allow_pickle=False) as z:
-                state = {k: z[k] for k in ("params", "velocity", "ema")} | json.loads(str(z["state"]))
+            try:
+                with np.load(out / "pack.npz", allow_pickle=False) as z:
+                    state = {k: z[k] for k in ("params", "velocity", "ema")} | json.loads(str(z["state"]))
+                if not isinstance(state.get("configs"), list) or not isinstance(state.get("step"), int):
+                    raise ValueError("no configurations or step")
+            except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile):
+                raise ValueError(f"--resume: {files.show(out / 'pack.npz')} is not the state of a pack in flight; "
+                                 f"remove it to run that pack again from its start") from None
         return rows, state
     if earlier and not args.overwrite:
         raise files.OutputError(f"--out {files.show(out)} holds an earlier sweep ({', '.join(earlier)}); continue it "

@@ -162,6 +162,21 @@ def test_an_earlier_sweep_is_kept_unless_resumed_or_overwritten(dataset, tmp_pat
     assert sorted(p.name for p in out.iterdir()) == ["results.jsonl", "sweep.json"]
 
 
+def test_a_broken_pack_state_is_one_line_on_resume(dataset, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    args = parse("--data-dir", dataset, "--out", out)
+    from lenet import cli, data   # sweep.json as prepare() writes it, so that only pack.npz is wrong
+
+    root, (tx, _), (vx, _), cache, _ = cli.run_splits(args)
+    (out / "sweep.json").write_text(json.dumps(sweep.settings_of(args, data.fingerprint(root, cache), len(tx), len(vx))))
+    (out / "pack.npz").write_bytes(b"not an npz")
+    before = sorted(p.name for p in out.iterdir())
+    r = run("--data-dir", dataset, "--out", out, "--resume")
+    assert r.returncode == 2 and "is not the state of a pack in flight" in one_line(r), r.stderr
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
 def test_more_models_than_fit_names_how_many_fit():
     from lenet.engines import Policy
     from lenet.model import bytes_per_image, check_memory, models_that_fit

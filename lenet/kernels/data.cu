@@ -66,7 +66,9 @@ extern "C" __global__ void gather_batch_kernel(const unsigned char* __restrict__
 // [m * n, (m + 1) * n) of x and y, gathered from its own order orders[m * size + start + b], augmented
 // by its own flags aug[3 m + 0..2] = shift, flip, seed with the draws of its own epoch epochs[m];
 // and lr_out[m] = lr_table[lr_at[m] + step], its schedule's rate at its own step (the host writes
-// orders, epochs and lr_at once an epoch, and the whole schedule once).
+// orders, epochs and lr_at once an epoch, and the whole schedule once). Block (x, m), thread t owns model
+// m's pixels i = blockIdx.x * blockDim.x + t, then every gridDim.x * blockDim.x after it (gather_pixel);
+// thread 0 of block (0, m) writes lr_out[m]. No shared memory.
 extern "C" __global__ void gather_pack_kernel(const unsigned char* __restrict__ images,
                                               const unsigned char* __restrict__ labels,
                                               const int* __restrict__ orders, int size, int start, int n,

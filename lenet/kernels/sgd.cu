@@ -18,6 +18,8 @@ extern "C" __global__ void sgd_kernel(float* __restrict__ p, const float* __rest
     // m - 1's, its learning rate lr[m], and hyper (when given) holds its constants: hyper[4 m + 0..3] =
     // momentum, weight decay, nesterov (0 or 1), ema weight; an ema weight of 1 copies the weights
     // (a model of the pack that keeps no average evaluates the same buffer as the others).
+    // Block (x, m), thread t owns model m's elements i = blockIdx.x * blockDim.x + t, then every
+    // gridDim.x * blockDim.x after it; no shared memory.
     const int m = blockIdx.y;
     if (m) {
         p += (size_t)m * n; g += (size_t)m * n; v += (size_t)m * n;

@@ -3,7 +3,7 @@
 // per-row math (sce_row) and sums (block_sum, sce_finish), which this module is compiled after
 // (lenet/kernels/__init__.py: SOURCES).
 
-// blockDim.x = SCE_THREADS; thread t of block b owns rows b * 256 + t, then every gridDim.x * 256 after
+// blockDim.x = SCE_THREADS; thread t of block (b, m) owns model m's rows b * 256 + t, then every gridDim.x * 256 after
 // it; shared sv, sc (256 each) hold the block's sums (block_sum); sce_finish's `last` says whether it adds them all.
 extern "C" __global__ void __launch_bounds__(SCE_THREADS)
 softmax_ce_kernel(const float* __restrict__ logits,

@@ -1,6 +1,6 @@
 // module stage_reduce: uses=stage_common
 // The blocks' rows of partial sums added in a fixed order (deterministic): column i < mw goes to
-// dw[i], the rest to db[i - mw]. blockDim.x = 256 (8 warps): a block owns 32 columns, lane = column;
+// dw[i], the rest to db[i - mw]. blockDim.x = 256 (8 warps): block (x, m) owns model m's 32 columns, lane = column;
 // warp w sums rows w, w + 8, w + 16, ... in order, then warp 0 adds the 8 warps' sums in order.
 // Shared: sums (8 x 32) the warps' sums. Many rows (a large grid of partials) are read in parallel:
 // one thread per column looping over every row took ~30 us for 528 rows (ncu, batch 8192).
