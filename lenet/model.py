@@ -87,7 +87,7 @@ def bytes_per_image(policy: Policy | None = None, models: int = 1) -> int:
     policy = policy or Policy()
     own = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize for shape, dtype in BUFFERS.values())
     ops = [Stage(spec, None, 1, models) for spec in STAGES] + [Head(None, None, 1, models)]
-    return own + sum(e.scratch_per_image(op) for op in ops for e in registry.serving(op, policy)[0])
+    return own + sum(e.scratch_per_image(op, policy) for op in ops for e in registry.serving(op, policy)[0])
 
 
 def check_pack(policy: Policy, models: int) -> None:

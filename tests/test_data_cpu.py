@@ -20,8 +20,8 @@ def write_split(root, n=20, split="train", gz=False, images=None, labels=None):
     images = rng.integers(0, 256, (n, 28, 28), dtype=np.uint8) if images is None else images
     labels = rng.integers(0, 10, n, dtype=np.uint8) if labels is None else labels
     for stem, arr in zip(data.SPLITS[split], (images, labels)):
-        raw = idx_bytes(arr)
-        (root / (stem + (".gz" if gz else ""))).write_bytes(gzip.compress(raw) if gz else raw)
+        raw = idx_bytes(arr)   # gzip's header holds a time: a fixed one, so equal content gives equal bytes
+        (root / (stem + (".gz" if gz else ""))).write_bytes(gzip.compress(raw, mtime=0) if gz else raw)
     return images, labels
 
 

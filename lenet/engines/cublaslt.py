@@ -42,7 +42,7 @@ class Cublaslt:
         return ""   # the library's version is the store's (lenet/plancache.py)
 
     @staticmethod
-    def scratch_per_image(op) -> int:
+    def scratch_per_image(op, policy) -> int:
         """Bytes per image of max_batch this engine allocates for the head: fc1's ReLU bits."""
         from ..blas import LtMatmul   # here: the flag parse imports this module (Note [overlapped start-up])
 

@@ -144,7 +144,7 @@ class Cudnn:
         return descriptors.version_string()
 
     @staticmethod
-    def scratch_per_image(op) -> int:
+    def scratch_per_image(op, policy) -> int:
         """Bytes per image of max_batch this engine allocates for a stage: the unpooled output and its gradient."""
         return 2 * 4 * math.prod(op.spec.conv_chw)
 

@@ -85,9 +85,6 @@ class Ours:
             return f"engine {policy.engine} runs cuDNN only"
         if not policy.fused:
             return "fusion is off (--no-fused), and our stages and head are fused kernels"
-        if op.kind == "head" and op.models > 1:
-            return (f"our head runs one model; a pack of {op.models} runs its head as cuBLASLt's batched "
-                    f"matmuls")
         if op.kind != "stage":
             return None
         if policy.chunk is not None:
@@ -112,9 +109,14 @@ class Ours:
         return source_digest()
 
     @staticmethod
-    def scratch_per_image(op) -> int:
-        """Bytes per image of max_batch this engine allocates for ``op``: a stage's argmax bytes."""
-        return int(np.prod(op.spec.y)) if op.kind == "stage" else 0
+    def scratch_per_image(op, policy) -> int:
+        """Bytes per image of max_batch this engine allocates for ``op``: a stage's argmax bytes; in a pack,
+        its head's partial rows, and under --deterministic its stages' on each model's lone grid (at most
+        one row per image: Note [a pack and a lone run] in lenet/pack.py)."""
+        if op.kind == "stage":
+            lone = op.models > 1 and policy.deterministic
+            return int(np.prod(op.spec.y)) + (4 * stages.for_spec(op.spec).width if lone else 0)
+        return -(-4 * head_kernels.WIDTH // head_kernels.HEAD_PER[0]) if op.kind == "head" and op.models > 1 else 0
 
     def warm(self, batches=None) -> None:
         """Start compiling the kernels the heuristic runs at these batch sizes (or reading them from the
@@ -194,18 +196,20 @@ class Ours:
             state[key] = reference.stage_reference(planner.handle, spec)
         return state[key]
 
-    def check_stage(self, planner, spec, cand, models: int = 1) -> Check:
+    def check_stage(self, planner, spec, cand, models: int = 1, lone_grid: bool = False) -> Check:
         """A launch shape against cuDNN's exact result, once per candidate and model (Note [checking a
-        stage]); for a pack of ``models``, its pack version as the pack launches it."""
+        stage]); for a pack of ``models``, its pack version as the pack launches it (``lone_grid``: each
+        model on its lone run's grid, as under --deterministic)."""
         state = planner.state("ours")
         models = min(models, PACK_CHECK_MODELS)
-        key = ("check", planner.handle.device_id, spec, cand, models)
+        lone_grid = lone_grid and models > 1
+        key = ("check", planner.handle.device_id, spec, cand, models) + (("lone grid",) if lone_grid else ())
         if key not in state:
             state[key] = self._run_check(planner, spec, cand) if models == 1 else \
-                self._run_pack_check(planner, spec, cand, models)
+                self._run_pack_check(planner, spec, cand, models, 1 if lone_grid else models)
         return state[key]
 
-    def _run_pack_check(self, planner, spec, cand, K: int) -> Check:
+    def _run_pack_check(self, planner, spec, cand, K: int, share: int) -> Check:
         """Note [checking a pack]: the pack version of a launch shape (lenet/kernels/stage_common.cu, Note
         [model from the grid]) is its own binary. It is checked as the pack launches it, K models on the
         grid, each given the reference's operands at its own rows and parameter offset: every model's result
@@ -242,16 +246,17 @@ class Ours:
             x, w, b = copies(ref.x), params[0, :wsize].reshape(spec.w), params[0, boff:boff + bsize]
             if isinstance(cand, Forward):
                 y, arg = unset((K * m, *ref.y.shape[1:])), unset((K * m, *ref.arg.shape[1:]), np.uint8)
-                stages.stage_forward(ks, cand, m, handle.stream, x, w, b, y, arg, K, ps)()
+                stages.stage_forward(ks, cand, m, handle.stream, x, w, b, y, arg, K, ps, share)()
                 for k in range(K):
                     rows = slice(k * m, (k + 1) * m)
                     checks.append(reference.check_forward(ref, y[rows], arg[rows]))
             else:
-                part = cupy.zeros((cand.grid(m, K) * K, ks.width), cupy.float32)
+                part = cupy.zeros((cand.grid(m, share) * K, ks.width), cupy.float32)
                 grads = unset((K, ps))
                 dx = unset((K * m, *ref.x.shape[1:])) if spec.dx else None
                 stages.stage_backward(ks, cand, m, handle.stream, part, x, w, copies(ref.arg), copies(ref.dy),
-                                      grads[0, :wsize].reshape(spec.w), grads[0, boff:boff + bsize], dx, None, K, ps)()
+                                      grads[0, :wsize].reshape(spec.w), grads[0, boff:boff + bsize], dx, None, K, ps,
+                                      share)()
                 for k in range(K):
                     (err, why) = reference.check_backward(ref, grads[k, :wsize].reshape(spec.w),
                                                           grads[k, boff:boff + bsize],
@@ -290,29 +295,38 @@ class Ours:
         handle.stream.synchronize()
         return Check(err, ties, why)
 
+    @staticmethod
+    def share(op, policy) -> int:
+        """How many models share the SMs in each model's grid: a pack's K, or 1 (each model its lone run's
+        grid and candidates) under --deterministic, so that a model sums as its lone run does (Note [a pack
+        and a lone run] in lenet/pack.py)."""
+        return 1 if policy.deterministic else op.models
+
     def _stage(self, op, n: int, planner) -> "OursStagePlan":
         spec, ks, stream, side = op.spec, stages.for_spec(op.spec), planner.stream, planner.side
         K = op.models   # a pack: Note [model from the grid] in lenet/kernels/stage_common.cu
+        share = self.share(op, planner.policy)
 
         def make():
             import cupy
 
-            rows = max(stages.BACKWARD_BLOCKS_PER_SM) * sm_count() + K   # a pack's grids round up per model
+            most = max(stages.BACKWARD_BLOCKS_PER_SM) * sm_count()
+            rows = most + K if share > 1 else K * min(op.max_batch, most)   # a pack's grids round up per model
             return {"arg": cupy.zeros((K * op.max_batch, *spec.y), cupy.uint8),   # (N, K, H/2, W/2) argmax bytes
                     "part": cupy.zeros((rows, ks.width), cupy.float32)}          # (blocks, mw + mb) partial sums
         own = self._scratch(planner, ("stage", op.name), make)
         t, arg = op.tensors.rows(K * n), own["arg"][: K * n]
-        fwds, bwds = self.stage_candidates(spec, planner.policy, K * n)   # a pack fills the GPU as K n images do
+        fwds, bwds = self.stage_candidates(spec, planner.policy, share * n)   # a pack fills the GPU as K n images do
         prefetch({pack_module(m, K) for m in {ks.forward[c.version].name for c in fwds} |
                   {ks.backward[c.version].name for c in bwds} | {"stage_reduce"}})   # at once
 
         def forward(c):
-            run = stages.stage_forward(ks, c, n, stream, t.x, t.w, t.b, t.y, arg, K, P.TOTAL)
+            run = stages.stage_forward(ks, c, n, stream, t.x, t.w, t.b, t.y, arg, K, P.TOTAL, share)
             return run, run
 
         def backward(c):   # the reduction goes to the side stream only while the grid leaves SMs idle
             run = stages.stage_backward(ks, c, n, stream, own["part"], t.x, t.w, arg, t.dy, t.dw, t.db, t.dx,
-                                        side if side.fits(K * c.grid(n, K)) else None, K, P.TOTAL)
+                                        side if side.fits(K * c.grid(n, share)) else None, K, P.TOTAL, share)
             return run, side.joined(run)
         fwd = self._direction(op, n, "fwd", fwds, forward, planner)
         bwd = self._direction(op, n, "bwd", bwds, backward, planner, before=fwd.best.plan)
@@ -326,7 +340,7 @@ class Ours:
         kind = Forward if d == "fwd" else Backward
 
         def trial(c, best):
-            check = self.check_stage(planner, op.spec, c, op.models)
+            check = self.check_stage(planner, op.spec, c, op.models, self.share(op, planner.policy) == 1)
             if check.why is not None:
                 return check.why
             run, timed = launcher(c)
@@ -350,9 +364,12 @@ class Ours:
     # ---------------------------------------------------------------- the head
 
     def _head(self, op, n: int, shape: HeadShape, planner) -> "OursHeadPlan":
-        part, sce = self._scratch(planner, "head", head_kernels.scratch)
+        K = op.models   # a pack: each model on its lone run's grid (head_common.cu)
+        part, sce = self._scratch(planner, ("head", K), lambda: head_kernels.scratch(K, op.max_batch))
+        if K > 1:
+            prefetch((pack_module("head", K), pack_module("head_weights", K), pack_module("stage_reduce", K)))
         return OursHeadPlan(head_kernels.HeadLaunches(op.tensors, op.loss, n, shape.group, shape.per, part, sce,
-                                                      planner.stream, planner.side), shape, n)
+                                                      planner.stream, planner.side, K), shape, n)
 
 
 class OursStagePlan:

@@ -70,8 +70,19 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
                     const int* __restrict__ labels, float* __restrict__ dlogits, float* __restrict__ out,
                     int* __restrict__ correct, float* __restrict__ partial_loss, int* __restrict__ partial_correct,
                     unsigned int* __restrict__ ticket, float* __restrict__ running, float grad_scale,
-                    float loss_scale, float eps, float* __restrict__ dh1, float* __restrict__ dp2) {
+                    float loss_scale, float eps, float* __restrict__ dh1, float* __restrict__ dp2 HEAD_PACK_PARAMS) {
   griddep_entry();
+#ifdef LENET_PACK
+  {   // model m = blockIdx.y (head_common.cu); part_stride is the weights kernel's
+    const unsigned m = blockIdx.y;
+    HEAD_MODEL(p2, N * H_IN, m); HEAD_MODEL(h1, N * H_HID, m); HEAD_MODEL(logits, N * H_OUT, m);
+    HEAD_MODEL(W1, ps, m); HEAD_MODEL(b1, ps, m); HEAD_MODEL(W2, ps, m); HEAD_MODEL(b2, ps, m);
+    HEAD_MODEL(labels, N, m); HEAD_MODEL(dlogits, N * H_OUT, m); HEAD_MODEL(dh1, N * H_HID, m);
+    HEAD_MODEL(dp2, N * H_IN, m); HEAD_MODEL(out, 1, m); HEAD_MODEL(correct, 1, m); HEAD_MODEL(running, 1, m);
+    HEAD_MODEL(ticket, 1, m); HEAD_MODEL(partial_loss, gridDim.x, m); HEAD_MODEL(partial_correct, gridDim.x, m);
+    if (eps_models) eps = eps_models[m];
+  }
+#endif
   __shared__ float sw2[H_OUT * H_HID];
   __shared__ __align__(16) float sp[H_MAXG * H_IN];
   __shared__ float sh[H_MAXG * H_HID];

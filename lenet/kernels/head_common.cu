@@ -11,3 +11,17 @@
 #define H_WARPS (H_THREADS / 32)
 #define H_UNITS_PER_WARP (H_HID / H_WARPS)   // 15
 #define H_BATCH 5                            // W1 rows a warp loads before using any
+
+// A pack of K models (lenet sweep) runs each kernel of the head once for all K, model m on blockIdx.y of
+// the forward and blockIdx.z of the weights' kernel (Note [model from the grid] in stage_common.cu): its
+// images N rows after model m - 1's, its weights and gradients ps floats after (the flat buffers are
+// (K, ps)), its loss totals, ticket and label smoothing its own. These are the pack versions' extra
+// parameters and offsets (modules head__pack and head_weights__pack, compiled with LENET_PACK); the
+// one-model modules compile without them. Each model's grid is its lone run's, so a model of a pack sums
+// in the order of its lone run (Note [a pack and a lone run] in lenet/pack.py).
+#ifdef LENET_PACK
+#define HEAD_PACK_PARAMS , int ps, const float* __restrict__ eps_models, long long part_stride
+#define HEAD_MODEL(ptr, per, m) ((ptr) = (ptr) ? (ptr) + (size_t)(m) * (size_t)(per) : (ptr))
+#else
+#define HEAD_PACK_PARAMS
+#endif

@@ -11,8 +11,15 @@
 extern "C" __global__ void __launch_bounds__(H_THREADS)
 head_weights_kernel(const float* __restrict__ p2, const float* __restrict__ h1, const float* __restrict__ dh1,
                     const float* __restrict__ dlogits, float* __restrict__ part, int width, int off_b1, int off_w2,
-                    int off_b2, int N, int per) {
+                    int off_b2, int N, int per HEAD_PACK_PARAMS) {
   griddep_entry();
+#ifdef LENET_PACK
+  {   // model m = blockIdx.z (head_common.cu): its rows of part (or its gradients) part_stride floats apart
+    const unsigned m = blockIdx.z;
+    HEAD_MODEL(p2, N * H_IN, m); HEAD_MODEL(h1, N * H_HID, m); HEAD_MODEL(dh1, N * H_HID, m);
+    HEAD_MODEL(dlogits, N * H_OUT, m); HEAD_MODEL(part, part_stride, m);
+  }
+#endif
   const int t = threadIdx.x, j = blockIdx.x;
   const int n0 = blockIdx.y * per, n1 = min(N, n0 + per);
   float* row = part + (size_t)blockIdx.y * width;

@@ -181,22 +181,25 @@ def function(module, models: int = 1):
 
 
 def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, arg, models: int = 1,
-                  ps: int = 0) -> Launch:
+                  ps: int = 0, share: int | None = None) -> Launch:
     """A launch of the stage's forward on the first n images of each of ``models`` models (their
-    parameters ``ps`` floats apart: Note [model from the grid] in stage_common.cu), on ``stream``."""
+    parameters ``ps`` floats apart: Note [model from the grid] in stage_common.cu), on ``stream``; each
+    model's grid as ``share`` models (default: all of them) share the SMs, 1 for a lone run's grid."""
     m = ks.forward[cand.version]
-    grid, threads = cand.grid(n, models), m.threads * cand.images
+    grid, threads = cand.grid(n, models if share is None else share), m.threads * cand.images
     return Launch(function(m, models), (grid, models), (threads,), (x, w, b, y, arg, np.int32(n), np.int32(ps)), stream,
                   m.smem_bytes(cand.images))
 
 
 def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
-                   side=None, models: int = 1, ps: int = 0):
+                   side=None, models: int = 1, ps: int = 0, share: int | None = None):
     """A zero-argument launch of the stage's backward on ``stream``, then the reduction of its partial
     sums: on ``side`` (lenet.plan.SideStream, Note [side stream]) when given, else on ``stream``. A grid
-    of one block writes dw and db itself, and no reduction runs."""
+    of one block writes dw and db itself, and no reduction runs. ``share`` as for stage_forward: each
+    model's weight gradients are summed over its grid's blocks, so a lone run's grid (1) sums them as the
+    lone run does (Note [a pack and a lone run] in lenet/pack.py)."""
     m = ks.backward[cand.version]
-    fn, grid = function(m, models), cand.grid(n, models)
+    fn, grid = function(m, models), cand.grid(n, models if share is None else share)
     reduce = kernel(pack_module("stage_reduce", models), "stage_reduce_kernel")
     if part.shape[0] < grid * models:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid * models}")
