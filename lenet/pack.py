@@ -108,21 +108,29 @@ class Config:
                         warmup=round(self.warmup_epochs * steps))
 
     def train_flags(self, tta: bool = False) -> list[str]:
-        """The `lenet train` flags that train this configuration alone."""
+        """The `lenet train` flags that train this configuration alone (each value written so that it reads
+        back as the same number: an Optuna trial's 0.0712345678 is not rounded to 0.0712346)."""
+        g = _exact
         out = [f"--epochs {self.epochs}", f"--batch-size {self.batch_size}", f"--schedule {self.schedule}",
-               f"--lr {self.lr:g}", f"--momentum {self.momentum:g}", f"--weight-decay {self.weight_decay:g}",
+               f"--lr {g(self.lr)}", f"--momentum {g(self.momentum)}", f"--weight-decay {g(self.weight_decay)}",
                f"--seed {self.seed}"]
         if self.schedule == "inv":
-            out += [f"--gamma {self.gamma:g}", f"--power {self.power:g}"]
+            out += [f"--gamma {g(self.gamma)}", f"--power {g(self.power)}"]
         if self.schedule == "step":
-            out += [f"--step-size {self.step_size}", f"--step-gamma {self.step_gamma:g}"]
+            out += [f"--step-size {self.step_size}", f"--step-gamma {g(self.step_gamma)}"]
         out += (["--nesterov"] if self.nesterov else []) + \
-               ([f"--label-smoothing {self.label_smoothing:g}"] if self.label_smoothing else []) + \
-               ([f"--warmup-epochs {self.warmup_epochs:g}"] if self.warmup_epochs else []) + \
-               ([f"--ema {self.ema:g}"] if self.ema is not None else []) + \
+               ([f"--label-smoothing {g(self.label_smoothing)}"] if self.label_smoothing else []) + \
+               ([f"--warmup-epochs {g(self.warmup_epochs)}"] if self.warmup_epochs else []) + \
+               ([f"--ema {g(self.ema)}"] if self.ema is not None else []) + \
                ([f"--shift {self.shift}"] if self.shift else []) + (["--flip"] if self.flip else []) + \
                (["--tta"] if tta else [])
         return out
+
+
+def _exact(v: float) -> str:
+    """v as short as it reads back exactly: 0.1 as 0.1, 5e-4 as 0.0005, 0.07123456789 whole."""
+    short = f"{v:g}"
+    return short if float(short) == v else repr(float(v))
 
 
 def config_from(d: dict) -> Config:

@@ -2,7 +2,11 @@
 # The sweep's measured targets on a GPU machine, from the repository root (logs under $OUT or out/sweep-targets):
 #   bash scripts/sweep_targets.sh timings    16 seeds of the fast recipe; the 64-configuration grid of 16 epochs
 #                                            (each run once to warm the caches, then timed from process start);
-#                                            the fast recipe's seeds 0-2 as a pack beside three lone `lenet train`s
+#                                            then pack3
+#   bash scripts/sweep_targets.sh pack3      the fast recipe's seeds 0-2 as a pack beside three lone `lenet train`s
+#                                            (FLAGS: more flags for both, e.g. FLAGS=--deterministic)
+#   bash scripts/sweep_targets.sh robust     the fast recipe's neighbours, 16 seeds each, ranked on --validation
+#                                            10000: the mean and the lowest seed of each
 #   bash scripts/sweep_targets.sh recipe     a recipe chosen on --validation 10000 alone, then the winner's
 #                                            `lenet train` command on the test split with seeds 0, 1, 2
 # Needs the dataset ($LENET_DATA or the default places) and the project importable (PYTHONPATH).
@@ -42,11 +46,14 @@ for name in ("seeds16", "grid64"):
         print("  per seed: " + " ".join(f"{r['config']['seed']}:{100 * r['final']:.2f}" for r in
                                         sorted(rows, key=lambda r: r['config']['seed'])))
 EOF
-    # the fast recipe's seeds 0-2: a pack of three against three lone runs
-    timed pack3 sweep --quiet --seeds 0-2 --overwrite --out "$out/pack3"
+    part=pack3
+fi
+
+if [ "$part" = pack3 ]; then   # the fast recipe's seeds 0-2: a pack of three against three lone runs
+    timed pack3 sweep --quiet --seeds 0-2 --overwrite --out "$out/pack3" ${FLAGS:-}
     for s in 0 1 2; do
         timed "lone$s" train --quiet --epochs 16 --batch-size 128 --schedule cosine --lr 0.1 --nesterov \
-            --label-smoothing 0.1 --warmup-epochs 1 --flip --tta --seed $s
+            --label-smoothing 0.1 --warmup-epochs 1 --flip --tta --seed $s ${FLAGS:-}
     done
     python3 - "$out" <<'EOF'
 import json, re, sys
@@ -56,6 +63,24 @@ pack = {r["config"]["seed"]: 100 * r["final"] for r in map(json.loads, (out / "p
 for s in range(3):
     lone = float(re.findall(r"test accuracy ([\d.]+)%", (out / f"lone{s}.log").read_text())[-1])
     print(f"seed {s}: pack {pack[s]:.2f}%, lone {lone:.2f}%, difference {pack[s] - lone:+.2f} points")
+EOF
+fi
+
+if [ "$part" = robust ]; then   # every seed >= 91% asks for a recipe whose lowest seed clears it
+    TAIL=6 timed robust-sweep sweep --quiet --validation 10000 --seeds 0-15 --lr 0.05 0.1 0.15 \
+        --weight-decay 5e-4 1e-3 --label-smoothing 0.05 0.1 --shift 0 1 --overwrite --out "$out/robust" ${FLAGS:-}
+    python3 - "$out" <<'EOF'
+import json, sys
+from collections import defaultdict
+from pathlib import Path
+rows = [json.loads(x) for x in (Path(sys.argv[1]) / "robust" / "results.jsonl").read_text().splitlines()]
+by = defaultdict(list)
+for r in rows:
+    c = r["config"]
+    by[tuple((k, c[k]) for k in ("lr", "weight_decay", "label_smoothing", "shift"))].append(100 * r["final"])
+print("validation, 16 seeds each (mean, lowest):")
+for key, f in sorted(by.items(), key=lambda kv: -sum(kv[1]) / len(kv[1])):
+    print(f"  {' '.join(f'{k} {v}' for k, v in key)}: mean {sum(f) / len(f):.2f}%, lowest {min(f):.2f}%, n {len(f)}")
 EOF
 fi
 

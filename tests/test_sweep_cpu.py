@@ -91,6 +91,9 @@ def test_train_flags_name_the_lone_run():
                  "--warmup-epochs 1", "--flip", "--tta", "--schedule cosine", "--epochs 16", "--batch-size 128"):
         assert part in flags
     assert "--ema" not in " ".join(Config().train_flags())
+    # an Optuna trial's value reads back as itself, not rounded to six digits
+    flags = Config(lr=0.0712345678901, weight_decay=3.3e-4).train_flags()
+    assert "--lr 0.0712345678901" in flags and "--weight-decay 0.00033" in flags
 
 
 @pytest.mark.parametrize("kind", SCHEDULES)

@@ -63,6 +63,38 @@ def test_grid_writes_every_model_and_the_winner(dataset, tmp_path):  # noqa: F81
     assert abs(cpu - 100 * summary["test_accuracy"]) <= 0.2, p.stdout   # the same weights (a near tie may flip)
 
 
+def test_a_deterministic_sweep_trains_each_model_as_lenet_train_does(dataset, tmp_path):  # noqa: F811
+    """Note [a pack and a lone run] in lenet/pack.py: with --deterministic each model of a sweep is its lone
+    `lenet train` run, bit for bit, through the whole program (the gather, the schedule, a last partial
+    batch, evaluation): the same test loss and accuracy after every epoch, and the winner's checkpoint
+    holds the lone run's weights."""
+    import numpy as np
+
+    from lenet import checkpoint as ckpt
+    from lenet.pack import config_from
+
+    out = tmp_path / "sweep"
+    small = [a for a in SMALL if a not in ("--flip", "off")] + ["--flip", "on"]   # 2000 = 31 x 64 + 16
+    r = sweep("--data-dir", dataset, "--seeds", "0-2", "--lr", 0.07, *small, "--out", out)
+    assert r.returncode == 0, r.stderr
+    got = {g["config"]["seed"]: g for g in rows(out)}
+    winner = json.loads((out / "summary.json").read_text())["best"]["config"]["seed"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for seed, g in sorted(got.items()):
+        lone = tmp_path / f"lone{seed}"
+        flags = " ".join(config_from(g["config"]).train_flags()).split()
+        p = subprocess.run([sys.executable, "-m", "lenet", "train", "--data-dir", str(dataset), "--train-size", "2000",
+                            "--quiet", "--algo", "heuristic", "--deterministic", *flags, "--out", str(lone)],
+                           env=env, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        params, _, meta = ckpt.load(lone / "checkpoint.npz")
+        history = [(h["test_accuracy"], h["test_loss"]) for h in meta["history"]]
+        assert history == list(zip(g["accuracy"], g["loss"])), (seed, history, g["accuracy"], g["loss"])
+        if seed == winner:
+            best, _, _ = ckpt.load(out / "best" / "checkpoint.npz")
+            assert np.array_equal(np.asarray(best), np.asarray(params)), f"seed {seed}: the winner's weights differ"
+
+
 def test_a_sweep_stopped_by_a_signal_resumes_to_what_an_uninterrupted_one_gives(dataset, tmp_path, monkeypatch):  # noqa: F811
     from lenet import sweep as program
     from lenet.pack import Pack
