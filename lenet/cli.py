@@ -162,7 +162,9 @@ def algo_spec(text: str) -> str:
     return text
 
 
-def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
+def add_algorithm_flags(p: argparse.ArgumentParser, algo: str | None = "heuristic", algo_default: str = "") -> None:
+    """The engine and algorithm flags; ``algo``: --algo's default (None: the program resolves it after the
+    parse, as ``algo_default`` says)."""
     from .engines import FLAGS
 
     g = p.add_argument_group("stages and convolutions: engines, algorithms, chunks")
@@ -171,11 +173,11 @@ def add_algorithm_flags(p: argparse.ArgumentParser) -> None:
                         "(our fused kernels, and cuDNN's descriptor API and graph API for each convolution); "
                         "ours: our fused stage kernels only; legacy: cuDNN's descriptor API only; graph: "
                         "cuDNN's graph API only (needs nvidia-cudnn-frontend) (default: auto)")
-    g.add_argument("--algo", type=algo_spec, default="heuristic", metavar="SPEC",
+    g.add_argument("--algo", type=algo_spec, default=algo, metavar="SPEC",
                    help="heuristic (each engine's first-ranked candidate, timed against the others'), "
                         "exhaustive (time every candidate), one cuDNN algorithm or graph plan name for every "
                         "direction that has it (e.g. fft, implicit_gemm, eng0; the stages then run on cuDNN), "
-                        "or per direction: fwd=NAME,bwd-data=NAME,bwd-filter=NAME (default: heuristic)")
+                        f"or per direction: fwd=NAME,bwd-data=NAME,bwd-filter=NAME (default: {algo_default or algo})")
     g.add_argument("--chunk", type=positive_int, default=None, metavar="N",
                    help="run every convolution and pooling in calls of at most N images (default: chosen by "
                         "timing: the whole batch or chunks of 1024 to 16384)")

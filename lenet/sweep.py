@@ -120,8 +120,18 @@ FLAG_TYPES = {
 }
 
 
+class _Parser(cli.Parser):
+    """--algo's default follows --deterministic (its help says how)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        if getattr(ns, "algo", "") is None:
+            ns.algo = "heuristic" if ns.deterministic else "exhaustive"
+        return ns, rest
+
+
 def parser() -> cli.Parser:
-    p = cli.Parser(prog=cli.prog("sweep"),
+    p = _Parser(prog=cli.prog("sweep"),
                    description="Train many LeNet-5 configurations at once, K models in one step on one GPU: a grid "
                                "of the values given, or an Optuna study (--search optuna). Each training flag takes "
                                "one or more values; the defaults are the README's fast Fashion-MNIST recipe.")
@@ -162,8 +172,9 @@ def parser() -> cli.Parser:
                         "median pruner)")
     s.add_argument("--pack-size", type=cli.positive_int, default=None, metavar="K",
                    help=f"models trained together in one step (default: as many as the grid has, up to {MAX_PACK})")
-    cli.add_algorithm_flags(p)
-    p.set_defaults(algo="exhaustive")   # a pack's plan is searched once and kept in the plan cache
+    cli.add_algorithm_flags(p, None, "exhaustive, a pack's plan searched once and kept in the plan cache; with "
+                                     "--deterministic, heuristic, so that timing decides nothing and each model "
+                                     "is its lone `lenet train --deterministic` run, bit for bit")
     cli.add_speed_flags(p)
     o = p.add_argument_group("output")
     o.add_argument("--out", metavar="DIR", help="write the results, curves, the best model and its export here "

@@ -85,6 +85,17 @@ def test_config_refuses_what_cannot_train_in_one_line():
         config_from({**c.as_dict(), "dropout": 0.5})
 
 
+def test_algo_defaults_to_exhaustive_and_to_the_rule_under_deterministic():
+    """A sweep searches a pack's plan once (exhaustive); with --deterministic timing decides nothing
+    (heuristic), so each model is its lone `lenet train --deterministic` run; a given --algo stays."""
+    from lenet import sweep
+
+    assert sweep.parser().parse_args([]).algo == "exhaustive"
+    assert sweep.parser().parse_args(["--deterministic"]).algo == "heuristic"
+    assert sweep.parser().parse_args(["--deterministic", "--algo", "exhaustive"]).algo == "exhaustive"
+    assert "with --deterministic, heuristic" in " ".join(sweep.parser().format_help().split())
+
+
 def test_train_flags_name_the_lone_run():
     flags = " ".join(Config(lr=0.2, seed=3, ema=0.999, shift=2).train_flags(tta=True))
     for part in ("--lr 0.2", "--seed 3", "--ema 0.999", "--shift 2", "--nesterov", "--label-smoothing 0.1",
