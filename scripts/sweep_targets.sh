@@ -3,6 +3,7 @@
 #   bash scripts/sweep_targets.sh timings    16 seeds of the fast recipe; the 64-configuration grid of 16 epochs
 #                                            (each run once to warm the caches, then timed from process start);
 #                                            then pack3
+#   bash scripts/sweep_targets.sh seeds16    16 seeds of the fast recipe alone (FLAGS: more flags, e.g. a recipe's)
 #   bash scripts/sweep_targets.sh pack3      the fast recipe's seeds 0-2 as a pack beside three lone `lenet train`s
 #                                            (FLAGS: more flags for both, e.g. FLAGS=--deterministic)
 #   bash scripts/sweep_targets.sh robust     the fast recipe's neighbours, 16 seeds each, ranked on --validation
@@ -26,18 +27,22 @@ timed() {   # timed NAME PROGRAM ARGS...: the wall clock from process start to e
     grep -v "^$" "$out/$name.log" | tail -${TAIL:-14}
 }
 
-if [ "$part" = timings ]; then
-    seeds=(sweep --quiet --seeds 0-15 --overwrite)
+if [ "$part" = timings ] || [ "$part" = seeds16 ]; then
+    seeds=(sweep --quiet --seeds 0-15 --overwrite ${FLAGS:-})
     timed seeds16-first "${seeds[@]}" --out "$out/seeds16"
     timed seeds16 "${seeds[@]}" --out "$out/seeds16"
-    grid=(sweep --quiet --lr 0.05 0.1 0.2 0.4 --label-smoothing 0 0.1 --weight-decay 5e-4 1e-3 --seeds 0-3 --overwrite)
-    timed grid64-first "${grid[@]}" --out "$out/grid64"
-    TAIL=16 timed grid64 "${grid[@]}" --out "$out/grid64"
+    if [ "$part" = timings ]; then
+        grid=(sweep --quiet --lr 0.05 0.1 0.2 0.4 --label-smoothing 0 0.1 --weight-decay 5e-4 1e-3 --seeds 0-3 --overwrite)
+        timed grid64-first "${grid[@]}" --out "$out/grid64"
+        TAIL=16 timed grid64 "${grid[@]}" --out "$out/grid64"
+    fi
     python3 - "$out" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 for name in ("seeds16", "grid64"):
+    if not (out / name / "results.jsonl").exists():
+        continue
     rows = [json.loads(x) for x in (out / name / "results.jsonl").read_text().splitlines()]
     finals = sorted(100 * r["final"] for r in rows)
     print(f"{name}: {len(rows)} models, final test accuracy min {finals[0]:.2f}% median {finals[len(finals) // 2]:.2f}% "
@@ -46,7 +51,7 @@ for name in ("seeds16", "grid64"):
         print("  per seed: " + " ".join(f"{r['config']['seed']}:{100 * r['final']:.2f}" for r in
                                         sorted(rows, key=lambda r: r['config']['seed'])))
 EOF
-    part=pack3
+    [ "$part" = timings ] && part=pack3
 fi
 
 if [ "$part" = pack3 ]; then   # the fast recipe's seeds 0-2: a pack of three against three lone runs
