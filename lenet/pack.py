@@ -53,11 +53,11 @@ class Config:
     """One model's training configuration: the flags of `lenet train` a sweep varies (their defaults are
     the README's fast Fashion-MNIST recipe)."""
 
-    lr: float = 0.1
+    lr: float = 0.15
     momentum: float = 0.9
     nesterov: bool = True
     weight_decay: float = 5e-4
-    label_smoothing: float = 0.1
+    label_smoothing: float = 0.05
     schedule: str = "cosine"
     warmup_epochs: float = 1.0
     ema: float | None = None

@@ -5,14 +5,13 @@
 set -u
 out=${OUT:-/tmp/pack-vs-lone}
 mkdir -p "$out"
-common=(--epochs "${EPOCHS:-2}" --batch-size 128 --schedule cosine --lr 0.1 --nesterov --label-smoothing 0.1
-        --warmup-epochs 1 --flip)
+common=($(python3 -c "from lenet.pack import Config; print(' '.join(Config(epochs=${EPOCHS:-2}).train_flags()))"))
 tta=--tta
 for a in "$@"; do [ "$a" = --no-tta ] && tta=; done
 flags=(); for a in "$@"; do [ "$a" != --no-tta ] && flags+=("$a"); done
 python3 -m lenet sweep --quiet --seeds 0-2 --epochs "${EPOCHS:-2}" ${tta:---no-tta} "${flags[@]}" --overwrite \
     --out "$out/sweep" > "$out/sweep.log" 2>&1 || { tail -3 "$out/sweep.log"; exit 1; }
-python3 -m lenet train --quiet "${common[@]}" $tta --seed 0 "${flags[@]}" --overwrite --out "$out/lone" \
+python3 -m lenet train --quiet "${common[@]}" $tta "${flags[@]}" --overwrite --out "$out/lone" \
     > "$out/lone.log" 2>&1 || { tail -3 "$out/lone.log"; exit 1; }
 python3 - "$out" "$*" <<'PY'
 import json, sys
