@@ -73,14 +73,18 @@ for tool in racecheck synccheck; do
 done
 
 # The same over a pack of 3 models (lenet sweep): our stage kernels take the model from blockIdx.y, and
-# the loss, the update and the gather kernels too (Note [model from the grid] in stage_common.cu).
+# the loss, the update and the gather kernels too (Note [model from the grid] in stage_common.cu); with
+# --deterministic our head's pack versions too (each model on its lone grid: head_common.cu), at 7 images
+# (one range of weight gradients) and 300 (two, summed by the pack's reduction).
 for tool in racecheck synccheck initcheck; do
-    log="$out/${tool}_pack.txt"
-    compute-sanitizer --tool $tool --error-exitcode 7 \
-        python3 scripts/profile_step.py --batch 7 --models 3 --steps 2 --engine ours --algo heuristic \
-        > "$log" 2>&1 || san_rc=1
-    grep -qE "(RACECHECK|ERROR) SUMMARY: 0 " "$log" || san_rc=1
-    grep -E "SUMMARY|^loss" "$log" | sed "s/^/$tool pack of 3, batch 7: /"
+    for pack in "7" "7 --deterministic" "300 --deterministic"; do
+        log="$out/${tool}_pack_${pack// /_}.txt"
+        compute-sanitizer --tool $tool --error-exitcode 7 \
+            python3 scripts/profile_step.py --models 3 --steps 2 --engine ours --algo heuristic --batch $pack \
+            > "$log" 2>&1 || san_rc=1
+        grep -qE "(RACECHECK|ERROR) SUMMARY: 0 " "$log" || san_rc=1
+        grep -E "SUMMARY|^loss" "$log" | sed "s/^/$tool pack of 3, batch $pack: /"
+    done
 done
 
 # The same over our module driven from PyTorch (lenet/torch.py): the head's kernel then reads the
