@@ -6,7 +6,8 @@
           exact result first (Note [checking a stage] in lenet/engines/reference.py)
   head    two kernels (head.cu: an image's forward, loss, dlogits and data gradients; head_weights.cu:
           the weight gradients on the side stream), G images per block iteration a candidate
-          (Note [head latency] in lenet/kernels/head.cu)
+          (Note [head latency] in lenet/kernels/head.cu); a pack's, their pack versions, each model
+          on its lone run's grid (head_common.cu)
   loss    softmax cross-entropy (softmax_ce.cu), where the head does not fuse it; and evaluation's
   update  SGD with momentum, weight decay and the moving average, one launch (sgd.cu)
 
