@@ -389,3 +389,27 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
     for batches in ([128, 1000], [8192], None):
         assert "stage2_backward" not in kstages.heuristic_modules(batches)
     assert "stage2_backward_split" in kstages.heuristic_modules([128, 1000])
+
+
+def test_a_packs_head_runs_on_our_kernels_or_cublaslt():
+    """Our head has pack versions (head_common.cu): it serves a pack beside cuBLASLt's batched matmuls under
+    auto, alone under --engine ours; cuDNN's engines take cuBLASLt's."""
+    from lenet.engines import Policy, registry
+    from lenet.ops import Head
+
+    def serving(policy, models=3):
+        return [e.name for e in registry.serving(Head(None, None, 1, models), policy)[0]]
+    assert serving(Policy()) == ["ours", "cublaslt"]
+    assert serving(Policy(engine="ours")) == serving(Policy(engine="ours"), 1) == ["ours"]
+    assert serving(Policy(engine="legacy")) == ["cublaslt"]
+
+
+def test_a_deterministic_pack_counts_the_partial_rows_of_its_lone_grids():
+    """Under --deterministic each model of a pack runs its lone run's grid (Note [a pack and a lone run]):
+    the memory check counts a row of partial sums per image; a lone model's figure is unchanged."""
+    from lenet.engines import Policy
+    from lenet.model import bytes_per_image
+
+    assert bytes_per_image(Policy(deterministic=True), 1) == bytes_per_image(Policy(), 1)
+    extra = bytes_per_image(Policy(deterministic=True), 3) - bytes_per_image(Policy(), 3)
+    assert extra == 4 * (16 * 6 * 25 + 16 + 6 * 25 + 6)   # conv2's and conv1's (weights + biases) per image

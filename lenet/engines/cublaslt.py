@@ -32,8 +32,8 @@ class Cublaslt:
     kinds = ("head",)
 
     def refuses(self, op, policy) -> str | None:
-        if policy.engine == "ours" and op.models == 1:
-            return "engine ours runs our head"
+        if policy.engine == "ours":
+            return "engine ours runs our head (a pack's too: its pack versions)"
         if op.models > 1 and not policy.fused:
             return f"runs a pack of {op.models} models as batched cuBLASLt matmuls, which are fused (drop --no-fused)"
         return None
