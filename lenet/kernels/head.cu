@@ -49,6 +49,36 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
   return fmaf(a.w, b.w, acc);
 }
 
+// dp2 = (W1^T dh1) * (p2 > 0) for a group's images: thread i (of 256) owns input i, summing over the 120
+// hidden units in order (one FMA chain per image). NG images per thread: the group size G where it is
+// one of 1, 2, 4 (a copy of the loop for each), else H_MAXG with the images past G skipped.
+//
+// Note [head dp2 per group]: with one loop for every G, each of its 120 iterations issued H_MAXG = 8
+// shared loads and predicated FMAs whatever G was; at G = 1 (small batches) that loop was 73% of the
+// forward's instructions, and the forward of one image took 17 us on an H100 (ncu, 4,650 instructions a
+// warp at 6 cycles each: issue-bound, not waiting on memory). The sums are the same, in the same order
+// (gradients bit-identical before and after, at groups of 1, 2, 4 and 8); the step took 34.1-34.2 / 40.9-41.2
+// / 51.0-51.2 us at 1 / 64 / 128 images against 36.8-37.0 / 44.6-44.7 / 53.8-54.1 before (`auto`, bench.py,
+// one H100, two runs each, interleaved).
+template <int NG>
+__device__ __forceinline__ void head_dp2(const float* __restrict__ W1, const float* sdh, const float* sp,
+                                         float* __restrict__ dp2, int n0, int count, int G, int i) {
+  const int groups = NG == H_MAXG ? G : NG;
+  float acc[NG];
+#pragma unroll
+  for (int g = 0; g < NG; ++g) acc[g] = 0.f;
+#pragma unroll 8
+  for (int j = 0; j < H_HID; ++j) {
+    const float w = __ldg(W1 + j * H_IN + i);
+#pragma unroll
+    for (int g = 0; g < NG; ++g)
+      if (g < groups) acc[g] = fmaf(w, sdh[g * H_HID + j], acc[g]);
+  }
+#pragma unroll
+  for (int g = 0; g < NG; ++g)
+    if (g < count) dp2[(size_t)(n0 + g) * H_IN + i] = sp[g * H_IN + i] > 0.f ? acc[g] : 0.f;
+}
+
 // Forward. blockDim.x = 256 (8 warps), G images per block iteration.
 //   fc1: warp w owns hidden units j = w + 8 u (u < 15); lane l holds inputs 4l..4l+3 and 128+4l..128+4l+3
 //        of each image in registers, multiplies them with W1[j]'s same columns and the warp adds the
@@ -175,21 +205,11 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
       }
     }
     __syncthreads();
-    {   // dp2: thread t owns input i = t
-      const int i = t;
-      float acc[H_MAXG];
-#pragma unroll
-      for (int g = 0; g < H_MAXG; ++g) acc[g] = 0.f;
-#pragma unroll 8
-      for (int j = 0; j < H_HID; ++j) {
-        const float w = __ldg(W1 + j * H_IN + i);
-#pragma unroll
-        for (int g = 0; g < H_MAXG; ++g)
-          if (g < G) acc[g] = fmaf(w, sdh[g * H_HID + j], acc[g]);
-      }
-#pragma unroll
-      for (int g = 0; g < H_MAXG; ++g)
-        if (g < count) dp2[(size_t)(n0 + g) * H_IN + i] = sp[g * H_IN + i] > 0.f ? acc[g] : 0.f;
+    switch (G) {   // Note [head dp2 per group]
+      case 1: head_dp2<1>(W1, sdh, sp, dp2, n0, count, G, t); break;
+      case 2: head_dp2<2>(W1, sdh, sp, dp2, n0, count, G, t); break;
+      case 4: head_dp2<4>(W1, sdh, sp, dp2, n0, count, G, t); break;
+      default: head_dp2<H_MAXG>(W1, sdh, sp, dp2, n0, count, G, t);
     }
   }
   if (labels) {
