@@ -676,8 +676,6 @@ class LeNet:
     def load_flat(self, params_flat: np.ndarray, velocity_flat: np.ndarray, ema_flat: np.ndarray | None = None) -> None:
         """Load a checkpoint's flat buffers. Without ``ema_flat`` a model that keeps a moving
         average starts it at the parameters."""
-        import cupy
-
         size = self.models * P.TOTAL
         if params_flat.shape != (size,) or velocity_flat.shape != (size,):
             raise ValueError(f"flat buffers must be ({size},), got {params_flat.shape}, {velocity_flat.shape}")
@@ -694,8 +692,6 @@ class LeNet:
 
     def load_state_dict(self, state: dict) -> None:
         """Load parameters (PyTorch names and shapes; NumPy or torch CPU tensors)."""
-        import cupy
-
         host = {k: np.asarray(getattr(v, "detach", lambda: v)()) if not isinstance(v, np.ndarray) else v
                 for k, v in state.items()}
         flat = P.pack(host)
