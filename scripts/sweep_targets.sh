@@ -57,8 +57,8 @@ fi
 if [ "$part" = pack3 ]; then   # the fast recipe's seeds 0-2: a pack of three against three lone runs
     timed pack3 sweep --quiet --seeds 0-2 --overwrite --out "$out/pack3" ${FLAGS:-}
     for s in 0 1 2; do
-        timed "lone$s" train --quiet $(python3 -c "from lenet.pack import Config; print(' '.join(Config(seed=$s)
-.train_flags(tta=True)))") ${FLAGS:-}   # the sweep's defaults: the fast recipe
+        fast=$(python3 -c "from lenet.pack import Config; print(' '.join(Config(seed=$s).train_flags(tta=True)))")
+        timed "lone$s" train --quiet $fast ${FLAGS:-}   # the sweep's defaults: the fast recipe, seed s
     done
     python3 - "$out" <<'EOF'
 import json, re, sys

@@ -45,8 +45,11 @@ def scratch(models: int = 1, max_batch: int | None = None):
     smallest range (none where one range covers it: the gradients are written in place)."""
     import cupy
 
-    ranges = HEAD_MAX_RANGES if max_batch is None else -(-max_batch // HEAD_PER[0])
-    rows = HEAD_MAX_RANGES if models == 1 else models * min(HEAD_MAX_RANGES, ranges) if ranges > 1 else 1
+    if models == 1:
+        rows = HEAD_MAX_RANGES
+    else:   # one range writes the gradients in place: the buffer is then never read
+        ranges = min(HEAD_MAX_RANGES, -(-max_batch // HEAD_PER[0]))
+        rows = models * ranges if ranges > 1 else 1
     return (cupy.zeros((rows, WIDTH), cupy.float32),
             SoftmaxCE(HEAD_FWD_BLOCKS_PER_SM * sm_count(), models=models))
 
