@@ -58,9 +58,10 @@ done
 
 # racecheck (shared-memory hazards) and synccheck (barrier misuse) over a step of --engine ours (its
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
-# partial group.
+# partial group, and at 1100 (past SMALL_BATCH_PER_SM: stage 2's backward is then the dense version, with
+# two or three images per block).
 for tool in racecheck synccheck; do
-    for batch in 64 7; do
+    for batch in 64 7 1100; do
         for flag in ""; do
             log="$out/${tool}_${batch}${flag:+_graph}.txt"
             compute-sanitizer --tool $tool --error-exitcode 7 \

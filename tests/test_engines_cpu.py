@@ -80,7 +80,7 @@ def test_a_kernel_version_is_declared_once_where_its_code_is():
     assert kernels.options("stage2_backward_split") == ("-std=c++17", "-DS2B_KS=2")
     assert kernels.source("head").index("sce_row") < kernels.source("head").index("head_forward_kernel")
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3]
+    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4]
     assert (ks.mw, ks.mb) == (2400, 16)
     names = {c.name for c in ks.forward_candidates() + ks.backward_candidates()}
     assert {"fused-fwd-v2-i8-g4", "fused-bwd-v3-g16"} <= names and "fused-fwd-v1-i4-g8" not in names
@@ -377,18 +377,18 @@ def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkey
 
 def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
     """SMALL_BATCH_PER_SM: up to 2 images per SM, stage 2's backward split over four parts comes first
-    (and is the module a first run compiles for the step); above it, the two-part version. The
-    one-part version (the slowest compile) is in no heuristic's modules: only a search times it."""
+    (and is the module a first run compiles for the step); above it, the dense version. The one- and
+    two-part versions are in no heuristic's modules: only a search times them."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
     assert ks.backward_candidates(64)[0] == kstages.Backward(4, 2) and ks.backward_candidates(264)[0].version == 2
-    assert ks.backward_candidates(265)[0] == kstages.Backward(4, 1) == ks.backward_candidates(65536)[0]
+    assert ks.backward_candidates(265)[0] == kstages.Backward(4, 3) == ks.backward_candidates(65536)[0]
     assert ks.backward_candidates()[0] == kstages.Backward(4, 0)   # no batch: the versions in order
     assert set(ks.backward_candidates(64)) == set(ks.backward_candidates(8192))   # the same set, reordered
-    assert "stage2_backward_split4" in kstages.heuristic_modules([64]) and "stage2_backward_split" not in kstages.heuristic_modules([64])
+    assert "stage2_backward_split4" in kstages.heuristic_modules([64]) and "stage2_backward_dense" not in kstages.heuristic_modules([64])
     for batches in ([128, 1000], [8192], None):
-        assert "stage2_backward" not in kstages.heuristic_modules(batches)
-    assert "stage2_backward_split" in kstages.heuristic_modules([128, 1000])
+        assert not {"stage2_backward", "stage2_backward_split"} & set(kstages.heuristic_modules(batches))
+    assert "stage2_backward_dense" in kstages.heuristic_modules([128, 1000])
 
 
 def test_a_packs_head_runs_on_our_kernels_or_cublaslt():

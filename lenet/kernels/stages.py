@@ -30,11 +30,11 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 LARGE_BATCH_PER_SM = 6
 # Up to this many images per SM, the heuristic takes a stage's ``prefer=small`` backward first, above it
 # its ``prefer=large`` one. scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best
-# v1 / v2 / v3: 14.0 / 10.6 / 9.7 us at 64 images, 17.1 / 17.3 / 10.3 at 128, 27.0 / 25.1 / 28.3 at
-# 512; and at 4 blocks per SM (the heuristic's shape) v1 / v2: 27.1 / 27.1 us at 512, 47.5 / 47.3 at
-# 1000, 330.5 / 319.4 at 8192, 2533.7 / 2446.0 at 65536. v2 and v3 also compile in less than half of
-# v1's time, which a first run waits for (Note [first run] in lenet/kernels/nvrtc.py): v1 compiles only
-# when a search times it.
+# v1 / v2 / v3 / v4: 14.0 / 10.6 / 9.7 / 10.6 us at 64 images, 17.1 / 17.3 / 10.3 / 14.0 at 128; and at
+# 4 blocks per SM (the heuristic's shape) v2 / v3 / v4: 47.4 / 54.8 / 47.5 us at 1024 (v4 at 2 per SM:
+# 37.0), 318.9 / 345.2 / 164 at 8192, 2465 / 2604 / 1169 at 65536 (v4, the dense version: Note [dense
+# stage backward] in stage2_backward_dense.cu). v1 compiles in twice v2's time, which a first run
+# waits for (Note [first run] in lenet/kernels/nvrtc.py): it compiles only when a search times it.
 SMALL_BATCH_PER_SM = 2
 # The stage shapes our kernels are written for (stage_common.cu's constants): (x, w, dx) -> stage.
 SHAPES = {((1, 28, 28), (6, 1, 5, 5), False): "conv1", ((6, 12, 12), (16, 6, 5, 5), True): "conv2"}

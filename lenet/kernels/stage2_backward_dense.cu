@@ -1,0 +1,192 @@
+// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 prefer=large uses=stage_common
+// Stage 2 backward in register tiles: the pooled gradient expanded once into the conv gradient
+// (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
+// it, whose operands sit in registers (Note [dense stage backward]). One image per block iteration;
+// same arguments, partial rows and determinism as stage2_backward.cu.
+//   Weight gradient: thread t < 96 owns (k, c) = (t & 15, t >> 4): dw[k, c, r, s] for all 25 taps in
+//   registers, summed over the images, each over y (its conv-gradient row) and x (8 x 8).
+//   Bias gradient: thread t < 16 owns channel t.
+//   Data gradient: thread 96 + u, u < 120, owns (c, r, quarter) = (u / 20, u / 4 % 5, u & 3): the sums
+//   over k and s of dconv[k, y, x] w[k, c, r, s] into input row y + r, column x + s, for the 2 rows y
+//   of its quarter (24 sums in registers); these go to sp, and after a barrier thread t < 144 adds, for
+//   input position (Y, X) = (t / 12, t % 12) and each channel, its rows r = 0..4 in order and masks
+//   by x > 0.
+// Shared: sx (6 x 144) the image; sd (16 x S2D_DS) the conv gradient, channel k's row y at
+// k * S2D_DS + y * 8; sg (256) the pooled gradients (bias); swd the weights as w[k, c, r, 0..4] at
+// (k * 30 + c * 5 + r) * 8 (16-byte rows); sp (30 x S2D_PS) the data gradient's partial rows, (c, r)'s
+// row y at (c * 5 + r) * S2D_PS + y * 12.
+//
+// Note [dense stage backward]: stage2_backward.cu routes each pooled gradient through its argmax: a
+// quarter of the multiply-adds, but each one reads shared memory at a data-dependent address (the
+// weight gradient the image at the argmax, the data gradient the weight at the argmax's offset), and
+// it is bound by shared-memory wavefronts (~7,600 per image: 36 ns per image at 8192 on an H100).
+// Here the argmax decides only where the expansion writes; the sums then run over every conv position
+// (3 in 4 of their terms are exact zeros: 0 * v adds nothing to a finite sum), with the loop indices
+// known at compile time, so a thread's operands are registers loaded once per row: the weight gradient
+// reads a row of x (3 x 16 bytes) and uses it for 40 multiply-adds, the data gradient a row of the
+// conv gradient (2 x 16 bytes, broadcast) for 40. 307 K multiply-adds per image against 77 K, and
+// about 1,000 wavefronts against 7,600.
+//
+// Note [one set of sums]: a thread is of one kind, but registers are allocated for the kernel: with
+// the weight gradient's 25 sums and the data gradient's 24 in two arrays, both were live across the
+// image loop in every thread (96 registers, spilling at the 72 that four blocks per SM allow). The
+// data gradient's sums therefore live in the first 24 of acc, zeroed at each image.
+#ifndef S2D_MIN_BLOCKS
+#define S2D_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to
+#endif
+#ifndef S2D_Y_UNROLL
+#define S2D_Y_UNROLL 1     // the weight gradient's rows y per unrolled step (scripts/probes/stage_kernels.py)
+#endif
+#ifndef S2D_K_UNROLL
+#define S2D_K_UNROLL 2     // the data gradient's channels k per unrolled step (the same probe)
+#endif
+constexpr int s2d_y_unroll = S2D_Y_UNROLL, s2d_k_unroll = S2D_K_UNROLL;   // #pragma unroll takes a constant
+#define S2D_DS 68          // sd's channel stride: 64 + 4, so 8 channels' rows lie in 8 distinct bank quads
+#define S2D_PS 97          // sp's (c, r) stride: odd, so the 32 lanes' stores of one (y, X) meet no bank twice
+
+__device__ __forceinline__ void s2d_row8(float (&d)[8], const float* p) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
+  d[0] = a.x; d[1] = a.y; d[2] = a.z; d[3] = a.w; d[4] = b.x; d[5] = b.y; d[6] = b.z; d[7] = b.w;
+}
+
+__device__ __forceinline__ void s2d_row12(float (&v)[12], const float* p) {
+  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4),
+               c = *reinterpret_cast<const float4*>(p + 8);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y;
+  v[6] = b.z; v[7] = b.w; v[8] = c.x; v[9] = c.y; v[10] = c.z; v[11] = c.w;
+}
+
+extern "C" __global__ void __launch_bounds__(224, S2D_MIN_BLOCKS)
+stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                             float* __restrict__ db, int N, int ps) {
+  griddep_entry();
+  PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(arg, (size_t)N * S2_POOLED);   // Note [model from the grid]
+  PACK_MODEL(dp, (size_t)N * S2_POOLED); PACK_MODEL(dx, (size_t)N * S2_IMAGE);
+  PACK_MODEL(part, (size_t)gridDim.x * (S2_WEIGHTS + 16)); PACK_MODEL(dw, ps); PACK_MODEL(db, ps);
+  constexpr int THREADS = 224;
+  constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
+  __shared__ __align__(16) float sx[S2_IMAGE];
+  __shared__ __align__(16) float sd[16 * S2D_DS];
+  __shared__ float sg[S2_POOLED];
+  __shared__ __align__(16) float swd[16 * 30 * 8];
+  __shared__ float sp[30 * S2D_PS];
+  const int t = threadIdx.x;
+  for (int i = t; i < 16 * 30 * 8; i += THREADS) swd[i] = (i & 7) < 5 ? w[(i >> 3) * 5 + (i & 7)] : 0.f;
+  const int wk = t & 15, wc = t >> 4;                                  // weight gradient (t < 96)
+  const int du = t - 96, dcr = du >> 2, dq = du & 3;                  // data gradient (0 <= du < 120)
+  const int gY = t / 12;                                               // the sum of the rows (t < 144): input row Y
+  const int r0 = max(0, gY - 7), r1 = min(4, gY);                      // the rows r whose y = Y - r is in 0..7
+  float acc[25];   // a weight-gradient thread's sums over the images; a data-gradient thread's over one image
+#pragma unroll
+  for (int i = 0; i < 25; ++i) acc[i] = 0.f;
+  float bacc = 0.f;
+  float nx[NX], ng[NG];
+  int nq[NG];
+  auto fetch = [&](int n) {
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      const int i = t + THREADS * j;
+      if (i < S2_IMAGE) nx[j] = x[(size_t)n * S2_IMAGE + i];
+    }
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+      const int i = t + THREADS * j;
+      if (i < S2_POOLED) { nq[j] = arg[(size_t)n * S2_POOLED + i]; ng[j] = dp[(size_t)n * S2_POOLED + i]; }
+    }
+  };
+  if (blockIdx.x < N) fetch(blockIdx.x);
+  for (int n = blockIdx.x; n < N; n += gridDim.x) {
+    __syncthreads();   // every read of the previous image is done
+#pragma unroll
+    for (int j = 0; j < NX; ++j) {
+      const int i = t + THREADS * j;
+      if (i < S2_IMAGE) sx[i] = nx[j];
+    }
+#pragma unroll
+    for (int j = 0; j < NG; ++j) {
+      const int i = t + THREADS * j;
+      if (i < S2_POOLED) {   // window (k, pi, pj) = (i / 16, i / 4 % 4, i % 4): its 2 x 2 conv gradient
+        const int q = nq[j];
+        const float g = ng[j];
+        float* d = sd + (i >> 4) * S2D_DS + ((i >> 2) & 3) * 16 + (i & 3) * 2;
+        *reinterpret_cast<float2*>(d) = make_float2(q == 0 ? g : 0.f, q == 1 ? g : 0.f);
+        *reinterpret_cast<float2*>(d + 8) = make_float2(q == 2 ? g : 0.f, q == 3 ? g : 0.f);
+        sg[i] = g;
+      }
+    }
+    __syncthreads();
+    if (n + gridDim.x < N) fetch(n + gridDim.x);
+    if (t < 96) {
+      const float* xc = sx + wc * 144;
+      const float* dk = sd + wk * S2D_DS;
+#pragma unroll s2d_y_unroll
+      for (int y = 0; y < 8; ++y) {
+        float d[8];
+        s2d_row8(d, dk + y * 8);
+#pragma unroll
+        for (int r = 0; r < 5; ++r) {
+          float xr[12];   // x[c, y + r, 0..11]
+          s2d_row12(xr, xc + (y + r) * 12);
+#pragma unroll
+          for (int xx = 0; xx < 8; ++xx)
+#pragma unroll
+            for (int s = 0; s < 5; ++s) acc[r * 5 + s] = fmaf(d[xx], xr[xx + s], acc[r * 5 + s]);
+        }
+      }
+      if (t < 16) {   // lane t starts at window t: the 16 lanes' loads lie in 16 distinct banks
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) a += sg[t * 16 + ((i + t) & 15)];
+        bacc += a;
+      }
+    } else if (du < 120) {
+      float (&a)[2][12] = *reinterpret_cast<float (*)[2][12]>(acc);   // Note [one set of sums]
+#pragma unroll
+      for (int y = 0; y < 2; ++y)
+#pragma unroll
+        for (int X = 0; X < 12; ++X) a[y][X] = 0.f;
+      const float* wd = swd + dcr * 8;
+      const float* dr = sd + dq * 16;   // rows 2 dq, 2 dq + 1
+#pragma unroll s2d_k_unroll
+      for (int k = 0; k < 16; ++k) {
+        const float4 w4 = *reinterpret_cast<const float4*>(wd + k * 240);
+        const float ws[5] = {w4.x, w4.y, w4.z, w4.w, wd[k * 240 + 4]};
+#pragma unroll
+        for (int y = 0; y < 2; ++y) {
+          float d[8];
+          s2d_row8(d, dr + k * S2D_DS + y * 8);
+#pragma unroll
+          for (int xx = 0; xx < 8; ++xx)
+#pragma unroll
+            for (int s = 0; s < 5; ++s) a[y][xx + s] = fmaf(d[xx], ws[s], a[y][xx + s]);
+        }
+      }
+      float* p = sp + dcr * S2D_PS + dq * 24;
+#pragma unroll
+      for (int y = 0; y < 2; ++y)
+#pragma unroll
+        for (int X = 0; X < 12; ++X) p[y * 12 + X] = a[y][X];
+    }
+    __syncthreads();
+    if (t < 144) {   // input position (c, Y, X): (c, r)'s row Y - r at (c * 5 + r) * S2D_PS + (Y - r) * 12 + X
+#pragma unroll
+      for (int c = 0; c < 6; ++c) {
+        const float* q = sp + c * 5 * S2D_PS + t;
+        float v = 0.f;
+#pragma unroll
+        for (int r = 0; r < 5; ++r)
+          if (r >= r0 && r <= r1) v += q[r * (S2D_PS - 12)];
+        dx[(size_t)n * S2_IMAGE + c * 144 + t] = sx[c * 144 + t] > 0.f ? v : 0.f;
+      }
+    }
+  }
+  const bool direct = gridDim.x == 1;   // the block's sums are the gradients
+  float* mine = direct ? dw : part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
+  if (t < 96) {
+#pragma unroll
+    for (int i = 0; i < 25; ++i) mine[wk * 150 + wc * 25 + i] = acc[i];
+  }
+  if (t < 16) (direct ? db : mine + S2_WEIGHTS)[t] = bacc;
+}
