@@ -12,7 +12,7 @@
 //   input position (Y, X) = (t / 12, t % 12) and each channel, its rows r = 0..4 in order and masks
 //   by x > 0.
 // Shared: sx (6 x 144) the image; sd (16 x S2D_DS) the conv gradient, channel k's row y at
-// k * S2D_DS + y * 8; sg (256) the pooled gradients (bias); swd the weights as w[k, c, r, 0..4] at
+// k * S2D_DS + y * S2D_RS; sg (256) the pooled gradients (bias); swd the weights as w[k, c, r, 0..4] at
 // (k * 30 + c * 5 + r) * 8 (16-byte rows); sp (30 x S2D_PS) the data gradient's partial rows, (c, r)'s
 // row y at (c * 5 + r) * S2D_PS + y * 12.
 //
@@ -25,12 +25,20 @@
 // known at compile time, so a thread's operands are registers loaded once per row: the weight gradient
 // reads a row of x (3 x 16 bytes) and uses it for 40 multiply-adds, the data gradient a row of the
 // conv gradient (2 x 16 bytes, broadcast) for 40. 307 K multiply-adds per image against 77 K, and
-// about 1,000 wavefronts against 7,600.
+// ~990 shared loads (3,250 wavefronts by ncu) against ~7,600 wavefronts.
+// On an H100 (scripts/probes/stage_kernels.py, 4 blocks per SM): 19.7 / 17.5 ns per image at 8192 /
+// 65536 against the routed version's 38.9 / 36.0. ncu at 8192: 12,670 instructions per image (9,600 of
+// them multiply-adds), 0.63 issued per scheduler and cycle, the largest stall the barriers (2.4 of 9.1
+// cycles per instruction: the weight warps' 1,600 multiply-adds an image against the data warps' 1,280),
+// shared memory at 67% of its wavefronts. Tried and within 3%: the weight gradient keeping rows y .. y + 4
+// in registers (a third of its loads; 96 registers, 3 blocks per SM), 3 blocks per SM without it, other
+// unroll depths, sd's rows at 8 floats (a 2-way bank conflict of the data gradient's row loads).
 //
 // Note [one set of sums]: a thread is of one kind, but registers are allocated for the kernel: with
 // the weight gradient's 25 sums and the data gradient's 24 in two arrays, both were live across the
 // image loop in every thread (96 registers, spilling at the 72 that four blocks per SM allow). The
-// data gradient's sums therefore live in the first 24 of acc, zeroed at each image.
+// data gradient's sums therefore live in the first 24 of acc, zeroed at each image (72 registers and a
+// spill of 44 bytes, into L1; 3 blocks per SM at 80 registers and no spill measured within 3%).
 #ifndef S2D_MIN_BLOCKS
 #define S2D_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to
 #endif
@@ -41,7 +49,10 @@
 #define S2D_K_UNROLL 2     // the data gradient's channels k per unrolled step (the same probe)
 #endif
 constexpr int s2d_y_unroll = S2D_Y_UNROLL, s2d_k_unroll = S2D_K_UNROLL;   // #pragma unroll takes a constant
-#define S2D_DS 68          // sd's channel stride: 64 + 4, so 8 channels' rows lie in 8 distinct bank quads
+#ifndef S2D_RS
+#define S2D_RS 12          // sd's row stride: 8 + 4, so a data-gradient warp's 4 row pairs lie in 4 distinct bank quads
+#endif
+#define S2D_DS (8 * S2D_RS + 4)   // sd's channel stride: 8 channels' rows in 8 distinct bank quads
 #define S2D_PS 97          // sp's (c, r) stride: odd, so the 32 lanes' stores of one (y, X) meet no bank twice
 
 __device__ __forceinline__ void s2d_row8(float (&d)[8], const float* p) {
@@ -110,9 +121,9 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
       if (i < S2_POOLED) {   // window (k, pi, pj) = (i / 16, i / 4 % 4, i % 4): its 2 x 2 conv gradient
         const int q = nq[j];
         const float g = ng[j];
-        float* d = sd + (i >> 4) * S2D_DS + ((i >> 2) & 3) * 16 + (i & 3) * 2;
+        float* d = sd + (i >> 4) * S2D_DS + ((i >> 2) & 3) * 2 * S2D_RS + (i & 3) * 2;
         *reinterpret_cast<float2*>(d) = make_float2(q == 0 ? g : 0.f, q == 1 ? g : 0.f);
-        *reinterpret_cast<float2*>(d + 8) = make_float2(q == 2 ? g : 0.f, q == 3 ? g : 0.f);
+        *reinterpret_cast<float2*>(d + S2D_RS) = make_float2(q == 2 ? g : 0.f, q == 3 ? g : 0.f);
         sg[i] = g;
       }
     }
@@ -124,7 +135,7 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
 #pragma unroll s2d_y_unroll
       for (int y = 0; y < 8; ++y) {
         float d[8];
-        s2d_row8(d, dk + y * 8);
+        s2d_row8(d, dk + y * S2D_RS);
 #pragma unroll
         for (int r = 0; r < 5; ++r) {
           float xr[12];   // x[c, y + r, 0..11]
@@ -148,7 +159,7 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
 #pragma unroll
         for (int X = 0; X < 12; ++X) a[y][X] = 0.f;
       const float* wd = swd + dcr * 8;
-      const float* dr = sd + dq * 16;   // rows 2 dq, 2 dq + 1
+      const float* dr = sd + dq * 2 * S2D_RS;   // rows 2 dq, 2 dq + 1
 #pragma unroll s2d_k_unroll
       for (int k = 0; k < 16; ++k) {
         const float4 w4 = *reinterpret_cast<const float4*>(wd + k * 240);
@@ -156,7 +167,7 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
 #pragma unroll
         for (int y = 0; y < 2; ++y) {
           float d[8];
-          s2d_row8(d, dr + k * S2D_DS + y * 8);
+          s2d_row8(d, dr + k * S2D_DS + y * S2D_RS);
 #pragma unroll
           for (int xx = 0; xx < 8; ++xx)
 #pragma unroll
