@@ -226,8 +226,10 @@ def test_our_candidates_can_be_pinned_by_the_names_train_step_prints():
     auto = Policy.parse("fused-bwd-v2-g16")
     assert engine.refuses(stage(CONV2), auto) is None
     assert "--algo names fused-bwd-v2-g16, not a cuDNN algorithm" in BY_NAME["cudnn"].refuses(stage(CONV2), auto)
-    with pytest.raises(AlgorithmNotSupportedError, match="stage conv1 has no candidate fused-bwd-v2-g16"):
-        engine.stage_candidates(CONV1, p)   # stage 1's backward has one version
+    fwd, bwd = engine.stage_candidates(CONV1, p)   # stage 1's backward has two versions: v2 is its dense one
+    assert [c.name for c in bwd] == ["fused-bwd-v2-g16"]
+    with pytest.raises(AlgorithmNotSupportedError, match="stage conv1 has no candidate fused-bwd-v4-g16"):
+        engine.stage_candidates(CONV1, Policy.parse("fused-bwd-v4-g16", engine="ours"))
     p = Policy.parse("fwd=fused-fwd-v1-i4-g16,bwd-filter=fused-bwd-v1-g2")
     fwd, bwd = engine.stage_candidates(CONV1, p)
     assert [c.name for c in fwd + bwd] == ["fused-fwd-v1-i4-g16", "fused-bwd-v1-g2"]
@@ -318,7 +320,7 @@ def test_every_kernel_launched_programmatically_waits_first():
     checked = 0
     folder = resources.files("lenet").joinpath("kernels")
     files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward", "stage2_backward",
-             "stage_reduce", "head", "head_weights", "sgd")   # the kernels of these files are launched by Launch
+             "stage1_backward_dense", "stage2_backward_dense", "stage_reduce", "head", "head_weights", "sgd")   # the kernels of these files are launched by Launch
     for module in (*kernels.STAGE_MODULES, "head", "head_weights", "sgd"):
         assert kernels.source(module).startswith(folder.joinpath("griddep.cu").read_text())
     for module in files:
@@ -330,7 +332,7 @@ def test_every_kernel_launched_programmatically_waits_first():
             ok = stmt == "griddep_entry()" or (callee is not None and first(bodies[callee.group(1)]) == "griddep_entry()")
             assert ok, f"{module}: {name} does not begin with griddep_entry()"
             checked += 1
-    assert checked >= 9
+    assert checked >= 11
 
 
 def test_launch_packs_arrays_and_numpy_scalars_and_refuses_the_rest():
