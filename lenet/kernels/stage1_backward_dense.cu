@@ -2,7 +2,9 @@
 // Stage 1 backward in register tiles (Note [dense stage backward] in stage2_backward_dense.cu): the
 // pooled gradient expanded once into the conv gradient (6 x 24 x 24, one nonzero per 2 x 2 window),
 // then the weight gradient as a dense sum over it. Same arguments, partial rows and determinism as
-// stage1_backward.cu. One image per block iteration.
+// stage1_backward.cu.
+//   A block (240 threads) owns images blockIdx.x, blockIdx.x + gridDim.x, ... of its model, one per
+//   iteration, and row blockIdx.x of part (its weight and bias sums over those images).
 //   Weight gradient: thread t owns (k, r, part) = (t / 40, t / 8 % 5, t % 8): for the conv-gradient
 //   rows y = 3 part .. 3 part + 2 of channel k, the sums over y and x of d[k, y, x] x[y + r, x + s]
 //   for s = 0..4, in registers (two per s: even and odd x), summed over the block's images. At the

@@ -1,8 +1,10 @@
 // module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 prefer=large uses=stage_common
 // Stage 2 backward in register tiles: the pooled gradient expanded once into the conv gradient
 // (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
-// it, whose operands sit in registers (Note [dense stage backward]). One image per block iteration;
-// same arguments, partial rows and determinism as stage2_backward.cu.
+// it, whose operands sit in registers (Note [dense stage backward]). Same arguments, partial rows and
+// determinism as stage2_backward.cu.
+//   A block (224 threads) owns images blockIdx.x, blockIdx.x + gridDim.x, ... of its model, one per
+//   iteration, their dx, and row blockIdx.x of part (its weight and bias sums over those images).
 //   Weight gradient: thread t < 96 owns (k, c) = (t & 15, t >> 4): dw[k, c, r, s] for all 25 taps in
 //   registers, summed over the images, each over y (its conv-gradient row) and x (8 x 8).
 //   Bias gradient: thread t < 16 owns channel t.
