@@ -18,19 +18,24 @@ step follows every model's schedule without a host copy. Its epoch's permutation
 an epoch) is drawn on the host while the GPU still runs the epoch before (double-buffered).
 
 Note [a pack and a lone run]: model k of a pack computes what the lone run of its configuration computes.
-Under --deterministic it sums in the lone run's order too, so its gradients and weights are its lone
-run's, bit for bit, on every engine (tests/test_pack_gpu.py, 3 steps, auto, legacy and graph): our stage
-kernels give each model its lone run's candidates and grid (Ours.share in lenet/engines/ours.py), our
-head runs each model on its lone run's grid (head_common.cu), cuDNN's engines run each model's lone calls
-(Note [a pack on cuDNN] in lenet/engines/cudnn.py) and cuBLASLt each model's lone matmuls (Note [a
-deterministic pack's head] in lenet/engines/cublaslt.py). The price is a grid that grows with K: at 128
-images per model a pack of 64 launches 64 times the lone run's blocks, each with its row of partial sums.
-Without --deterministic a pack fills the GPU as K n images do: our stage kernels split each model's
+Where the pack is small it sums in the lone run's order too (``sums_as_lone`` in lenet/engines/base.py:
+at most 4 images per SM, e.g. up to 4 models of 128 on an H100), and always under --deterministic: our
+stage kernels give each model its lone run's candidates and grid (Ours.share in lenet/engines/ours.py),
+our head runs each model on its lone run's grid (head_common.cu), cuDNN's engines run each model's lone
+calls (Note [a pack on cuDNN] in lenet/engines/cudnn.py) and cuBLASLt each model's lone matmuls (Note [a
+deterministic pack's head] in lenet/engines/cublaslt.py). Its gradients and weights are then its lone
+run's, bit for bit, where the two choose the same engines and candidates (always under --deterministic
+with the heuristic, Note [reproducible choices] in lenet/plan.py; tests/test_pack_gpu.py). The price is
+a grid that grows with K: at 128 images per model a pack of 64 launches 64 times the lone run's blocks,
+each with its row of partial sums (1081.8 us a step against 594.6 shared, an H100). A larger pack
+without --deterministic therefore fills the GPU as K n images do: our stage kernels split each model's
 images over ceil(blocks / K) blocks and rank their candidates at K n images, the head may run as batched
 cuBLASLt matmuls, and the sums run in another order. First-step gradients then agree within 1e-6 in
-relative L2 (2e-7 measured), and 16 epochs of SGD carry the rounding into another trajectory, as two lone
-runs on two engines do. A pack is bit-identical to itself: the same pack size, flags and GPU give the same
-results (a resumed sweep ends as an uninterrupted one, tests/test_sweep_gpu.py).
+relative L2 (2e-7 measured), and 16 epochs of SGD carry the rounding into another trajectory, as two
+lone runs on two engines do (seeds 0-2 of the fast recipe alone: 91.30 / 91.47 / 91.17% on ours,
+91.42 / 91.47 / 91.50% on legacy, 91.48 / 91.56 / 91.33% on graph). A pack is bit-identical to itself:
+the same pack size, flags and GPU give the same results (a resumed sweep ends as an uninterrupted one,
+tests/test_sweep_gpu.py).
 """
 
 from __future__ import annotations

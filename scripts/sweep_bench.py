@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 B = 128
 
 
-def ours(train, test, K: int, algo: str) -> float:
+def ours(train, test, K: int, algo: str, deterministic: bool = False) -> float:
     """Seconds per step of a pack of K."""
     from lenet.data import GpuDataset, pixel_stats
     from lenet.engines import Policy
@@ -38,9 +38,10 @@ def ours(train, test, K: int, algo: str) -> float:
     stream = cupy.cuda.Stream(non_blocking=True)
     mean, std = pixel_stats(train[0])
     tr, te = GpuDataset(*train, mean, std, stream), GpuDataset(*test, mean, std, stream)
-    configs = [Config(seed=k, lr=0.05 + 0.1 * k / max(K - 1, 1), warmup_epochs=0, flip=False, epochs=3)
+    configs = [Config(seed=k, lr=0.05 + 0.1 * k / max(K - 1, 1), warmup_epochs=0, flip=False, epochs=3, batch_size=B)
                for k in range(K)]
-    pack = Pack(configs, tr, te, policy=Policy(fwd=algo, bwd_data=algo, bwd_filter=algo), plan_cache=True,
+    pack = Pack(configs, tr, te, policy=Policy(fwd=algo, bwd_data=algo, bwd_filter=algo, deterministic=deterministic),
+                plan_cache=True,
                 models=max(K, 2) if K > 1 else 1)
     steps = tr.size // B   # whole batches, as the anchor
     for _ in range(2):
@@ -116,12 +117,17 @@ def torch_ensemble(train, K: int) -> tuple[float, str]:
 
 
 def main() -> int:
+    global B
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", type=int, nargs="+", default=[1, 4, 16, 64])
     p.add_argument("--data-dir", default=None)
     p.add_argument("--algo", default="exhaustive", help="ours' search (default: exhaustive, kept in the plan cache)")
     p.add_argument("--no-torch", dest="torch", action="store_false")
+    p.add_argument("--batch", type=int, default=B, help=f"images per model a step (default: {B}, the anchor's)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="ours under --deterministic: each model its lone run's grid, candidates and matmuls")
     args = p.parse_args()
+    B = args.batch
     from lenet import data
 
     root = data.find_dataset(args.data_dir)
@@ -137,7 +143,7 @@ def main() -> int:
           "PyTorch s per model-epoch | ours / PyTorch |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for K in args.models:
-        o = ours(train, test, K, args.algo)
+        o = ours(train, test, K, args.algo, args.deterministic)
         steps = len(train[0]) // B
         row = f"| {K} | {o * 1e6:.1f} | {K * B / o / 1e6:.2f} | {o * steps / K:.4f} |"
         if args.torch:

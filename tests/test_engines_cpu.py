@@ -415,3 +415,18 @@ def test_a_deterministic_pack_counts_the_partial_rows_of_its_lone_grids():
     assert bytes_per_image(Policy(deterministic=True), 1) == bytes_per_image(Policy(), 1)
     extra = bytes_per_image(Policy(deterministic=True), 3) - bytes_per_image(Policy(), 3)
     assert extra == 4 * (16 * 6 * 25 + 16 + 6 * 25 + 6)   # conv2's and conv1's (weights + biases) per image
+
+
+def test_a_pack_sums_as_its_lone_runs_while_it_is_small_and_always_when_deterministic():
+    """sums_as_lone (Note [a pack and a lone run] in lenet/pack.py): a lone model always; a pack under
+    --deterministic always; otherwise up to LONE_SUMS_PER_SM images per SM of the whole pack."""
+    from lenet.engines.base import LONE_SUMS_PER_SM, sums_as_lone
+
+    sms = 132
+    assert LONE_SUMS_PER_SM == 4
+    assert sums_as_lone(1, 1 << 20, Policy(), sms)
+    assert sums_as_lone(3, 128, Policy(), sms) and sums_as_lone(4, 128, Policy(), sms)   # 512 <= 528
+    assert sums_as_lone(4, 132, Policy(), sms) and not sums_as_lone(4, 133, Policy(), sms)
+    assert not sums_as_lone(16, 128, Policy(), sms) and not sums_as_lone(64, 128, Policy(), sms)
+    assert sums_as_lone(64, 128, Policy(deterministic=True), sms)
+    assert sums_as_lone(8, 64, Policy(), sms) and not sums_as_lone(8, 64, Policy(), 100)   # the GPU's SMs count

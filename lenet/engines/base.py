@@ -34,6 +34,25 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 
+LONE_SUMS_PER_SM = 4   # a pack's images per SM up to which its models sum as their lone runs (measured below)
+
+
+def sums_as_lone(models: int, n: int, policy, sms: int | None = None) -> bool:
+    """Whether each model of a pack of ``models`` at n images each sums as its lone run does: its lone
+    run's launch shapes and matmuls (Note [a pack and a lone run] in lenet/pack.py). Always under
+    --deterministic; otherwise while the pack holds at most LONE_SUMS_PER_SM images per SM, where the
+    lone runs' grids cost what a shared one does (an H100, 128 images a model, us per step shared /
+    lone: 3 models 85.8 / 86.3, 4 93.1 / 94.2, 16 201.0 / 277.6, 64 594.6 / 1081.8). ``sms``: the
+    GPU's multiprocessors (default: the current GPU's)."""
+    if models == 1 or policy.deterministic:
+        return True
+    if sms is None:
+        from ..kernels import sm_count
+
+        sms = sm_count()
+    return models * n <= LONE_SUMS_PER_SM * sms
+
+
 @dataclass(frozen=True)
 class Check:
     """A candidate against its operation's exact reference: the distance (norm-wise relative, or None

@@ -22,7 +22,7 @@ from descriptors.algorithms import AlgorithmNotSupportedError
 
 from .. import params as P
 from ..ops import Loss
-from .base import Check, Named
+from .base import Check, Named, sums_as_lone
 
 
 class Cublaslt:
@@ -116,8 +116,8 @@ class PlannedHead:
             try:
                 aux = relu_mask[: models * n * LtMatmul.AUX_LD // 8]
                 # Note [a deterministic pack's head]: each model its lone run's six matmuls
-                self.lt = ([self._lt(lt.get(), aux)] if models == 1 or not planner.policy.deterministic else
-                           [self._lt(lt.get(), aux, model=m) for m in range(models)])
+                self.lt = ([self._lt(lt.get(), aux)] if models == 1 or not sums_as_lone(models, n, planner.policy)
+                           else [self._lt(lt.get(), aux, model=m) for m in range(models)])
                 self.note = ""
             except (LtUnavailable, ImportError) as e:
                 self.note = str(e)
@@ -129,8 +129,9 @@ class PlannedHead:
 
         Note [a deterministic pack's head]: batched matmuls sum as cuBLASLt's batched kernel does, which is
         not bit for bit the lone run's (measured on an H100: a pack on cuDNN's engines then differed from the
-        lone runs in every gradient). Under --deterministic a pack's head therefore runs each model's six
-        matmuls of its lone run, K times six launches: with --engine legacy|graph (Note [a pack on cuDNN] in
+        lone runs in every gradient). Where a pack sums as its lone runs (``sums_as_lone`` in base.py: under
+        --deterministic, or a pack of few images) its head therefore runs each model's six matmuls of its
+        lone run, K times six launches: with --engine legacy|graph (Note [a pack on cuDNN] in
         lenet/engines/cudnn.py) every model of the pack is then its lone run, bit for bit."""
         from ..blas import LtMatmul
         from ..ops import shifted

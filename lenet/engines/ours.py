@@ -36,7 +36,7 @@ from ..kernels import head as head_kernels
 from ..kernels import stages
 from ..kernels.stages import Backward, Forward
 from . import reference
-from .base import Check, Named, Trial
+from .base import LONE_SUMS_PER_SM, Check, Named, Trial, sums_as_lone
 
 
 def pins(name: str) -> tuple[str, ...]:
@@ -297,22 +297,25 @@ class Ours:
         return Check(err, ties, why)
 
     @staticmethod
-    def share(op, policy) -> int:
+    def share(op, n: int, policy) -> int:
         """How many models share the SMs in each model's grid: a pack's K, or 1 (each model its lone run's
-        grid and candidates) under --deterministic, so that a model sums as its lone run does (Note [a pack
-        and a lone run] in lenet/pack.py)."""
-        return 1 if policy.deterministic else op.models
+        grid and candidates) where a model sums as its lone run does (``sums_as_lone``: under
+        --deterministic, or a pack small enough; Note [a pack and a lone run] in lenet/pack.py)."""
+        return 1 if sums_as_lone(op.models, n, policy) else op.models
 
     def _stage(self, op, n: int, planner) -> "OursStagePlan":
         spec, ks, stream, side = op.spec, stages.for_spec(op.spec), planner.stream, planner.side
         K = op.models   # a pack: Note [model from the grid] in lenet/kernels/stage_common.cu
-        share = self.share(op, planner.policy)
+        share = self.share(op, n, planner.policy)
 
-        def make():
+        def make():   # rows for every batch up to max_batch: a pack's grids round up per model
             import cupy
 
             most = max(stages.BACKWARD_BLOCKS_PER_SM) * sm_count()
-            rows = most + K if share > 1 else K * min(op.max_batch, most)   # a pack's grids round up per model
+            lone = K * min(op.max_batch, most)   # each model on its lone grid: at most one row per image
+            if K > 1 and not planner.policy.deterministic:   # and only while K n <= LONE_SUMS_PER_SM SMs
+                lone = min(lone, LONE_SUMS_PER_SM * sm_count())
+            rows = lone if K == 1 else max(most + K, lone)
             return {"arg": cupy.zeros((K * op.max_batch, *spec.y), cupy.uint8),   # (N, K, H/2, W/2) argmax bytes
                     "part": cupy.zeros((rows, ks.width), cupy.float32)}          # (blocks, mw + mb) partial sums
         own = self._scratch(planner, ("stage", op.name), make)
@@ -341,7 +344,7 @@ class Ours:
         kind = Forward if d == "fwd" else Backward
 
         def trial(c, best):
-            check = self.check_stage(planner, op.spec, c, op.models, self.share(op, planner.policy) == 1)
+            check = self.check_stage(planner, op.spec, c, op.models, self.share(op, n, planner.policy) == 1)
             if check.why is not None:
                 return check.why
             run, timed = launcher(c)
@@ -358,7 +361,8 @@ class Ours:
         def encode(dec):
             b = dec.best
             return {"name": b.candidate.name, "ms": b.ms, "error": b.check.error, "ties": b.check.ties}
-        key = planner.key(f"stage {op.name} {d}", {"n": n, **op.key()}, (self,))
+        lone = {"lone_grids": self.share(op, n, planner.policy) == 1} if op.models > 1 else {}   # which sums
+        key = planner.key(f"stage {op.name} {d}", {"n": n, **op.key(), **lone}, (self,))
         return planner.choose(key, cands, trial, recall=recall, encode=encode,
                               what=f"the {d} kernel of ours for stage {op.name}")
 
