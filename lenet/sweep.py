@@ -29,6 +29,7 @@ if __name__ == "__main__":   # python -m lenet.sweep: the GPU's start-up threads
 
     startup.begin(then=plot.start_early)
 
+import dataclasses
 import itertools
 import json
 import math
@@ -125,8 +126,8 @@ class _Parser(cli.Parser):
 
     def parse_known_args(self, args=None, namespace=None):
         ns, rest = super().parse_known_args(args, namespace)
-        if getattr(ns, "algo", "") is None:
-            ns.algo = "heuristic" if ns.deterministic else "exhaustive"
+        if getattr(ns, "algo", "") is None:   # small packs take the heuristic once the GPU is known: main()
+            ns.algo, ns.algo_default = ("heuristic" if ns.deterministic else "exhaustive"), True
         return ns, rest
 
 
@@ -172,9 +173,11 @@ def parser() -> cli.Parser:
                         "median pruner)")
     s.add_argument("--pack-size", type=cli.positive_int, default=None, metavar="K",
                    help=f"models trained together in one step (default: as many as the grid has, up to {MAX_PACK})")
-    cli.add_algorithm_flags(p, None, "exhaustive, a pack's plan searched once and kept in the plan cache; with "
-                                     "--deterministic, heuristic, so that timing decides nothing and each model "
-                                     "is its lone `lenet train --deterministic` run, bit for bit")
+    cli.add_algorithm_flags(p, None, "exhaustive, a pack's plan searched once and kept in the plan cache; where "
+                                     "every pack holds at most 4 images per SM, heuristic, so that each model "
+                                     "chooses and sums as its lone `lenet train` run does; with --deterministic, "
+                                     "heuristic, so that timing decides nothing and each model is its lone "
+                                     "`lenet train --deterministic` run, bit for bit")
     cli.add_speed_flags(p)
     o = p.add_argument_group("output")
     o.add_argument("--out", metavar="DIR", help="write the results, curves, the best model and its export here "
@@ -456,6 +459,7 @@ def main(argv=None) -> int:
     from descriptors import require_gpu
 
     gpu = require_gpu()
+    policy = default_algo(args, run, policy)
     print(f"GPU {gpu} | dataset {run['dataset']} ({run['train_size']} train, {len(run['evals'][0])} "
           f"{'validation' if args.validation else 'test'}) | policy {policy}", flush=True)
     check_pack_memory(args, run, policy)
@@ -467,14 +471,34 @@ def main(argv=None) -> int:
     return GridSweep(args, run, policy, plotter, run["configs"]).run()
 
 
+def pack_shapes(args, run) -> list[tuple[int, int]]:
+    """(models, images per model) of every pack the sweep will train (a study's packs: its pack size at
+    each batch size it may draw)."""
+    if run["configs"]:
+        return [(len(p), p[0].batch_size) for p in packs(run["configs"], args.pack_size or MAX_PACK)]
+    return [(max(min(args.trials, args.pack_size or MAX_PACK), 2), b) for b in args.batch_size]
+
+
+def default_algo(args, run, policy):
+    """--algo's default once the GPU is known: the heuristic where every pack sums as its lone runs
+    (sums_as_lone in lenet/engines/base.py: at most 4 images per SM), so that each model chooses and sums
+    as its lone `lenet train` run does (Note [a pack and a lone run] in lenet/pack.py); else a search."""
+    from .engines.base import sums_as_lone
+
+    if not getattr(args, "algo_default", False) or policy.deterministic:
+        return policy
+    if all(sums_as_lone(k, n, policy) for k, n in pack_shapes(args, run)):
+        return dataclasses.replace(policy, fwd="heuristic", bwd_data="heuristic", bwd_filter="heuristic")
+    return policy
+
+
 def check_pack_memory(args, run, policy) -> None:
     """More models in a pack than the GPU holds: one line naming how many fit, before any allocation."""
     import cupy
 
     from .model import check_memory
 
-    sizes = [len(p) for p in packs(run["configs"], args.pack_size or MAX_PACK)] if run["configs"] else \
-        [min(args.trials, args.pack_size or MAX_PACK)]
+    sizes = [k for k, _ in pack_shapes(args, run)]
     batch = max(max(args.batch_size), min(args.eval_batch_size, len(run["evals"][0])))
     check_memory(batch, *cupy.cuda.runtime.memGetInfo(), policy, max(sizes))
 

@@ -58,10 +58,12 @@ done
 
 # racecheck (shared-memory hazards) and synccheck (barrier misuse) over a step of --engine ours (its
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
-# partial group, and at 1100 (past SMALL_BATCH_PER_SM: stage 2's backward is then the dense version, with
-# two or three images per block).
+# partial group, and at the batches where the heuristic takes each version (HEURISTIC in
+# lenet/kernels/stages.py on 132 SMs: stage 2's four-part split backward at 64, 7 and 128, with the
+# forwards' two images a block iteration at 128; its two-part split at 200; its dense one at 1100, four
+# or five images a block; stage 1's dense backward at all of them).
 for tool in racecheck synccheck; do
-    for batch in 64 7 1100; do
+    for batch in 64 7 128 200 1100; do
         for flag in ""; do
             log="$out/${tool}_${batch}${flag:+_graph}.txt"
             compute-sanitizer --tool $tool --error-exitcode 7 \

@@ -286,8 +286,14 @@ def test_stage2_offers_both_forward_versions_and_stage1_one():
 
 
 def test_the_heuristic_forward_depends_on_the_batch(monkeypatch):
+    """HEURISTIC: two images a block iteration from half an image per SM to one (a grid of about one block
+    per SM is slow in a step), one otherwise; stage 2's tiled forward from 6 images per SM."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     engine, h = OURS, Policy()
+    for spec in (CONV1, CONV2):
+        first = {n: engine.stage_candidates(spec, h, n)[0][0].name for n in (1, 65, 66, 131, 132, 791)}
+        assert first == {1: "fused-fwd-v1-i1-g8", 65: "fused-fwd-v1-i1-g8", 66: "fused-fwd-v1-i2-g8",
+                         131: "fused-fwd-v1-i2-g8", 132: "fused-fwd-v1-i1-g8", 791: "fused-fwd-v1-i1-g8"}
     assert [c.name for c in engine.stage_candidates(CONV2, h, 791)[0]] == ["fused-fwd-v1-i1-g8"]
     assert [c.name for c in engine.stage_candidates(CONV2, h, 792)[0]] == ["fused-fwd-v2-i4-g8"]
     assert [c.name for c in engine.stage_candidates(CONV1, h, 8192)[0]] == ["fused-fwd-v1-i1-g8"]   # one version
@@ -378,19 +384,40 @@ def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkey
 
 
 def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
-    """SMALL_BATCH_PER_SM: up to 2 images per SM, stage 2's backward split over four parts comes first
-    (and is the module a first run compiles for the step); above it, the dense version. The one- and
-    two-part versions are in no heuristic's modules: only a search times them."""
+    """HEURISTIC in lenet/kernels/stages.py, on 132 SMs: stage 2's four-part split backward below one image
+    per SM, the two-part split below two, the dense one above (2 blocks per SM below 16 images per SM, 4
+    from there); stage 1's dense backward at every batch. The first run compiles the modules of the
+    batches it runs; the one-part version is in no heuristic's modules: only a search times it."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    assert ks.backward_candidates(64)[0] == kstages.Backward(4, 2) and ks.backward_candidates(264)[0].version == 2
-    assert ks.backward_candidates(265)[0] == kstages.Backward(4, 3) == ks.backward_candidates(65536)[0]
+    first = {n: ks.backward_candidates(n)[0].name for n in (1, 64, 131, 132, 263, 264, 2111, 2112, 65536)}
+    assert first == {1: "fused-bwd-v3-g4", 64: "fused-bwd-v3-g4", 131: "fused-bwd-v3-g4", 132: "fused-bwd-v2-g4",
+                     263: "fused-bwd-v2-g4", 264: "fused-bwd-v4-g2", 2111: "fused-bwd-v4-g2",
+                     2112: "fused-bwd-v4-g4", 65536: "fused-bwd-v4-g4"}
+    one = kstages.kernels()[(CONV1.x, CONV1.w, False)]
+    assert {one.backward_candidates(n)[0].name for n in (1, 128, 8192, 65536)} == {"fused-bwd-v2-g2"}
     assert ks.backward_candidates()[0] == kstages.Backward(4, 0)   # no batch: the versions in order
     assert set(ks.backward_candidates(64)) == set(ks.backward_candidates(8192))   # the same set, reordered
-    assert "stage2_backward_split4" in kstages.heuristic_modules([64]) and "stage2_backward_dense" not in kstages.heuristic_modules([64])
-    for batches in ([128, 1000], [8192], None):
-        assert not {"stage2_backward", "stage2_backward_split"} & set(kstages.heuristic_modules(batches))
-    assert "stage2_backward_dense" in kstages.heuristic_modules([128, 1000])
+    for row in kstages.HEURISTIC.values():   # every name the table gives is a shape its stage offers
+        assert all(kstages.parse_name(name) is not None for _, name in row) and row[-1][0] == kstages.INF
+    for (stage, _), row in kstages.HEURISTIC.items():
+        k = next(k for k in kstages.kernels().values() if k.stage == stage)
+        assert all(k.offers(kstages.parse_name(name)) for _, name in row), stage
+    assert "stage2_backward_split4" in kstages.heuristic_modules([128])
+    assert not {"stage2_backward_dense", "stage2_backward_split"} & set(kstages.heuristic_modules([64, 128]))
+    assert "stage1_backward_dense" in kstages.heuristic_modules([128]) and "stage1_backward" not in kstages.heuristic_modules([128])
+    for batches in ([64, 128, 200, 1000], [8192], None):
+        assert "stage2_backward" not in kstages.heuristic_modules(batches)
+    assert {"stage2_backward_split", "stage2_backward_split4", "stage2_backward_dense"} <= set(kstages.heuristic_modules(None))
+
+
+def test_the_heads_heuristic_makes_one_forward_block_per_sm(monkeypatch):
+    """lenet/kernels/head.py's shapes: the smallest group that makes at most one forward block per SM."""
+    from lenet.kernels import head
+
+    monkeypatch.setattr(head, "sm_count", lambda: 132)
+    assert {n: head.shapes(n, True)[0][0] for n in (1, 132, 133, 264, 265, 1056, 1057, 65536)} == \
+        {1: 1, 132: 1, 133: 2, 264: 2, 265: 4, 1056: 8, 1057: 8, 65536: 8}
 
 
 def test_a_packs_head_runs_on_our_kernels_or_cublaslt():

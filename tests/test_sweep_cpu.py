@@ -96,6 +96,29 @@ def test_algo_defaults_to_exhaustive_and_to_the_rule_under_deterministic():
     assert "with --deterministic, heuristic" in " ".join(sweep.parser().format_help().split())
 
 
+def test_small_packs_take_the_heuristic_so_each_model_chooses_as_its_lone_run(monkeypatch):
+    """--algo's default once the GPU is known (sweep.default_algo): the heuristic where every pack sums as its
+    lone runs (at most 4 images per SM: Note [a pack and a lone run] in lenet/pack.py), a search otherwise;
+    a given --algo, and --deterministic, stay."""
+    from lenet import kernels
+    from lenet.cli import policy_from
+
+    monkeypatch.setattr(kernels, "sm_count", lambda: 132)
+
+    def algo(*argv):
+        args = parse(*argv)
+        run = {"configs": sweep.grid(args)}
+        return sweep.default_algo(args, run, policy_from(args)).choice("fwd")
+
+    assert algo("--seeds", "0-2") == algo("--seeds", "0-3") == "heuristic"                    # 3 or 4 of 128
+    assert algo("--seeds", "0-4") == algo("--seeds", "0-15") == "exhaustive"                  # 640, 2048 images
+    assert algo("--seeds", "0-7", "--batch-size", "64") == "heuristic"                       # 8 of 64
+    assert algo("--seeds", "0-15", "--pack-size", "4") == "heuristic"                         # packs of 4
+    assert algo("--seeds", "0-2", "--algo", "exhaustive") == "exhaustive"                     # given: kept
+    assert algo("--seeds", "0-15", "--deterministic") == "heuristic"
+    assert "every pack holds at most 4 images per SM, heuristic" in " ".join(sweep.parser().format_help().split())
+
+
 def test_train_flags_name_the_lone_run():
     flags = " ".join(Config(lr=0.2, seed=3, ema=0.999, shift=2).train_flags(tta=True))
     for part in ("--lr 0.2", "--seed 3", "--ema 0.999", "--shift 2", "--nesterov", "--label-smoothing 0.05",

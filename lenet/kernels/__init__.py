@@ -7,10 +7,11 @@ declared once, in the .cu file its kernel is written in, by a line
 
 uses=A,B      the files compiled before it, in order (shared device functions, shapes)
 define=M=V    a macro it is compiled with (one file, several versions: stage2_backward.cu)
-stage=S direction=forward|backward version=V threads=T [images=1,2 smem=A+B*images] [prefer=small|large]
+stage=S direction=forward|backward version=V threads=T [images=1,2 smem=A+B*images]
               a version of a stage kernel (lenet/engines/ours.py makes its candidates from these):
               T threads per image (forward) or per block (backward), the images a block takes at a
-              time, its dynamic shared memory in floats, and the batches the heuristic takes it first at.
+              time, and its dynamic shared memory in floats (the heuristic's choice among them:
+              HEURISTIC in lenet/kernels/stages.py).
 Every name, source list, macro and candidate elsewhere derives from these lines (``declared()``); a
 module's kernel is named after it (``NAME_kernel``) where it holds one.
 """
@@ -48,7 +49,6 @@ class Module:
     threads: int = 0
     images: tuple = ()
     smem: tuple = (0, 0)        # dynamic shared memory in floats: (fixed, per image)
-    prefer: str | None = None
 
     @property
     def kernel(self) -> str:
@@ -69,7 +69,7 @@ def _parse(name: str, file: str, fields: str) -> Module:
             kw["uses"] = tuple(value.split(","))
         elif key == "define":
             kw["defines"] = kw.get("defines", ()) + (value,)
-        elif key in ("stage", "direction", "prefer"):
+        elif key in ("stage", "direction"):
             kw[key] = value
         elif key in ("version", "threads"):
             kw[key] = int(value)

@@ -1,4 +1,4 @@
-// module stage1_backward_dense: stage=conv1 direction=backward version=2 threads=240 prefer=large uses=stage_common
+// module stage1_backward_dense: stage=conv1 direction=backward version=2 threads=240 uses=stage_common
 // Stage 1 backward in register tiles (Note [dense stage backward] in stage2_backward_dense.cu): the
 // pooled gradient expanded once into the conv gradient (6 x 24 x 24, one nonzero per 2 x 2 window),
 // then the weight gradient as a dense sum over it. Same arguments, partial rows and determinism as
@@ -17,8 +17,8 @@
 // as half rows (3 x 16 bytes of the conv gradient, 4 x 16 bytes of x) per 60 multiply-adds.
 // On an H100 (scripts/probes/stage_kernels.py): 6.96 / 6.26 ns per image at 8192 / 65536 (4 blocks
 // per SM) against the routed kernel's 9.06 / 8.55; 4.2 us at 128 images against 5.9 (3.6 at 16 per
-// SM). The heuristic still takes the routed kernel first up to SMALL_BATCH_PER_SM (no measurement
-// below 128 images yet); a search times both.
+// SM); 2.1 us at 1 image against 3.8. The heuristic takes it at every batch (HEURISTIC in
+// lenet/kernels/stages.py); a search times both.
 #define S1D_THREADS 240
 #define S1D_X 4   // ceil(784 / 240)
 #define S1D_G 4   // ceil(864 / 240)

@@ -1,6 +1,6 @@
 // module stage2_backward: stage=conv2 direction=backward version=1 threads=160 define=S2B_KS=1 uses=stage_common
 // module stage2_backward_split: stage=conv2 direction=backward version=2 threads=320 define=S2B_KS=2 uses=stage_common
-// module stage2_backward_split4: stage=conv2 direction=backward version=3 threads=640 define=S2B_KS=4 prefer=small uses=stage_common
+// module stage2_backward_split4: stage=conv2 direction=backward version=3 threads=640 define=S2B_KS=4 uses=stage_common
 // Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients, in three versions:
 // KS = 1 (stage2_backward_kernel, 160 threads), KS = 2 (stage2_backward_split_kernel, 320 threads)
 // and KS = 4 (stage2_backward_split4_kernel, 640 threads), where each of KS parts of the block takes

@@ -1,4 +1,4 @@
-// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 prefer=large uses=stage_common
+// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 uses=stage_common
 // Stage 2 backward in register tiles: the pooled gradient expanded once into the conv gradient
 // (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
 // it, whose operands sit in registers (Note [dense stage backward]). Same arguments, partial rows and

@@ -1,4 +1,4 @@
-// module stage2_forward_tiled: stage=conv2 direction=forward version=2 threads=64 images=4,8 smem=2400+864*images prefer=large uses=stage_common
+// module stage2_forward_tiled: stage=conv2 direction=forward version=2 threads=64 images=4,8 smem=2400+864*images uses=stage_common
 // Stage 2 forward, tiled over output channels: blockDim.x = 64 * imgs, thread t works on image slot
 // t / 64 at pooled position (pi, pj) = (t % 16 / 4, t % 4) for the 4 output channels
 // k = 4 kg + 0..3, kg = t % 64 / 16: 16 conv outputs in registers. Per input channel and filter row

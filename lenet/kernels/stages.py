@@ -6,9 +6,8 @@ declarations] in lenet/kernels/__init__.py), their launch shapes with the names 
     stage_backward(kernels, Backward(per_sm=4, version=2), n, stream, part, x, w, arg, dy, dw, db, dx)
 
 A forward's launch shape is its version, the images a block takes per iteration and its blocks per SM;
-a backward's, its version and blocks per SM. The heuristic's order: each list's first, with the
-versions a file declares ``prefer=large`` (from LARGE_BATCH_PER_SM images per SM on) or ``prefer=small``
-(up to SMALL_BATCH_PER_SM) moved first at those batches.
+a backward's, its version and blocks per SM. The heuristic's order: each list's first, with the shape
+HEURISTIC names for the batch's images per SM moved first.
 """
 
 from __future__ import annotations
@@ -22,21 +21,36 @@ import numpy as np
 from . import declared, kernel, pack_module, sm_count
 from .launch import Launch
 
-BACKWARD_BLOCKS_PER_SM = (4, 2, 8, 16)   # the first is the heuristic's (scripts/probes/stage_kernels.py)
+BACKWARD_BLOCKS_PER_SM = (4, 2, 8, 16)   # the launch shapes a search times (scripts/probes/stage_kernels.py)
 FORWARD_BLOCKS_PER_SM = (8, 4, 16)
-# From this many images per SM on, the heuristic takes a stage's ``prefer=large`` forward first.
-# scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best v1 against best v2: 6.9 / 10.5 us
-# at 256 images, 9.2 / 15.8 at 512, 16.1 / 12.5 at 1024, 28.5 / 19.1 at 2048, 103.6 / 75.7 at 8192.
-LARGE_BATCH_PER_SM = 6
-# Up to this many images per SM, the heuristic takes a stage's ``prefer=small`` backward first, above it
-# its ``prefer=large`` one. scripts/probes/stage_kernels.py on an H100 (132 SMs), conv2's best
-# v1 / v2 / v3 / v4: 14.0 / 10.6 / 9.7 / 10.6 us at 64 images, 17.1 / 17.3 / 10.3 / 14.0 at 128; and at
-# 4 blocks per SM (the heuristic's shape) v2 / v3 / v4: 47.4 / 54.8 / 47.5 us at 1024 (v4 at 2 per SM:
-# 37.0), 318.9 / 345.2 / 164 at 8192, 2465 / 2604 / 1169 at 65536 (v4, the dense version: Note [dense
-# stage backward] in stage2_backward_dense.cu); conv1's v1 / v2 (its dense version) 9.06 / 6.96 ns per image
-# at 8192, 8.55 / 6.26 at 65536. conv2's v1 compiles in twice v2's time, which a first run
-# waits for (Note [first run] in lenet/kernels/nvrtc.py): it compiles only when a search times it.
-SMALL_BATCH_PER_SM = 2
+# The heuristic's first candidate, per stage and direction: the first row whose bound the batch's images
+# per SM are below. Chosen on whole steps, not kernels alone (scripts/probes/heuristic_rows.py, an H100
+# of 132 SMs, --engine ours, us a step back to back; forwards' images per block iteration / stage 1's
+# backward / stage 2's backward):
+#   n = 8     i1 / v2 / v3 36.0, i1 / v1 / v3 36.7, i1 / v2 / v4 45.9, i2 / v2 / v3 38.9
+#   n = 64    i1 / v2 / v3 39.6, i1 / v1 / v3 40.9, i1 / v2 / v4 49.0, i2 / v2 / v3 41.8
+#   n = 128   i2 / v2 / v3 50.8, i2 / v1 / v3 51.5, i1 / v1 / v3 58.5, i1 / v2 / v4 76.8
+#   n = 256   i1 / v2 / v2 66.3, i1 / v2 / v4 68.7, i1 / v2 / v3 69.1, i2 / v2 / v3 75.0
+# (a forward of one block per SM or a little fewer is slow in a step: i2 at 128 and i1 at 256 make 64
+# and 256 blocks). From 2 images per SM on, kernels alone (scripts/probes/stage_kernels.py, us):
+#   conv2 backward    n:  512   1024   2048   4096   8192  65536
+#     v2 (split) g4      27.1   47.2   86.1  165.8  317.6   2446
+#     v4 (dense) g2      25.7   35.2   53.1   95.3  177.9   1291
+#     v4 (dense) g4      35.1   41.6   57.3   92.9  160.1   1144
+#   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
+#     75.2 / 55.8 at 8192, 557 / 396 at 65536.
+#   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
+INF = float("inf")
+HEURISTIC = {
+    ("conv1", "forward"): ((0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"), (INF, "fused-fwd-v1-i1-g8")),
+    ("conv2", "forward"): ((0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"), (6, "fused-fwd-v1-i1-g8"),
+                           (INF, "fused-fwd-v2-i4-g8")),
+    ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
+    ("conv2", "backward"): ((1, "fused-bwd-v3-g4"), (2, "fused-bwd-v2-g4"), (16, "fused-bwd-v4-g2"),
+                            (INF, "fused-bwd-v4-g4")),
+}
+# conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
+# lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.
 # The stage shapes our kernels are written for (stage_common.cu's constants): (x, w, dx) -> stage.
 SHAPES = {((1, 28, 28), (6, 1, 5, 5), False): "conv1", ((6, 12, 12), (16, 6, 5, 5), True): "conv2"}
 
@@ -85,25 +99,26 @@ class StageKernels:
     def width(self) -> int:
         return self.mw + self.mb
 
-    @staticmethod
-    def _first(versions, prefer: str) -> int:
-        return next((i for i, m in enumerate(versions) if m.prefer == prefer), 0)
+    def heuristic(self, direction: str, n: int):
+        """The launch shape HEURISTIC names for this stage at batch n."""
+        rows = HEURISTIC[(self.stage, direction)]
+        return parse_name(next(name for below, name in rows if n < below * sm_count()))
+
+    def _ordered(self, cands: list, direction: str, n: int | None) -> list:
+        if n is not None:
+            first = self.heuristic(direction, n)
+            cands.sort(key=lambda c: c != first)   # stable: the rest keep their order
+        return cands
 
     def forward_candidates(self, n: int | None = None) -> list:
-        """Every forward launch shape, the heuristic's first (see the module's docstring)."""
+        """Every forward launch shape, the heuristic's first at batch n (HEURISTIC)."""
         cands = [Forward(i, g, v) for v, m in enumerate(self.forward) for g in FORWARD_BLOCKS_PER_SM for i in m.images]
-        if n is not None and n >= LARGE_BATCH_PER_SM * sm_count():
-            large = self._first(self.forward, "large")
-            cands.sort(key=lambda c: c.version != large)   # stable: each version's order stays
-        return cands
+        return self._ordered(cands, "forward", n)
 
     def backward_candidates(self, n: int | None = None) -> list:
-        """Every backward launch shape, the heuristic's first (see the module's docstring)."""
+        """Every backward launch shape, the heuristic's first at batch n (HEURISTIC)."""
         cands = [Backward(g, v) for v in range(len(self.backward)) for g in BACKWARD_BLOCKS_PER_SM]
-        if n is not None:
-            first = self._first(self.backward, "small" if n <= SMALL_BATCH_PER_SM * sm_count() else "large")
-            cands.sort(key=lambda c: c.version != first)   # stable: each version's order stays
-        return cands
+        return self._ordered(cands, "backward", n)
 
     def offers(self, cand) -> bool:
         if isinstance(cand, Forward):
@@ -164,14 +179,18 @@ def modules() -> tuple[str, ...]:
 
 
 def heuristic_modules(batches=None) -> tuple[str, ...]:
-    """The modules of the launch shapes the heuristic takes first: each stage's forward versions for small
-    and large batches (small modules), its backward versions for these batch sizes (without them, for
-    any batch), and the reduction."""
+    """The modules of the launch shapes the heuristic takes first: each stage's forward versions (small
+    modules, for the training and the evaluation batches alike), its backward versions for these batch
+    sizes (without them, for any batch), and the reduction."""
     out = []
     for ks in kernels().values():
-        out += [ks.forward[0].name, ks.forward[ks._first(ks.forward, "large")].name]
-        out += ([ks.backward[ks.backward_candidates(n)[0].version].name for n in batches] if batches else
-                [ks.backward[ks._first(ks.backward, p)].name for p in ("large", "small")])
+        for direction, versions in (("forward", ks.forward), ("backward", ks.backward)):
+            rows = HEURISTIC[(ks.stage, direction)]
+            if direction == "backward" and batches:
+                picks = [ks.heuristic(direction, n) for n in batches]
+            else:
+                picks = [parse_name(name) for _, name in rows]
+            out += [versions[c.version].name for c in picks]
     return tuple(dict.fromkeys(out + ["stage_reduce"]))
 
 

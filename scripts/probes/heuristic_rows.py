@@ -1,0 +1,80 @@
+"""Probe (GPU): the heuristic's stage shapes timed as a whole step runs them, not kernel by kernel.
+For each batch and each combination of launch shapes (both forwards' images per block, stage 1's and
+stage 2's backward), lenet/kernels/stages.py's HEURISTIC is replaced by that one row, a LeNet of
+``--engine ours`` plans under the heuristic, and its captured step is timed two ways: one step at a
+time, each waited for (as lenet.train_step reports it), and 300 steps back to back (as training runs).
+
+    python3 scripts/probes/heuristic_rows.py --batch 8 64 128
+
+Prints one line per (batch, combination), fastest back-to-back first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+FORWARDS = ("fused-fwd-v1-i1-g8", "fused-fwd-v1-i2-g8")
+STAGE1_BACKWARDS = ("fused-bwd-v1-g4", "fused-bwd-v2-g2")
+STAGE2_BACKWARDS = ("fused-bwd-v3-g4", "fused-bwd-v4-g2", "fused-bwd-v2-g4")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=[8, 64, 128])
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args()
+    import cupy
+    import numpy as np
+
+    from lenet.engines import Policy
+    from lenet.kernels import stages
+    from lenet.model import LeNet
+
+    table, inf = dict(stages.HEURISTIC), stages.INF
+    rng = np.random.default_rng(0)
+    for n in args.batch:
+        x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
+        y = rng.integers(0, 10, n).astype(np.int32)
+        rows = []
+        for fwd, b1, b2 in itertools.product(FORWARDS, STAGE1_BACKWARDS, STAGE2_BACKWARDS):
+            stages.HEURISTIC.update({("conv1", "forward"): ((inf, fwd),), ("conv2", "forward"): ((inf, fwd),),
+                                     ("conv1", "backward"): ((inf, b1),), ("conv2", "backward"): ((inf, b2),)})
+            model = LeNet(max_batch=n, policy=Policy(engine="ours"), cuda_graph=True)
+            model.load_batch(x, y)
+            for _ in range(5):
+                model.step(n, 0.0)
+            stream, start, end = model.stream, cupy.cuda.Event(), cupy.cuda.Event()
+            waited = []
+            for _ in range(args.steps):
+                start.record(stream)
+                model.step(n, 0.0)
+                end.record(stream)
+                end.synchronize()
+                waited.append(cupy.cuda.get_elapsed_time(start, end))
+            stream.synchronize()
+            t = time.perf_counter()
+            start.record(stream)
+            for _ in range(args.steps):
+                model.step(n, 0.0)
+            end.record(stream)
+            end.synchronize()
+            wall = (time.perf_counter() - t) / args.steps
+            ahead = cupy.cuda.get_elapsed_time(start, end) / args.steps
+            rows.append((ahead * 1e3, float(np.mean(waited)) * 1e3, wall * 1e6, fwd, b1, b2))
+            model.close()
+        for ahead, waited, wall, fwd, b1, b2 in sorted(rows):
+            print(f"n={n:<6} back-to-back {ahead:7.1f} us  waited {waited:7.1f} us  host {wall:7.1f} us  "
+                  f"fwd {fwd:<20} conv1 bwd {b1:<16} conv2 bwd {b2}", flush=True)
+    stages.HEURISTIC.clear()
+    stages.HEURISTIC.update(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
