@@ -29,7 +29,6 @@ if __name__ == "__main__":   # python -m lenet.sweep: the GPU's start-up threads
 
     startup.begin(then=plot.start_early)
 
-import dataclasses
 import itertools
 import json
 import math
@@ -488,7 +487,7 @@ def default_algo(args, run, policy):
     if not getattr(args, "algo_default", False) or policy.deterministic:
         return policy
     if all(sums_as_lone(k, n, policy) for k, n in pack_shapes(args, run)):
-        return dataclasses.replace(policy, fwd="heuristic", bwd_data="heuristic", bwd_filter="heuristic")
+        return policy.replace(fwd="heuristic", bwd_data="heuristic", bwd_filter="heuristic")
     return policy
 
 

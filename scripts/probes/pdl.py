@@ -85,7 +85,6 @@ def main():
                                                     for _ in range(k)])
                 pdl = time_graph(stream, lambda: [launch_pdl(fn, grid, 256, stream, (buf, iters, 1))
                                                   for _ in range(k)])
-                ref = buf.copy()
                 print(f"grid {grid:>3} iters {iters:>4} K={k:>2}: plain {plain:6.2f} us  pdl {pdl:6.2f} us"
                       f"  saving {(plain - pdl) / max(1, k - 1):5.2f} us per edge")
     # correctness: PDL chain gives the plain chain's result
