@@ -29,6 +29,7 @@ if __name__ == "__main__":   # python -m lenet.sweep: the GPU's start-up threads
 
     startup.begin(then=plot.start_early)
 
+import dataclasses
 import itertools
 import json
 import math
@@ -487,7 +488,7 @@ def default_algo(args, run, policy):
     if not getattr(args, "algo_default", False) or policy.deterministic:
         return policy
     if all(sums_as_lone(k, n, policy) for k, n in pack_shapes(args, run)):
-        return policy.replace(fwd="heuristic", bwd_data="heuristic", bwd_filter="heuristic")
+        return dataclasses.replace(policy, fwd="heuristic", bwd_data="heuristic", bwd_filter="heuristic")
     return policy
 
 
