@@ -4,10 +4,11 @@
           per-block weight and bias gradients): the candidates are launch shapes and kernel versions
           (lenet/kernels/stages.py), chosen per direction by the planner, each checked against cuDNN's
           exact result first (Note [checking a stage] in lenet/engines/reference.py)
-  head    two kernels (head.cu: an image's forward, loss, dlogits and data gradients; head_weights.cu:
-          the weight gradients on the side stream), G images per block iteration a candidate
-          (Note [head latency] in lenet/kernels/head.cu); a pack's, their pack versions, each model
-          on its lone run's grid (head_common.cu)
+  head    the forward, loss, dlogits and data gradients in one kernel (head.cu: G images per block
+          iteration) or two (head_split.cu: fc1 over 15 blocks a slice of G images, then the rest over 8;
+          Note [head split]), and the weight gradients on the side stream (head_weights.cu); the version
+          and G are the candidates (Note [head latency] in lenet/kernels/head.cu); a pack's, their pack
+          versions, each model on its lone run's grid (head_common.cu)
   loss    softmax cross-entropy (softmax_ce.cu), where the head does not fuse it; and evaluation's
   update  SGD with momentum, weight decay and the moving average, one launch (sgd.cu)
 
@@ -24,8 +25,6 @@ one a stage does not offer (conv1 has one forward and two backward versions, con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from descriptors.algorithms import AlgorithmNotSupportedError, UnknownAlgorithmError
@@ -33,6 +32,7 @@ from descriptors.algorithms import AlgorithmNotSupportedError, UnknownAlgorithmE
 from .. import params as P
 from ..kernels import SoftmaxCE, pack_module, prefetch, sgd_launch, sm_count, source_digest
 from ..kernels import head as head_kernels
+from ..kernels.head import HeadShape
 from ..kernels import stages
 from ..kernels.stages import Backward, Forward
 from . import reference
@@ -53,22 +53,6 @@ def pins(name: str) -> tuple[str, ...]:
 
 
 PACK_CHECK_MODELS = 3   # models of a pack version's check (Note [checking a pack])
-
-
-@dataclass(frozen=True)
-class HeadShape:
-    """Our head's launch shape: images per forward block iteration, images per weight-gradient range."""
-
-    group: int
-    per: int
-    engine = "ours"
-
-    @property
-    def name(self) -> str:
-        return f"fused head g{self.group} w{self.per}"
-
-    def encode(self) -> dict:
-        return {"group": self.group, "per": self.per}
 
 
 class Ours:
@@ -130,7 +114,7 @@ class Ours:
 
     def candidates(self, op, n: int, planner) -> list:
         if op.kind == "head":
-            return [HeadShape(g, p) for g, p in head_kernels.shapes(n, planner.policy.choice("fwd") == "heuristic")]
+            return head_kernels.shapes(n, planner.policy.choice("fwd") == "heuristic")
         return [Named(self.name, {"stage": "fused kernels", "loss": "softmax_ce", "update": "sgd"}[op.kind])]
 
     def check(self, op, candidate, planner) -> Check:
@@ -140,8 +124,8 @@ class Ours:
 
     def recall(self, op, n: int, stored: dict, planner):
         if op.kind == "head":
-            shape = (int(stored["group"]), int(stored["per"]))
-            return HeadShape(*shape) if shape in head_kernels.HEAD_SHAPES else None
+            shape = HeadShape(bool(stored.get("split", False)), int(stored["group"]), int(stored["per"]))
+            return shape if shape in self.candidates(op, n, planner) else None
         return self.candidates(op, n, planner)[0]
 
     def bind(self, op, n: int, candidate, planner):
@@ -352,9 +336,9 @@ class Ours:
                 before()
             return Trial(c, planner.time(timed) if len(cands) > 1 else None, check, run)
 
-        def recall(stored):   # checked when it was stored (Note [checking a stage])
+        def recall(stored):   # checked when it was stored (Note [checking a stage]); offered now (the heuristic's)
             c = stages.parse_name(stored["name"])
-            if not isinstance(c, kind) or not ks.offers(c):
+            if not isinstance(c, kind) or not ks.offers(c) or c not in cands:
                 return None
             return Trial(c, stored.get("ms"), Check(stored.get("error"), int(stored.get("ties") or 0)), launcher(c)[0])
 
@@ -372,9 +356,10 @@ class Ours:
         K = op.models   # a pack: each model on its lone run's grid (head_common.cu)
         part, sce = self._scratch(planner, ("head", K), lambda: head_kernels.scratch(K, op.max_batch))
         if K > 1:
-            prefetch((pack_module("head", K), pack_module("head_weights", K), pack_module("stage_reduce", K)))
-        return OursHeadPlan(head_kernels.HeadLaunches(op.tensors, op.loss, n, shape.group, shape.per, part, sce,
-                                                      planner.stream, planner.side, K), shape, n)
+            prefetch((pack_module("head_split" if shape.split else "head", K), pack_module("head_weights", K),
+                      pack_module("stage_reduce", K)))
+        return OursHeadPlan(head_kernels.HeadLaunches(op.tensors, op.loss, n, shape, part, sce, planner.stream,
+                                                      planner.side, K), shape, n)
 
 
 class OursStagePlan:

@@ -30,7 +30,7 @@ SCE_MAX_BLOCKS = 64    # partial sums buffer size
 SGD_THREADS = 256
 # The modules every program may launch, whatever its engine (stage_reduce: the head's kernels sum
 # their partial rows with it too).
-COMMON_MODULES = ("head", "head_weights", "softmax_ce", "sgd", "data", "stage_reduce")
+COMMON_MODULES = ("head", "head_split", "head_weights", "softmax_ce", "sgd", "data", "stage_reduce")
 PRELUDE = "griddep"   # compiled first in every module: griddep_entry(), Note [programmatic launch] in launch.py
 FOLDER = Path(__file__).resolve().parent   # a plain path, not importlib.resources: see declared()
 

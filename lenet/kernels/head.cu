@@ -2,7 +2,9 @@
 // LeNet's head, fc1 (256 -> 120) + bias + ReLU and fc2 (120 -> 10) + bias, on our kernels. Launchers:
 // lenet/kernels/head.py (HeadLaunches). This module is compiled after softmax_ce_row.cu, whose per-row loss (sce_row)
 // and reduction (block_sum, sce_finish) the forward runs in a training step, and head_common.cu (the
-// shapes); the weights' kernel is a module of its own (head_weights.cu).
+// shapes); the weights' kernel is a module of its own (head_weights.cu). The forward's second version,
+// the same sums spread over two kernels of many blocks each for small batches, is head_split.cu's
+// (Note [head split]).
 //
 //   head_forward_kernel   per group of G images: fc1, ReLU, fc2 (the logits); in a training step also
 //                         the loss and dlogits, and the data gradients dh1 and dp2 (masked), all of which
@@ -33,21 +35,6 @@
 // warp sums), NVRTC took 1.3 s over this module against 0.65 s rolled, and on a first run on a fresh
 // machine this module is the longest compile, which the first step waits for (Note [first run] in
 // descriptors/modules.py); each batch's loads are issued together before any is used either way.
-
-__device__ __forceinline__ float head_relu(float v) { return (v > 0.f || v != v) ? v : 0.f; }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
-  acc = fmaf(a.x, b.x, acc);
-  acc = fmaf(a.y, b.y, acc);
-  acc = fmaf(a.z, b.z, acc);
-  return fmaf(a.w, b.w, acc);
-}
 
 // dp2 = (W1^T dh1) * (p2 > 0) for a group's images: thread i (of 256) owns input i, summing over the 120
 // hidden units in order (one FMA chain per image). NG images per thread: the group size G where it is

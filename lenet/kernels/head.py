@@ -1,11 +1,17 @@
 """The head's kernels (head.cu, head_weights.cu) as launches over one batch size: the launchers own the
 grid math (Note [head latency] in head.cu).
 
-    head = HeadLaunches(tensors, loss, n, group, per, part, sce, stream, side)
+    head = HeadLaunches(tensors, loss, n, HeadShape(split, group, per), part, sce, stream, side)
     head.forward_loss(); head.backward()       # a training step's head, loss included
+
+Two versions of the forward: head.cu's (one block runs an image group's whole head) and head_split.cu's
+(fc1 over 15 blocks a slice of images, then fc2, the loss and the data gradients over 8: Note [head
+split]), with the same outputs bit for bit.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -14,32 +20,76 @@ from . import SoftmaxCE, kernel, pack_module, sm_count
 from .launch import Launch
 
 HEAD_GROUPS = (1, 2, 4, 8)       # the forward's images per block iteration (at most 8)
+SPLIT_GROUPS = (1, 2, 4, 8, 16)  # the split forward's images a slice (at most HS_MAXG = 16)
+SPLIT_MAX_BATCH = 2048           # the split forward is a candidate up to this batch
+SPLIT_UNIT_BLOCKS = 15           # the split forward's fc1 blocks a slice (8 hidden units each)
 HEAD_PER = (256, 1024, 4096, 16384)   # the weight gradients' images per block (a range)
-HEAD_SHAPES = tuple((g, p) for p in HEAD_PER for g in HEAD_GROUPS)
+HEAD_SHAPES = tuple((False, g, p) for p in HEAD_PER for g in HEAD_GROUPS) + \
+    tuple((True, g, p) for p in HEAD_PER for g in SPLIT_GROUPS)
 HEAD_MAX_RANGES = 64             # rows of partial sums kept (64 ranges of 16384 images: any batch a model takes)
 HEAD_FWD_BLOCKS_PER_SM = 8       # at most this many forward blocks per SM (the loss keeps one sum per block)
 BASE = P.OFFSETS["fc1.weight"]
 WIDTH = P.OFFSETS["fc2.bias"] + P.SHAPES["fc2.bias"][0] - BASE   # fc1.weight .. fc2.bias, padding included
 
 
-def shapes(n: int, heuristic: bool) -> list[tuple[int, int]]:
-    """(group, per) launch shapes of our head at batch n: the heuristic's one (the smallest group that
-    makes at most one forward block per SM, ranges of 256 images), or every shape whose ranges fit, one
-    per range count. A search on an H100 (132 SMs) takes that group at 64 to 1024 images (1, 1, 2, 4, 8),
-    and the head's step time with it against a group of half (two blocks per SM) is 43.1 / 55.0 us at
-    256, 50.3 / 60.1 at 512, 61.9 / 71.7 at 1024 (train_step --algo exhaustive against heuristic)."""
-    fits = [(g, p) for g, p in HEAD_SHAPES if -(-n // p) <= HEAD_MAX_RANGES]
+@dataclass(frozen=True)
+class HeadShape:
+    """Our head's launch shape: which forward (head.cu's, or head_split.cu's), its images per block
+    iteration (a slice of the split version), and the weight gradients' images per range."""
+
+    split: bool
+    group: int
+    per: int
+    engine = "ours"
+
+    @property
+    def name(self) -> str:
+        return f"fused head {'split ' if self.split else ''}g{self.group} w{self.per}"
+
+    def encode(self) -> dict:
+        return {"split": self.split, "group": self.group, "per": self.per}
+
+
+SPLIT_HEURISTIC_MAX = 256   # the heuristic takes the split forward up to this batch
+SPLIT_SLICES_PER_SM = 0.25  # ... in the smallest slices that make at most this many slices per SM
+
+
+def shapes(n: int, heuristic: bool) -> list[HeadShape]:
+    """Launch shapes of our head at batch n: the heuristic's one, or every shape whose ranges fit, one per
+    (version, forward blocks, ranges). The heuristic: ranges of 256 images; up to SPLIT_HEURISTIC_MAX
+    images the split forward in the smallest slices that make at most one slice per 4 SMs (the first
+    kernel 15 blocks a slice, the second 8), else head.cu's with the smallest group that makes at most
+    one forward block per SM. scripts/probes/head_split.py on an H100 (132 SMs), us a step back to back,
+    that split shape against head.cu's: 1 image 27.0-27.8 / 32.1, 8: 31.6 (slices of 2; 33.1-34.7 the
+    others) / 36.4, 64: 36.6 (2) / 40.0, 128: 45.6 (4) / 50.6, 256: 64.9 (8) / 66.9, 512: 107.4 (16) /
+    106.2, 1024: 141.7 / 135.8; larger slices (fewer blocks, more images a block) lost at every batch up
+    to 256 (64 images in slices of 8: 45.3). For head.cu's group a search on an H100 took the one above at
+    64 to 1024 images (1, 1, 2, 4, 8), and the head's step time with it against a group of half (two
+    blocks per SM) is 43.1 / 55.0 us at 256, 50.3 / 60.1 at 512, 61.9 / 71.7 at 1024 (train_step --algo
+    exhaustive against heuristic)."""
+    sms = sm_count()
     if heuristic:
-        g = next((g for g in HEAD_GROUPS if -(-n // g) <= sm_count()), HEAD_GROUPS[-1])
         per = next((p for p in HEAD_PER if -(-n // p) <= HEAD_MAX_RANGES), HEAD_PER[-1])
-        return [(g, per)]
+        if n <= SPLIT_HEURISTIC_MAX:
+            g = next((g for g in SPLIT_GROUPS if -(-n // g) <= SPLIT_SLICES_PER_SM * sms), SPLIT_GROUPS[-1])
+            return [HeadShape(True, g, per)]
+        g = next((g for g in HEAD_GROUPS if -(-n // g) <= sms), HEAD_GROUPS[-1])
+        return [HeadShape(False, g, per)]
     out, seen = [], set()
-    for g, p in fits:   # one per (forward blocks, ranges): a larger group that makes no fewer blocks adds nothing
-        key = (-(-n // g), -(-n // p))
+    for split, g, p in HEAD_SHAPES:   # a larger group that makes no more blocks adds nothing
+        if -(-n // p) > HEAD_MAX_RANGES or (split and not split_fits(n, g)):
+            continue
+        key = (split, -(-n // g), -(-n // p))
         if key not in seen:
             seen.add(key)
-            out.append((g, p))
+            out.append(HeadShape(split, g, p))
     return out
+
+
+def split_fits(n: int, group: int) -> bool:
+    """Whether the split forward runs n images in slices of ``group``: up to SPLIT_MAX_BATCH images, one
+    part of the loss a slice (at most HEAD_FWD_BLOCKS_PER_SM per SM, what the loss's scratch holds)."""
+    return n <= SPLIT_MAX_BATCH and -(-n // group) <= HEAD_FWD_BLOCKS_PER_SM * sm_count()
 
 
 def scratch(models: int = 1, max_batch: int | None = None):
@@ -59,22 +109,21 @@ def scratch(models: int = 1, max_batch: int | None = None):
 
 class HeadLaunches:
     """``forward()``: the logits; ``forward_loss()``: the logits, the loss and dlogits, and the data
-    gradients dh1 and dx (masked by x > 0) in the same kernel; ``backward_given()``: from dlogits
-    written by the caller (a loss of its own), the data gradients (the same kernel, its forward run
-    again: the head's forward is a few microseconds), then ``backward()``: the weight and bias
-    gradients on the side stream (Note [side stream] in lenet/plan.py), over ranges of ``per`` images
-    (one range: written straight into the gradients; several: per-range rows added in order).
+    gradients dh1 and dx (masked by x > 0); ``backward_given()``: from dlogits written by the caller (a
+    loss of its own), the data gradients (the forward run again first: it is a few microseconds), then
+    ``backward()``: the weight and bias gradients on the side stream (Note [side stream] in
+    lenet/plan.py), over ranges of ``per`` images (one range: written straight into the gradients;
+    several: per-range rows added in order). head.cu's version runs each of these forwards in one
+    kernel, head_split.cu's in two (fc1 to the loss, then the data gradients: Note [head split]).
     ``t``: lenet.ops.HeadTensors; ``loss``: lenet.ops.LossTensors. A pack of ``models`` (Note [packs] in
     lenet/ops.py) launches the pack versions (head_common.cu), each model on its lone run's grid."""
 
-    def __init__(self, t, loss, n: int, group: int, per: int, part, sce: SoftmaxCE, stream, side, models: int = 1):
+    def __init__(self, t, loss, n: int, shape: HeadShape, part, sce: SoftmaxCE, stream, side, models: int = 1):
         x, dx = t.x[:n], t.dx[:n]                                                # (n, 256)
         h1, dh1, logits, dlogits = t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n]   # (n, 120) x 2, (n, 10) x 2
-        w, K = t.w, models
-        fwd, wts, red = (kernel(pack_module("head", K), "head_forward_kernel"),
-                         kernel(pack_module("head_weights", K), "head_weights_kernel"),
-                         kernel(pack_module("stage_reduce", K), "stage_reduce_kernel"))
-        fgrid = min(max(1, -(-n // group)), sce.blocks)
+        w, K, group, per = t.w, models, shape.group, shape.per
+        wts, red = (kernel(pack_module("head_weights", K), "head_weights_kernel"),
+                    kernel(pack_module("stage_reduce", K), "stage_reduce_kernel"))
         ranges = -(-n // per)
         if ranges > 1 and K * ranges > part.shape[0]:
             raise ValueError(f"{ranges} ranges of {per} images need more partial rows than the {part.shape[0]} kept")
@@ -85,13 +134,51 @@ class HeadLaunches:
         per_model = hasattr(loss.label_smoothing, "data")   # a pack's label smoothings on the device
         stride = P.TOTAL if ranges == 1 else ranges * WIDTH   # floats between two models' rows of part
         pack = () if K == 1 else (np.int32(P.TOTAL), loss.label_smoothing if per_model else null, np.int64(stride))
+        eps = np.float32(0.0 if per_model else loss.label_smoothing)
         weights = (x, w["fc1.weight"], w["fc1.bias"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n),
                    np.int32(group))
-        plain = weights + (null,) * 8 + (f0, f0, f0, null, null) + pack
-        given = weights + (null, dlogits) + (null,) * 6 + (f0, f0, f0, dh1, dx) + pack   # dlogits read, not computed
-        training = weights + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
-                              sce.ticket, loss.running, np.float32(1.0 / n), np.float32(1.0 / n),
-                              np.float32(0.0 if per_model else loss.label_smoothing), dh1, dx) + pack
+        sums = (sce.partial_loss, sce.partial_correct, sce.ticket)
+        scales = (np.float32(1.0 / n), np.float32(1.0 / n), eps)
+        if shape.split:
+            slices = -(-n // group)
+            if not split_fits(n, group):
+                raise ValueError(f"the split head runs at most {SPLIT_MAX_BATCH} images in at most "
+                                 f"{HEAD_FWD_BLOCKS_PER_SM * sm_count()} slices, not {n} in slices of {group}")
+            hidden, out = (kernel(pack_module("head_split", K), "head_split_hidden_kernel"),
+                           kernel(pack_module("head_split", K), "head_split_out_kernel"))
+            outs = (x, w["fc1.weight"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n), np.int32(group))
+            plain = outs + (null,) * 7 + (null, f0, f0, f0, null, null) + pack
+            given = outs + (null, dlogits) + (null,) * 5 + (null, f0, f0, f0, dh1, dx) + pack
+            training = outs + (loss.labels[:n], dlogits, loss.loss, loss.correct) + sums + (loss.running,) + \
+                scales + (dh1, dx) + pack
+            fc1 = Launch(hidden, (SPLIT_UNIT_BLOCKS, slices, K), (256,),
+                         (x, w["fc1.weight"], w["fc1.bias"], h1, np.int32(n), np.int32(group)) + pack, stream)
+            logits_ = Launch(out, (1, slices, K), (256,), plain, stream)
+            out_loss = Launch(out, (256 // 32, slices, K), (256,), training, stream)
+            out_given = Launch(out, (256 // 32, slices, K), (256,), given, stream)
+
+            def forward():
+                fc1()
+                logits_()
+
+            def forward_loss():
+                fc1()
+                out_loss()
+
+            def data_gradients():
+                fc1()
+                out_given()
+            self.forward, self.forward_loss = forward, forward_loss
+        else:
+            fwd = kernel(pack_module("head", K), "head_forward_kernel")
+            fgrid = min(max(1, -(-n // group)), sce.blocks)
+            plain = weights + (null,) * 8 + (f0, f0, f0, null, null) + pack
+            given = weights + (null, dlogits) + (null,) * 6 + (f0, f0, f0, dh1, dx) + pack   # dlogits read
+            training = weights + (loss.labels[:n], dlogits, loss.loss, loss.correct) + sums + (loss.running,) + \
+                scales + (dh1, dx) + pack
+            self.forward = Launch(fwd, (fgrid, K), (256,), plain, stream)
+            self.forward_loss = Launch(fwd, (fgrid, K), (256,), training, stream)
+            data_gradients = Launch(fwd, (fgrid, K), (256,), given, stream)
         rows = t.grads if ranges == 1 else part   # one range writes the gradients themselves (same layout)
         wargs = (x, h1, dh1, dlogits, rows, np.int32(WIDTH), np.int32(off["fc1.bias"]),
                  np.int32(off["fc2.weight"]), np.int32(off["fc2.bias"]), np.int32(n), np.int32(per)) + pack
@@ -111,12 +198,8 @@ class HeadLaunches:
                 side.run(gradients)
             else:
                 gradients()
-        self.forward = Launch(fwd, (fgrid, K), (256,), plain, stream)
-        self.forward_loss = Launch(fwd, (fgrid, K), (256,), training, stream)
-        self.backward = backward
-        data_gradients = Launch(fwd, (fgrid, K), (256,), given, stream)
 
         def backward_given():
             data_gradients()
             backward()
-        self.backward_given = backward_given
+        self.backward, self.backward_given = backward, backward_given

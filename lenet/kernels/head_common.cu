@@ -1,7 +1,7 @@
-// What the head's two modules share (lenet/kernels/__init__.py: SOURCES): its shapes and block size.
-// head.cu holds the forward (with the loss and the data gradients), head_weights.cu the weight and
-// bias gradients: two modules, so that neither compile waits for the other on a first run (Note
-// [first run] in descriptors/modules.py).
+// What the head's modules share (lenet/kernels/__init__.py: SOURCES): its shapes, block size and arithmetic.
+// head.cu and head_split.cu hold the forward's two versions (with the loss and the data gradients),
+// head_weights.cu the weight and bias gradients: modules of their own, so that no compile waits for
+// another on a first run (Note [first run] in descriptors/modules.py).
 
 #define H_IN 256
 #define H_HID 120
@@ -12,13 +12,30 @@
 #define H_UNITS_PER_WARP (H_HID / H_WARPS)   // 15
 #define H_BATCH 5                            // W1 rows a warp loads before using any
 
+// The two forwards' arithmetic (head.cu, head_split.cu), term for term the same in both.
+__device__ __forceinline__ float head_relu(float v) { return (v > 0.f || v != v) ? v : 0.f; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
+  acc = fmaf(a.x, b.x, acc);
+  acc = fmaf(a.y, b.y, acc);
+  acc = fmaf(a.z, b.z, acc);
+  return fmaf(a.w, b.w, acc);
+}
+
 // A pack of K models (lenet sweep) runs each kernel of the head once for all K, model m on blockIdx.y of
-// the forward and blockIdx.z of the weights' kernel (Note [model from the grid] in stage_common.cu): its
-// images N rows after model m - 1's, its weights and gradients ps floats after (the flat buffers are
-// (K, ps)), its loss totals, ticket and label smoothing its own. These are the pack versions' extra
-// parameters and offsets (modules head__pack and head_weights__pack, compiled with LENET_PACK); the
-// one-model modules compile without them. Each model's grid is its lone run's, so a model of a pack sums
-// in the order of its lone run (Note [a pack and a lone run] in lenet/pack.py).
+// head.cu's forward and blockIdx.z of head_split.cu's kernels and the weights' kernel (Note [model from
+// the grid] in stage_common.cu): its images N rows after model m - 1's, its weights and gradients ps
+// floats after (the flat buffers are (K, ps)), its loss totals, ticket and label smoothing its own. These
+// are the pack versions' extra parameters and offsets (modules head__pack, head_split__pack and
+// head_weights__pack, compiled with LENET_PACK); the one-model modules compile without them. Each model's
+// grid is its lone run's, so a model of a pack sums in the order of its lone run (Note [a pack and a lone
+// run] in lenet/pack.py).
 #ifdef LENET_PACK
 #define HEAD_PACK_PARAMS , int ps, const float* __restrict__ eps_models, long long part_stride
 #define HEAD_MODEL(ptr, per, m) ((ptr) = (ptr) ? (ptr) + (size_t)(m) * (size_t)(per) : (ptr))

@@ -60,26 +60,36 @@ __device__ __forceinline__ void block_sum(float& v, int& c, float* sv, int* sc) 
     v = sv[0]; c = sc[0];
 }
 
-// Every thread of every block calls this with its block's sums: they go to partial_*[blockIdx.x], and
-// the last block to finish adds the partials in block order into out, correct and running, then
-// resets the ticket for the next launch.
-__device__ __forceinline__ void sce_finish(float loss, int hits, float* __restrict__ partial_loss,
-                                           int* __restrict__ partial_correct, unsigned int* __restrict__ ticket,
-                                           float* __restrict__ out, int* __restrict__ correct,
-                                           float* __restrict__ running, float loss_scale, int accumulate) {
+// Every thread of a block that holds part `index` of `parts` calls this with that part's sums: they go to
+// partial_*[index], and the last part to finish adds the partials in part order into out, correct and
+// running, then resets the ticket for the next launch. sce_finish: the part is the block (blockIdx.x of
+// gridDim.x); the head's split version (head_split.cu) finishes one part per slice of images.
+__device__ __forceinline__ void sce_finish_at(float loss, int hits, int index, int parts,
+                                              float* __restrict__ partial_loss, int* __restrict__ partial_correct,
+                                              unsigned int* __restrict__ ticket, float* __restrict__ out,
+                                              int* __restrict__ correct, float* __restrict__ running,
+                                              float loss_scale, int accumulate) {
     __shared__ bool last;
+    if (parts == 1) {   // the only part: its sums are the totals (0 + x is x: the same bits as the loop's)
+        if (threadIdx.x == 0) {
+            out[0] = (accumulate ? out[0] : 0.f) + loss * loss_scale;
+            correct[0] = (accumulate ? correct[0] : 0) + hits;
+            if (running) running[0] += loss * loss_scale;
+        }
+        return;
+    }
     if (threadIdx.x == 0) {
-        partial_loss[blockIdx.x] = loss;
-        partial_correct[blockIdx.x] = hits;
+        partial_loss[index] = loss;
+        partial_correct[index] = hits;
         __threadfence();
-        last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+        last = atomicAdd(ticket, 1u) == (unsigned)parts - 1;
     }
     __syncthreads();
     if (!last || threadIdx.x != 0) return;
     __threadfence();
     float total = 0.f;
     int total_hits = 0;
-    for (int b = 0; b < (int)gridDim.x; ++b) {
+    for (int b = 0; b < parts; ++b) {
         total += ((volatile float*)partial_loss)[b];
         total_hits += ((volatile int*)partial_correct)[b];
     }
@@ -87,4 +97,12 @@ __device__ __forceinline__ void sce_finish(float loss, int hits, float* __restri
     correct[0] = (accumulate ? correct[0] : 0) + total_hits;
     if (running) running[0] += total * loss_scale;
     *ticket = 0u;
+}
+
+__device__ __forceinline__ void sce_finish(float loss, int hits, float* __restrict__ partial_loss,
+                                           int* __restrict__ partial_correct, unsigned int* __restrict__ ticket,
+                                           float* __restrict__ out, int* __restrict__ correct,
+                                           float* __restrict__ running, float loss_scale, int accumulate) {
+    sce_finish_at(loss, hits, blockIdx.x, gridDim.x, partial_loss, partial_correct, ticket, out, correct, running,
+                  loss_scale, accumulate);
 }
