@@ -188,7 +188,8 @@ def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path)
     assert not _cache_kernels(cupy_cache), f"CuPy compiled kernels on the way to the step: {_cache_kernels(cupy_cache)}"
     # The heuristic's stage kernels (the split backward versions compile when a search times them)
     # and every module the programs may launch, the search's distance among them.
-    ours = {"head": "head_forward_kernel", "head_weights": "head_weights_kernel", "softmax_ce": "softmax_ce_kernel",
+    ours = {"head": "head_forward_kernel", "head_split": "head_split_out_kernel",
+            "head_weights": "head_weights_kernel", "softmax_ce": "softmax_ce_kernel",
             "sgd": "sgd_kernel", "data": "gather_batch_kernel", "distance": "distance_kernel",
             **{m: f"{m}_kernel" for m in ours_stage.heuristic_modules([64])}}
     for module, kernel in ours.items():   # files named <package>.<module>.<arch>.<digest>.cubin
