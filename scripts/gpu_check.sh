@@ -61,7 +61,8 @@ done
 # partial group, and at the batches where the heuristic takes each version (HEURISTIC in
 # lenet/kernels/stages.py on 132 SMs: stage 2's four-part split backward at 64, 7 and 128, with the
 # forwards' two images a block iteration at 128; its two-part split at 200; its dense one at 1100, four
-# or five images a block; stage 1's dense backward at all of them).
+# or five images a block; stage 1's dense backward at all of them). The head: head_split.cu's two kernels
+# up to 256 images (64, 7, 128, 200), head.cu's forward at 1100 (lenet/kernels/head.py, shapes).
 for tool in racecheck synccheck; do
     for batch in 64 7 128 200 1100; do
         for flag in ""; do
