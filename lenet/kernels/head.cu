@@ -154,18 +154,7 @@ head_forward_kernel(const float* __restrict__ p2, const float* __restrict__ W1, 
       }
     }
     __syncthreads();
-    for (int q = warp; q < count * H_OUT; q += H_WARPS) {
-      const int g = q / H_OUT, c = q % H_OUT;
-      float a = 0.f;
-#pragma unroll
-      for (int j = lane; j < H_HID; j += 32) a = fmaf(sw2[c * H_HID + j], sh[g * H_HID + j], a);
-      a = warp_sum(a);
-      if (lane == 0) {
-        const float z = a + __ldg(b2 + c);
-        sl[g * H_OUT + c] = z;
-        logits[(size_t)(n0 + g) * H_OUT + c] = z;
-      }
-    }
+    head_fc2(sw2, sh, b2, sl, logits + (size_t)n0 * H_OUT, count);
     if (!labels && !dp2) continue;   // the logits only; the same for every thread of the grid
     __syncthreads();
     if (labels) {

@@ -28,6 +28,26 @@ __device__ __forceinline__ float dot4(float4 a, float4 b, float acc) {
   return fmaf(a.w, b.w, acc);
 }
 
+// fc2 over a group's hidden units sh (count x 120) with W2 in sw2 (10 x 120): warp w of the block owns the
+// (image g, class c) pairs w, w + 8, ...; lane l sums units l, l + 32, l + 64, l + 96 and the warp adds
+// the lanes. The logits go to sl (count x 10) and, unless logits is null, to logits (the group's rows).
+__device__ __forceinline__ void head_fc2(const float* sw2, const float* sh, const float* __restrict__ b2,
+                                         float* sl, float* __restrict__ logits, int count) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int q = warp; q < count * H_OUT; q += H_WARPS) {
+    const int g = q / H_OUT, c = q % H_OUT;
+    float a = 0.f;
+#pragma unroll
+    for (int j = lane; j < H_HID; j += 32) a = fmaf(sw2[c * H_HID + j], sh[g * H_HID + j], a);
+    a = warp_sum(a);
+    if (lane == 0) {
+      const float z = a + __ldg(b2 + c);
+      sl[g * H_OUT + c] = z;
+      if (logits) logits[g * H_OUT + c] = z;
+    }
+  }
+}
+
 // A pack of K models (lenet sweep) runs each kernel of the head once for all K, model m on blockIdx.y of
 // head.cu's forward and blockIdx.z of head_split.cu's kernels and the weights' kernel (Note [model from
 // the grid] in stage_common.cu): its images N rows after model m - 1's, its weights and gradients ps

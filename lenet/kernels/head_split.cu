@@ -71,8 +71,7 @@ head_split_hidden_kernel(const float* __restrict__ p2, const float* __restrict__
 //   labels given (a training step): logits, the loss and dlogits, dh1 and dp2
 //   labels and dp2 null (logits only, grid (1, S)): the logits
 //   labels null, dp2 given (a loss of the caller's: dlogits read): dh1 and dp2
-// fc2: warp w owns the (image, class) pairs w, w + 8, ...; lane l units l, l + 32, l + 64, l + 96; the
-// loss: thread g < count runs sce_row on image g; then
+// fc2: head_fc2 (head_common.cu); the loss: thread g < count runs sce_row on image g; then
 //   dh1[n, j] = (W2[:, j] . dlogits[n]) * (h1[n, j] > 0)      thread e < count * 120, e = 120 g + j
 //   dp2[n, i] = (W1[:, i] . dh1[n])     * (p2[n, i] > 0)      thread (warp w, lane l): i = i0 + l,
 //                                                              images w and w + 8
@@ -125,19 +124,8 @@ head_split_out_kernel(const float* __restrict__ p2, const float* __restrict__ W1
   __syncthreads();
   float loss = 0.f;
   int hits = 0;
-  if (!given || !dp2) {   // fc2
-    for (int q = warp; q < count * H_OUT; q += H_WARPS) {
-      const int g = q / H_OUT, c = q % H_OUT;
-      float a = 0.f;
-#pragma unroll
-      for (int k = lane; k < H_HID; k += 32) a = fmaf(sw2[c * H_HID + k], sh[g * H_HID + k], a);
-      a = warp_sum(a);
-      if (lane == 0) {
-        const float z = a + __ldg(b2 + c);
-        sl[g * H_OUT + c] = z;
-        if (first) logits[(size_t)(n0 + g) * H_OUT + c] = z;
-      }
-    }
+  if (!given || !dp2) {
+    head_fc2(sw2, sh, b2, sl, first ? logits + (size_t)n0 * H_OUT : nullptr, count);
     if (!dp2) return;   // the logits only
     __syncthreads();
     if (t < count) loss = sce_row(sl + t * H_OUT, nullptr, labels[n0 + t], H_OUT, eps, sdl + t * H_OUT, grad_scale, hits);
