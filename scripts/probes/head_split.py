@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from heuristic_rows import time_steps  # noqa: E402  (this folder: the step timing both probes use)
 
 
 def main() -> int:
@@ -24,7 +25,6 @@ def main() -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 128, 256, 512, 1024])
     ap.add_argument("--steps", type=int, default=300)
     args = ap.parse_args()
-    import cupy
     import numpy as np
 
     from lenet.engines import Policy
@@ -44,24 +44,8 @@ def main() -> int:
         for shape in pins:
             head.shapes = lambda n, heuristic, s=shape: [s]
             model = LeNet(max_batch=n, policy=Policy(engine="ours"), cuda_graph=True)
-            model.load_batch(x, y)
-            for _ in range(5):
-                model.step(n, 0.0)
-            stream, start, end = model.stream, cupy.cuda.Event(), cupy.cuda.Event()
-            waited = []
-            for _ in range(args.steps):
-                start.record(stream)
-                model.step(n, 0.0)
-                end.record(stream)
-                end.synchronize()
-                waited.append(cupy.cuda.get_elapsed_time(start, end))
-            start.record(stream)
-            for _ in range(args.steps):
-                model.step(n, 0.0)
-            end.record(stream)
-            end.synchronize()
-            ahead = cupy.cuda.get_elapsed_time(start, end) / args.steps
-            rows.append((ahead * 1e3, float(np.median(waited)) * 1e3, shape.name))
+            ahead, waited, _ = time_steps(model, x, y, args.steps)
+            rows.append((ahead, float(np.median(waited)), shape.name))
             model.close()
         head.shapes = shapes
         for ahead, waited, name in sorted(rows):
