@@ -460,6 +460,7 @@ def test_a_stored_head_shape_is_recalled_only_while_the_policy_offers_it(monkeyp
     exhaustive = SimpleNamespace(policy=Policy.parse("exhaustive"))
     ours = Ours()
     assert ours.recall(op, 64, {"split": True, "group": 2, "per": 256}, heuristic) == head.HeadShape(True, 2, 256)
+    assert ours.recall(op, 64, {"split": True, "group": 2, "per": 256}, heuristic).engine == "ours"   # a candidate
     assert ours.recall(op, 64, {"split": False, "group": 1, "per": 256}, heuristic) is None
     assert ours.recall(op, 64, {"group": 1, "per": 256}, exhaustive) == head.HeadShape(False, 1, 256)
     assert ours.recall(op, 64, {"split": True, "group": 3, "per": 256}, exhaustive) is None

@@ -25,6 +25,8 @@ one a stage does not offer (conv1 has one forward and two backward versions, con
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from descriptors.algorithms import AlgorithmNotSupportedError, UnknownAlgorithmError
@@ -114,7 +116,8 @@ class Ours:
 
     def candidates(self, op, n: int, planner) -> list:
         if op.kind == "head":
-            return head_kernels.shapes(n, planner.policy.choice("fwd") == "heuristic")
+            return [replace(s, engine=self.name)
+                    for s in head_kernels.shapes(n, planner.policy.choice("fwd") == "heuristic")]
         return [Named(self.name, {"stage": "fused kernels", "loss": "softmax_ce", "update": "sgd"}[op.kind])]
 
     def check(self, op, candidate, planner) -> Check:
@@ -125,7 +128,7 @@ class Ours:
     def recall(self, op, n: int, stored: dict, planner):
         if op.kind == "head":
             shape = HeadShape(bool(stored.get("split", False)), int(stored["group"]), int(stored["per"]))
-            return shape if shape in self.candidates(op, n, planner) else None
+            return next((c for c in self.candidates(op, n, planner) if c == shape), None)
         return self.candidates(op, n, planner)[0]
 
     def bind(self, op, n: int, candidate, planner):

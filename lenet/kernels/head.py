@@ -11,7 +11,7 @@ split]), with the same outputs bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,12 +35,13 @@ WIDTH = P.OFFSETS["fc2.bias"] + P.SHAPES["fc2.bias"][0] - BASE   # fc1.weight ..
 @dataclass(frozen=True)
 class HeadShape:
     """Our head's launch shape: which forward (head.cu's, or head_split.cu's), its images per block
-    iteration (a slice of the split version), and the weight gradients' images per range."""
+    iteration (a slice of the split version), and the weight gradients' images per range. ``engine``:
+    the engine that offers it as a planner's candidate (set by that engine; not part of the shape)."""
 
     split: bool
     group: int
     per: int
-    engine = "ours"
+    engine: str = field(default="", compare=False)
 
     @property
     def name(self) -> str:
