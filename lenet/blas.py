@@ -137,7 +137,7 @@ class LtUnavailable(RuntimeError):
     """cuBLASLt has no algorithm for a matmul as configured (e.g. an epilogue it lacks)."""
 
 
-_EPILOGUES = ("default", "bias", "relu_aux_bias", "drelu", "bgradb")
+_EPILOGUES = ("default", "bias", "relu_bias", "relu_aux_bias", "drelu", "bgradb")
 
 
 class LazyLt:
@@ -176,6 +176,7 @@ class LtMatmul:
 
     Epilogues, in row-major terms (c is (M, N)):
       bias            c += bias[None, :]                           bias (N,)
+      relu_bias       c = relu(c + bias)
       relu_aux_bias   c = relu(c + bias), the ReLU mask bits into aux
       drelu           c = c * (mask from aux > 0)                  the backward of relu_aux_bias
       bgradb          also bias[:] = op(a).sum(axis=0)             a bias gradient for free
@@ -214,7 +215,7 @@ class LtMatmul:
 
         setattr_(A.TRANSA, op.T if trans_b else op.N)
         setattr_(A.TRANSB, op.T if trans_a else op.N)
-        setattr_(A.EPILOGUE, {"default": L.Epilogue.DEFAULT, "bias": L.Epilogue.BIAS,
+        setattr_(A.EPILOGUE, {"default": L.Epilogue.DEFAULT, "bias": L.Epilogue.BIAS, "relu_bias": L.Epilogue.RELU_BIAS,
                               "relu_aux_bias": L.Epilogue.RELU_AUX_BIAS,
                               "drelu": L.Epilogue.DRELU, "bgradb": L.Epilogue.BGRADB}[epilogue])
         if bias is not None:

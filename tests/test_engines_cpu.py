@@ -326,8 +326,9 @@ def test_every_kernel_launched_programmatically_waits_first():
     checked = 0
     folder = resources.files("lenet").joinpath("kernels")
     files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward", "stage2_backward",
-             "stage1_backward_dense", "stage2_backward_dense", "stage_reduce", "head", "head_split", "head_weights", "sgd")   # the kernels of these files are launched by Launch
-    for module in (*kernels.STAGE_MODULES, "head", "head_split", "head_weights", "sgd"):
+             "stage1_backward_dense", "stage2_backward_dense", "stage_reduce", "head", "head_split", "head_tail", "head_weights",
+             "sgd")   # the kernels of these files are launched by Launch
+    for module in (*kernels.STAGE_MODULES, "head", "head_split", "head_tail", "head_weights", "sgd"):
         assert kernels.source(module).startswith(folder.joinpath("griddep.cu").read_text())
     for module in files:
         text = folder.joinpath(f"{module}.cu").read_text()
@@ -338,7 +339,7 @@ def test_every_kernel_launched_programmatically_waits_first():
             ok = stmt == "griddep_entry()" or (callee is not None and first(bodies[callee.group(1)]) == "griddep_entry()")
             assert ok, f"{module}: {name} does not begin with griddep_entry()"
             checked += 1
-    assert checked >= 13
+    assert checked >= 15
 
 
 def test_launch_packs_arrays_and_numpy_scalars_and_refuses_the_rest():
@@ -371,9 +372,10 @@ def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkey
     monkeypatch.setenv("LENET_KERNEL_CACHE", str(tmp_path))
     own = {m: [f"{m}_kernel"] for m in kernels.STAGE_MODULES} | {
         "head": ["head_forward_kernel"], "head_weights": ["head_weights_kernel"],
-        "head_split": ["head_split_hidden_kernel", "head_split_out_kernel"]}
+        "head_split": ["head_split_hidden_kernel", "head_split_out_kernel"],
+        "head_tail": ["head_tail_kernel", "head_mask_kernel"]}
     split = [k.encode() for ks in own.values() for k in ks]   # kernels each held by exactly one module
-    for name in dict.fromkeys((*kernels.STAGE_MODULES, *kernels.COMMON_MODULES, "distance")):
+    for name in dict.fromkeys((*kernels.STAGE_MODULES, *kernels.COMMON_MODULES, "distance", "head_tail")):
         try:
             path = modules.binary(f"lenet.{name}", kernels.source(name), kernels.options(name), 90)
         except modules.CompileError as e:
@@ -414,40 +416,52 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
 
 def test_the_heads_heuristic_splits_small_batches_and_makes_one_forward_block_per_sm_above(monkeypatch):
     """lenet/kernels/head.py's shapes: up to 256 images the split forward in the smallest slices that make
-    at most one slice per 4 SMs; above, head.cu's smallest group that makes at most one block per SM."""
+    at most one slice per 4 SMs; above, head.cu's smallest group that makes at most one block per SM; from
+    TAIL_HEURISTIC_MIN images the tail form first (Note [head tail]), head.cu's after it (where cuBLASLt
+    cannot run the tail's products)."""
     from lenet.kernels import head
 
     monkeypatch.setattr(head, "sm_count", lambda: 132)
-    got = {n: (lambda s: (s.split, s.group, s.per))(head.shapes(n, True)[0])
-           for n in (1, 33, 64, 66, 67, 132, 133, 256, 257, 264, 265, 1056, 1057, 65536)}
-    assert got == {1: (True, 1, 256), 33: (True, 1, 256), 64: (True, 2, 256), 66: (True, 2, 256),
-                   67: (True, 4, 256), 132: (True, 4, 256), 133: (True, 8, 256), 256: (True, 8, 256),
-                   257: (False, 2, 256), 264: (False, 2, 256), 265: (False, 4, 256), 1056: (False, 8, 256),
-                   1057: (False, 8, 256), 65536: (False, 8, 1024)}
+    got = {n: [(s.form, s.group, s.per) for s in head.shapes(n, True)]
+           for n in (1, 33, 64, 66, 67, 132, 133, 256, 257, 264, 265, 511, 512, 1057, 65536)}
+    assert got == {1: [("split", 1, 256)], 33: [("split", 1, 256)], 64: [("split", 2, 256)],
+                   66: [("split", 2, 256)], 67: [("split", 4, 256)], 132: [("split", 4, 256)],
+                   133: [("split", 8, 256)], 256: [("split", 8, 256)], 257: [("block", 2, 256)],
+                   264: [("block", 2, 256)], 265: [("block", 4, 256)],
+                   511: [("block", 4, 256)], 512: [("tail", 2, 0), ("block", 4, 256)],
+                   1057: [("tail", 2, 0), ("block", 8, 256)], 65536: [("tail", 2, 0), ("block", 8, 1024)]}
 
 
-def test_a_search_times_both_heads_where_the_split_one_fits(monkeypatch):
-    """Every shape once per (version, blocks, ranges); the split forward up to SPLIT_MAX_BATCH images, in
-    at most 8 slices per SM (the loss's parts); the heuristic's shape among them."""
+def test_a_search_times_every_head_form_where_it_fits(monkeypatch):
+    """Every shape once per (form, blocks, ranges); the split forward up to SPLIT_MAX_BATCH images, in at
+    most 8 slices per SM (the loss's parts); the tail from TAIL_MIN_BATCH images, once per distinct grid;
+    the heuristic's shapes among them."""
     from lenet.kernels import head
 
     monkeypatch.setattr(head, "sm_count", lambda: 132)
     one = head.shapes(1, False)
-    assert [(s.split, s.group, s.per) for s in one] == [(False, 1, 256), (True, 1, 256)]
-    for n in (1, 7, 64, 100, 256, 300, 2048, 2049, 65536):
+    assert [(s.form, s.group, s.per) for s in one] == [("block", 1, 256), ("split", 1, 256)]
+    for n in (1, 7, 64, 100, 255, 256, 300, 512, 1056, 1057, 2048, 2049, 65536):
         cands = head.shapes(n, False)
-        assert head.shapes(n, True)[0] in cands, n
-        assert len({(s.split, -(-n // s.group), -(-n // s.per)) for s in cands}) == len(cands)
+        assert all(s in cands for s in head.shapes(n, True)), n
+        assert len({(s.form, head.tail_blocks(n, s.group)) if s.form == "tail" else
+                    (s.form, -(-n // s.group), -(-n // s.per)) for s in cands}) == len(cands)
         split = [s for s in cands if s.split]
         assert bool(split) == (n <= head.SPLIT_MAX_BATCH), n
         assert all(-(-n // s.group) <= 8 * 132 for s in split)
-    assert head.HeadShape(True, 4, 256).name == "fused head split g4 w256"
-    assert head.HeadShape(False, 4, 256).name == "fused head g4 w256"
+        tails = [s.group for s in cands if s.form == "tail"]
+        assert tails == ([] if n < 256 else [2] if n <= 8 * 132 else [2, 1]), (n, tails)
+    assert head.tail_blocks(1057, 2) == 133 and head.tail_blocks(65536, 2) == 264 and head.tail_blocks(512, 1) == 64
+    assert head.HeadShape("split", 4, 256).name == "fused head split g4 w256"
+    assert head.HeadShape("block", 4, 256).name == "fused head g4 w256"
+    assert head.HeadShape("tail", 2, 0).name == "fused head tail g2 (fc1 on cuBLASLt)"
+    assert head.TAIL_WIDTH == 1354   # db1 (120), 8 padding, dW2 (1200), 16 padding, db2 (10): the flat layout
 
 
 def test_a_stored_head_shape_is_recalled_only_while_the_policy_offers_it(monkeypatch):
-    """A plan cache written under another heuristic (or a shape no longer offered) is searched again, not
-    recalled: Ours.recall takes a stored head shape only if it is among the policy's candidates now."""
+    """A plan cache written under another heuristic (or a shape no longer offered, or of a form this
+    version does not know) is searched again, not recalled: Ours.recall takes a stored head shape only if
+    it is among the policy's candidates now."""
     from types import SimpleNamespace
 
     from lenet.engines import Policy
@@ -459,12 +473,18 @@ def test_a_stored_head_shape_is_recalled_only_while_the_policy_offers_it(monkeyp
     heuristic = SimpleNamespace(policy=Policy.parse("heuristic"))
     exhaustive = SimpleNamespace(policy=Policy.parse("exhaustive"))
     ours = Ours()
-    assert ours.recall(op, 64, {"split": True, "group": 2, "per": 256}, heuristic) == head.HeadShape(True, 2, 256)
-    assert ours.recall(op, 64, {"split": True, "group": 2, "per": 256}, heuristic).engine == "ours"   # a candidate
-    assert ours.recall(op, 64, {"split": False, "group": 1, "per": 256}, heuristic) is None
-    assert ours.recall(op, 64, {"group": 1, "per": 256}, exhaustive) == head.HeadShape(False, 1, 256)
-    assert ours.recall(op, 64, {"split": True, "group": 3, "per": 256}, exhaustive) is None
-    assert ours.recall(op, 4096, {"split": True, "group": 16, "per": 256}, exhaustive) is None
+    split = {"form": "split", "group": 2, "per": 256}
+    assert ours.recall(op, 64, split, heuristic) == head.HeadShape("split", 2, 256)
+    assert ours.recall(op, 64, split, heuristic).engine == "ours"   # a candidate
+    assert ours.recall(op, 64, {"form": "block", "group": 1, "per": 256}, heuristic) is None
+    assert ours.recall(op, 64, {"form": "block", "group": 1, "per": 256}, exhaustive) == head.HeadShape("block", 1, 256)
+    assert ours.recall(op, 64, {"split": True, "group": 2, "per": 256}, exhaustive) is None   # an older store's
+    assert ours.recall(op, 64, {"form": "split", "group": 3, "per": 256}, exhaustive) is None
+    assert ours.recall(op, 4096, {"form": "split", "group": 16, "per": 256}, exhaustive) is None
+    assert ours.recall(op, 8192, {"form": "tail", "group": 2, "per": 0}, heuristic) == head.HeadShape("tail", 2, 0)
+    assert ours.recall(op, 8192, {"form": "tail", "group": 1, "per": 0}, heuristic) is None
+    assert ours.recall(op, 255, {"form": "tail", "group": 2, "per": 0}, exhaustive) is None
+    assert ours.recall(op, 8192, {"form": "fused", "group": 2, "per": 0}, exhaustive) is None
 
 
 def test_a_packs_head_runs_on_our_kernels_or_cublaslt():

@@ -1,9 +1,11 @@
-"""Our head's two forwards against each other: head_split.cu's sums every product in head.cu's order
+"""Our head's forms against each other: head_split.cu's sums every product in head.cu's order
 (Note [head split]), so at every slice size its logits, loss, dlogits, data gradients and weight
 gradients are bit-identical to head.cu's; on random normal batches and on pictures (constant
 backgrounds: pooled inputs of exactly 0, masked and tied), for a lone model, a pack, and the path where
-the caller computes the loss (lenet.torch). head.cu's own outputs are held to float64 by
-tests/test_numerics_gpu.py and to PyTorch by tests/test_model_gpu.py."""
+the caller computes the loss (lenet.torch). The tail form (cuBLASLt's fc1 products and head_tail.cu:
+Note [head tail]) sums in other orders: it is held to float64 at its own decisions, and to head.cu's
+within float32's rounding. head.cu's own outputs are held to float64 by tests/test_numerics_gpu.py and
+to PyTorch by tests/test_model_gpu.py."""
 
 from __future__ import annotations
 
@@ -20,13 +22,13 @@ def pinned(monkeypatch, shape):
     monkeypatch.setattr(head, "shapes", lambda n, heuristic: [shape])
 
 
-def run(monkeypatch, shape, x, y, models=1):
+def run(monkeypatch, shape, x, y, models=1, deterministic=False):
     from lenet.engines import Policy
     from lenet.model import LeNet
 
     pinned(monkeypatch, shape)
     n = x.shape[-4]
-    model = LeNet(max_batch=n, models=models, policy=Policy(engine="ours"), seed=3,
+    model = LeNet(max_batch=n, models=models, policy=Policy(engine="ours", deterministic=deterministic), seed=3,
                   label_smoothing=[0.1, 0.0, 0.05][:models] if models > 1 else 0.1)
     rows = [r for r in model.describe(n) if r.get("layer") == "fc1+fc2"]
     assert rows and rows[0]["algo"] == shape.name, rows
@@ -70,8 +72,8 @@ def test_the_split_head_is_head_cu_bit_for_bit(monkeypatch, n, group, kind):
     from lenet.kernels.head import HeadShape
 
     x, y = data(n, kind)
-    one = run(monkeypatch, HeadShape(False, min(group, 8), 256), x, y)
-    split = run(monkeypatch, HeadShape(True, group, 256), x, y)
+    one = run(monkeypatch, HeadShape("block", min(group, 8), 256), x, y)
+    split = run(monkeypatch, HeadShape("split", group, 256), x, y)
     if group > 8:
         a, b = float(split.pop("loss")), float(one.pop("loss"))
         assert abs(a - b) <= 1e-6 * abs(b), f"n={n} split g{group} {kind}: loss {a} against {b}"
@@ -83,8 +85,8 @@ def test_a_packs_split_head_is_its_lone_runs(monkeypatch):
     from lenet.kernels.head import HeadShape
 
     x, y = data(64, "pictures", models=3)
-    one = run(monkeypatch, HeadShape(False, 8, 256), x, y, models=3)
-    split = run(monkeypatch, HeadShape(True, 8, 256), x, y, models=3)
+    one = run(monkeypatch, HeadShape("block", 8, 256), x, y, models=3)
+    split = run(monkeypatch, HeadShape("split", 8, 256), x, y, models=3)
     assert_identical(split, one, "pack of 3 at 64, split g8")
 
 
@@ -98,7 +100,7 @@ def test_the_split_head_under_a_loss_of_the_callers(monkeypatch, torch_ref):
 
     x, y = data(33, "pictures")
     got = {}
-    for shape in (HeadShape(False, 4, 256), HeadShape(True, 4, 256)):
+    for shape in (HeadShape("block", 4, 256), HeadShape("split", 4, 256)):
         pinned(monkeypatch, shape)
         net = LeNet(engine="ours", plan_cache=False).cuda()
         tx = torch.as_tensor(x, device="cuda")
@@ -107,3 +109,80 @@ def test_the_split_head_under_a_loss_of_the_callers(monkeypatch, torch_ref):
         got[shape.split] = {"loss": loss.detach().cpu().numpy(),
                             **{k: p.grad.cpu().numpy() for k, p in net.named_parameters()}}
     assert_identical(got[True], got[False], "lenet.torch, split g4 at 33")
+
+
+TAILS = [(n, kind) for n in (1, 7, 1000, 4099) for kind in ("normal", "pictures")]
+
+
+@pytest.mark.parametrize("n,kind", TAILS, ids=[f"{n}-{k}" for n, k in TAILS])
+def test_the_tail_head_is_float64_at_its_decisions(monkeypatch, torch_ref, n, kind):
+    """The whole step with the head in the tail form (one block writing the gradients itself at 1 and 7
+    images, 125 and 264 blocks' rows added by stage_reduce at 1000 and 4099) against a float64
+    recomputation: every gradient within 1e-5 in relative L2 at the step's own decisions (random
+    normals), or, on pictures, each decision that differs from float64's within 1e-6 of its layer's scale
+    of a tie and the agreeing images within 1e-5 (Note [judging per decision] in scripts/numerics.py)."""
+    from numerics import MARGIN, RTOL_L2, judge, measure
+
+    from lenet.engines import Policy
+    from lenet.kernels.head import HeadShape
+    from lenet.model import LeNet
+    from lenet.params import init_host
+
+    shape = HeadShape("tail", 2, 0)
+    pinned(monkeypatch, shape)
+    x, y = data(n, kind, seed=n)
+    model = LeNet(max_batch=n, policy=Policy(engine="ours"), seed=0)
+    assert [r["algo"] for r in model.describe(n) if r.get("layer") == "fc1+fc2"] == [shape.name]
+    if kind == "normal":
+        r = measure(model, init_host(n), x, y)
+        over = {k: v for k, v in r["same"].items() if not v[0] <= RTOL_L2}
+        assert not over, f"tail at {n}: relative L2 over {RTOL_L2:g} at the same decisions: {over}"
+    else:
+        r = judge(model, init_host(n), x, y)
+        assert r["kept"] >= n // 2, r
+        assert r["worst_margin"] <= MARGIN, f"tail at {n}: {r['worst_margin']:.1e} from a tie: {r['decisions'][:5]}"
+        over = {k: v for k, v in r["agree"].items() if not v[0] <= 1e-5}
+        assert not over, f"tail at {n}: the agreeing images' gradients are off: {over}"
+    model.close()
+
+
+def assert_close(a: dict, b: dict, what: str, rtol: float = 1e-5):
+    for k in a:
+        x, y = np.asarray(a[k], np.float64), np.asarray(b[k], np.float64)
+        d = np.linalg.norm(x - y) / max(np.linalg.norm(y), 1e-30)
+        assert d <= rtol, f"{what}: {k} {d:.2e} from head.cu's in relative L2"
+
+
+def test_a_packs_tail_head_is_head_cus_within_rounding(monkeypatch):
+    """The tail's pack version (head_tail__pack, cuBLASLt's batched products) against head.cu's pack
+    version: every model's loss, gradients and logits within 1e-5 in relative L2; and a pack that sums
+    as its lone runs (--deterministic: each model's products alone) the same again."""
+    from lenet.kernels.head import HeadShape
+
+    x, y = data(600, "pictures", models=3)
+    block = run(monkeypatch, HeadShape("block", 8, 256), x, y, models=3)
+    tail = run(monkeypatch, HeadShape("tail", 2, 0), x, y, models=3)
+    assert_close(tail, block, "pack of 3 at 600, tail")
+    lone = run(monkeypatch, HeadShape("tail", 2, 0), x, y, models=3, deterministic=True)
+    assert_close(lone, block, "pack of 3 at 600, tail, each model's products alone")
+
+
+def test_the_tail_head_under_a_loss_of_the_callers(monkeypatch, torch_ref):
+    """lenet.torch's path through the tail: dlogits written by PyTorch's loss, then backward_given (fc1
+    again, the tail reading dlogits): the loss and the weights' gradients are head.cu's within 1e-5."""
+    import torch
+
+    from lenet.kernels.head import HeadShape
+    from lenet.torch import LeNet
+
+    x, y = data(700, "normal")
+    got = {}
+    for shape in (HeadShape("block", 4, 256), HeadShape("tail", 1, 0)):
+        pinned(monkeypatch, shape)
+        net = LeNet(engine="ours", plan_cache=False).cuda()
+        tx = torch.as_tensor(x, device="cuda")
+        loss = torch.nn.functional.cross_entropy(net(tx), torch.as_tensor(y, device="cuda").long())
+        loss.backward()
+        got[shape.form] = {"loss": loss.detach().cpu().numpy(),
+                           **{k: p.grad.cpu().numpy() for k, p in net.named_parameters()}}
+    assert_close(got["tail"], got["block"], "lenet.torch, tail g1 at 700")

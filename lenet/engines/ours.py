@@ -6,9 +6,11 @@
           exact result first (Note [checking a stage] in lenet/engines/reference.py)
   head    the forward, loss, dlogits and data gradients in one kernel (head.cu: G images per block
           iteration) or two (head_split.cu: fc1 over 15 blocks a slice of G images, then the rest over 8;
-          Note [head split]), and the weight gradients on the side stream (head_weights.cu); the version
-          and G are the candidates (Note [head latency] in lenet/kernels/head.cu); a pack's, their pack
-          versions, each model on its lone run's grid (head_common.cu)
+          Note [head split]), and the weight gradients on the side stream (head_weights.cu); or, at large
+          batches, fc1 and its two gradient products on cuBLASLt and the rest in one pass of ours
+          (head_tail.cu: Note [head tail]); the form and G are the candidates (Note [head latency] in
+          lenet/kernels/head.cu); a pack's, their pack versions, each model on its lone run's grid
+          (head_common.cu)
   loss    softmax cross-entropy (softmax_ce.cu), where the head does not fuse it; and evaluation's
   update  SGD with momentum, weight decay and the moving average, one launch (sgd.cu)
 
@@ -110,7 +112,8 @@ class Ours:
         kernel cache) on threads of their own (Note [first run] in lenet/kernels/nvrtc.py); the rest
         compile when a plan asks for them: versions only a search times would share the CPU with the
         compiles a first step waits for."""
-        prefetch(stages.heuristic_modules(batches))
+        large = not batches or max(batches) >= head_kernels.TAIL_HEURISTIC_MIN   # the tail form's kernels
+        prefetch(stages.heuristic_modules(batches) + (("head_tail",) if large else ()))
 
     # ---------------------------------------------------------------- the protocol
 
@@ -127,7 +130,7 @@ class Ours:
 
     def recall(self, op, n: int, stored: dict, planner):
         if op.kind == "head":
-            shape = HeadShape(bool(stored.get("split", False)), int(stored["group"]), int(stored["per"]))
+            shape = HeadShape.decode(stored)
             return next((c for c in self.candidates(op, n, planner) if c == shape), None)
         return self.candidates(op, n, planner)[0]
 
@@ -358,11 +361,32 @@ class Ours:
     def _head(self, op, n: int, shape: HeadShape, planner) -> "OursHeadPlan":
         K = op.models   # a pack: each model on its lone run's grid (head_common.cu)
         part, sce = self._scratch(planner, ("head", K), lambda: head_kernels.scratch(K, op.max_batch))
+        if shape.form == "tail":
+            return OursHeadPlan(self._tail(op, n, shape, sce, planner), shape, n)
         if K > 1:
             prefetch((pack_module("head_split" if shape.split else "head", K), pack_module("head_weights", K),
                       pack_module("stage_reduce", K)))
         return OursHeadPlan(head_kernels.HeadLaunches(op.tensors, op.loss, n, shape, part, sce, planner.stream,
                                                       planner.side, K), shape, n)
+
+    def _tail(self, op, n: int, shape: HeadShape, sce, planner) -> "head_kernels.TailLaunches":
+        """The tail form (Note [head tail] in lenet/kernels/head_tail.cu): fc1's three products on cuBLASLt
+        (a pack's batched, or each model's alone where it sums as its lone run), the rest ours."""
+        from ..blas import LazyLt, LtUnavailable
+        from .cublaslt import fc_matmuls
+
+        K = op.models
+        prefetch((pack_module("head_tail", K), pack_module("stage_reduce", K)))
+        rows = self._scratch(planner, ("tail", K), lambda: head_kernels.tail_scratch(K, op.max_batch))
+        lt = self._scratch(planner, "lt", lambda: LazyLt(planner.stream))
+        names = ("fc1", "dW1", "dp2")
+        try:
+            mats = ([fc_matmuls(lt.get(), op.tensors, n, K, names=names, bias_grads=False)]
+                    if K == 1 or not sums_as_lone(K, n, planner.policy) else
+                    [fc_matmuls(lt.get(), op.tensors, n, K, model=m, names=names, bias_grads=False) for m in range(K)])
+        except (LtUnavailable, ImportError) as e:
+            raise AlgorithmNotSupportedError(f"{shape.name}: {e}") from None
+        return head_kernels.TailLaunches(op.tensors, op.loss, n, shape, mats, rows, sce, planner.stream, K)
 
 
 class OursStagePlan:

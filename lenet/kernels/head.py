@@ -1,7 +1,7 @@
 """The head's kernels (head.cu, head_weights.cu) as launches over one batch size: the launchers own the
 grid math (Note [head latency] in head.cu).
 
-    head = HeadLaunches(tensors, loss, n, HeadShape(split, group, per), part, sce, stream, side)
+    head = HeadLaunches(tensors, loss, n, HeadShape(form, group, per), part, sce, stream, side)
     head.forward_loss(); head.backward()       # a training step's head, loss included
 
 Two versions of the forward: head.cu's (one block runs an image group's whole head) and head_split.cu's
@@ -24,8 +24,8 @@ SPLIT_GROUPS = (1, 2, 4, 8, 16)  # the split forward's images a slice (at most H
 SPLIT_MAX_BATCH = 2048           # the split forward is a candidate up to this batch
 SPLIT_UNIT_BLOCKS = 15           # the split forward's fc1 blocks a slice (8 hidden units each)
 HEAD_PER = (256, 1024, 4096, 16384)   # the weight gradients' images per block (a range)
-HEAD_SHAPES = tuple((False, g, p) for p in HEAD_PER for g in HEAD_GROUPS) + \
-    tuple((True, g, p) for p in HEAD_PER for g in SPLIT_GROUPS)
+HEAD_SHAPES = tuple(("block", g, p) for p in HEAD_PER for g in HEAD_GROUPS) + \
+    tuple(("split", g, p) for p in HEAD_PER for g in SPLIT_GROUPS)
 HEAD_MAX_RANGES = 64             # rows of partial sums kept (64 ranges of 16384 images: any batch a model takes)
 HEAD_FWD_BLOCKS_PER_SM = 8       # at most this many forward blocks per SM (the loss keeps one sum per block)
 BASE = P.OFFSETS["fc1.weight"]
@@ -34,21 +34,51 @@ WIDTH = P.OFFSETS["fc2.bias"] + P.SHAPES["fc2.bias"][0] - BASE   # fc1.weight ..
 
 @dataclass(frozen=True)
 class HeadShape:
-    """Our head's launch shape: which forward (head.cu's, or head_split.cu's), its images per block
-    iteration (a slice of the split version), and the weight gradients' images per range. ``engine``:
-    the engine that offers it as a planner's candidate (set by that engine; not part of the shape)."""
+    """Our head's launch shape: its form, "block" (head.cu's forward: a block runs an image group's
+    head), "split" (head_split.cu's: fc1 and the rest over many blocks) or "tail" (fc1 and its gradient
+    products on cuBLASLt, the rest in head_tail.cu: Note [head tail]); ``group``, the images per block
+    iteration (a slice of the split form), or the tail's blocks per SM; ``per``, the weight gradients'
+    images per range (0 for the tail, which sums its own). ``engine``: the engine that offers it as a
+    planner's candidate (set by that engine; not part of the shape)."""
 
-    split: bool
+    form: str
     group: int
     per: int
     engine: str = field(default="", compare=False)
 
     @property
+    def split(self) -> bool:
+        return self.form == "split"
+
+    @property
     def name(self) -> str:
+        if self.form == "tail":
+            return f"fused head tail g{self.group} (fc1 on cuBLASLt)"
         return f"fused head {'split ' if self.split else ''}g{self.group} w{self.per}"
 
     def encode(self) -> dict:
-        return {"split": self.split, "group": self.group, "per": self.per}
+        return {"form": self.form, "group": self.group, "per": self.per}
+
+    @classmethod
+    def decode(cls, stored: dict) -> "HeadShape | None":
+        """The shape a stored choice names (None for one of a form this version has not)."""
+        form = stored.get("form")
+        if form not in FORMS:
+            return None
+        return cls(form, int(stored["group"]), int(stored["per"]))
+
+
+FORMS = ("block", "split", "tail")
+TAIL_BLOCKS_PER_SM = (2, 1)   # the tail's grids a search times (2: what its registers let an SM hold)
+TAIL_MIN_BATCH = 256          # the tail form is a candidate from this batch on
+TAIL_HEURISTIC_MIN = 512      # ... and the heuristic's first from this one (shapes: the measurement)
+TAIL_WARPS = 8                # head_tail.cu's HT_WARPS: images a block has in flight
+TAIL_WIDTH = P.OFFSETS["fc2.bias"] + P.SHAPES["fc2.bias"][0] - P.OFFSETS["fc1.bias"]   # db1 .. db2, padded
+
+
+def tail_blocks(n: int, per_sm: int) -> int:
+    """The tail kernel's grid at batch n (per model: each model of a pack on its lone run's)."""
+    return max(1, min(-(-n // TAIL_WARPS), per_sm * sm_count()))
 
 
 SPLIT_HEURISTIC_MAX = 256   # the heuristic takes the split forward up to this batch
@@ -56,8 +86,8 @@ SPLIT_SLICES_PER_SM = 0.25  # ... in the smallest slices that make at most this 
 
 
 def shapes(n: int, heuristic: bool) -> list[HeadShape]:
-    """Launch shapes of our head at batch n: the heuristic's one, or every shape whose ranges fit, one per
-    (version, forward blocks, ranges). The heuristic: ranges of 256 images; up to SPLIT_HEURISTIC_MAX
+    """Launch shapes of our head at batch n: the heuristic's, or every shape whose ranges fit, one per
+    (form, forward blocks, ranges), and from TAIL_MIN_BATCH images the tail's grids. The heuristic: ranges of 256 images; up to SPLIT_HEURISTIC_MAX
     images the split forward in the smallest slices that make at most one slice per 4 SMs (the first
     kernel 15 blocks a slice, the second 8), else head.cu's with the smallest group that makes at most
     one forward block per SM. scripts/probes/head_split.py on an H100 (132 SMs), us a step back to back,
@@ -67,23 +97,28 @@ def shapes(n: int, heuristic: bool) -> list[HeadShape]:
     to 256 (64 images in slices of 8: 45.3). For head.cu's group a search on an H100 took the one above at
     64 to 1024 images (1, 1, 2, 4, 8), and the head's step time with it against a group of half (two
     blocks per SM) is 43.1 / 55.0 us at 256, 50.3 / 60.1 at 512, 61.9 / 71.7 at 1024 (train_step --algo
-    exhaustive against heuristic)."""
+    exhaustive against heuristic). From TAIL_HEURISTIC_MIN images the heuristic's first is the tail form
+    (Note [head tail] in head_tail.cu), head.cu's its fallback: the same probe, us a step, the tail (two
+    blocks per SM; one made the same within 1%) against head.cu's: 512 images 81.0 / 106.4, 1024: 106.2 /
+    137.0, 2048: 175.9 / 240.4, 8192: 489.5 / 805.3."""
     sms = sm_count()
     if heuristic:
         per = next((p for p in HEAD_PER if -(-n // p) <= HEAD_MAX_RANGES), HEAD_PER[-1])
         if n <= SPLIT_HEURISTIC_MAX:
             g = next((g for g in SPLIT_GROUPS if -(-n // g) <= SPLIT_SLICES_PER_SM * sms), SPLIT_GROUPS[-1])
-            return [HeadShape(True, g, per)]
+            return [HeadShape("split", g, per)]
         g = next((g for g in HEAD_GROUPS if -(-n // g) <= sms), HEAD_GROUPS[-1])
-        return [HeadShape(False, g, per)]
+        block = HeadShape("block", g, per)   # also where cuBLASLt cannot run the tail's products
+        return [HeadShape("tail", TAIL_BLOCKS_PER_SM[0], 0), block] if n >= TAIL_HEURISTIC_MIN else [block]
     out, seen = [], set()
-    for split, g, p in HEAD_SHAPES:   # a larger group that makes no more blocks adds nothing
-        if -(-n // p) > HEAD_MAX_RANGES or (split and not split_fits(n, g)):
+    tails = tuple(("tail", g, 0) for g in TAIL_BLOCKS_PER_SM) if n >= TAIL_MIN_BATCH else ()
+    for form, g, p in HEAD_SHAPES + tails:   # a shape that makes the same grids as one before adds nothing
+        if form != "tail" and (-(-n // p) > HEAD_MAX_RANGES or (form == "split" and not split_fits(n, g))):
             continue
-        key = (split, -(-n // g), -(-n // p))
+        key = (form, tail_blocks(n, g)) if form == "tail" else (form, -(-n // g), -(-n // p))
         if key not in seen:
             seen.add(key)
-            out.append(HeadShape(split, g, p))
+            out.append(HeadShape(form, g, p))
     return out
 
 
@@ -204,3 +239,82 @@ class HeadLaunches:
             data_gradients()
             backward()
         self.backward, self.backward_given = backward, backward_given
+
+
+def tail_scratch(models: int, max_batch: int):
+    """The tail's partial rows: each model's for its grid at ``max_batch`` images (one block: none, the
+    gradients are written in place)."""
+    import cupy
+
+    blocks = tail_blocks(max_batch, max(TAIL_BLOCKS_PER_SM))
+    return cupy.zeros((models * blocks if blocks > 1 else 1, TAIL_WIDTH), cupy.float32)
+
+
+class TailLaunches:
+    """The head in the tail form (Note [head tail] in head_tail.cu), HeadLaunches' four calls: fc1 (+ bias,
+    ReLU) on cuBLASLt, then head_tail_kernel (the logits; in training the loss, dlogits, dh1 and the sums
+    of db1, dW2 and db2); ``backward()``: the blocks' rows added (stage_reduce), dW1 and dp2 on cuBLASLt,
+    and dp2 masked by x > 0 (head_mask_kernel). ``mats``: one dict of LtMatmuls ("fc1", "dW1", "dp2") for
+    the whole pack (batched), or one a model (each its lone run's: Note [a deterministic pack's head] in
+    lenet/engines/cublaslt.py). ``rows``: tail_scratch's buffer; ``sce``: the loss's per-block sums."""
+
+    def __init__(self, t, loss, n: int, shape: HeadShape, mats: list, rows, sce: SoftmaxCE, stream,
+                 models: int = 1):
+        K, null, f0 = models, np.uint64(0), np.float32(0)
+        blocks = tail_blocks(n, shape.group)
+        if blocks > 1 and K * blocks > rows.shape[0]:
+            raise ValueError(f"the tail's {blocks} blocks need more partial rows than the {rows.shape[0]} kept")
+        if blocks > sce.blocks or K > sce.models:
+            raise ValueError(f"the loss's scratch holds {sce.blocks} parts for {sce.models} models, the tail runs "
+                             f"{blocks} for {K}")
+        h1, dh1, logits, dlogits, w = t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n], t.w
+        g_b1 = t.grads[P.OFFSETS["fc1.bias"] - BASE:]   # db1, dW2 and db2 in the flat layout (a model's)
+        target = g_b1 if blocks == 1 else rows
+        per_model = hasattr(loss.label_smoothing, "data")
+        stride = P.TOTAL if blocks == 1 else blocks * TAIL_WIDTH
+        pack = () if K == 1 else (np.int32(P.TOTAL), loss.label_smoothing if per_model else null, np.int64(stride))
+        eps = np.float32(0.0 if per_model else loss.label_smoothing)
+        fn = kernel(pack_module("head_tail", K), "head_tail_kernel")
+        head = (h1, w["fc2.weight"], w["fc2.bias"], logits, np.int32(n))
+        layout = (np.int32(TAIL_WIDTH), np.int32(P.OFFSETS["fc2.weight"] - P.OFFSETS["fc1.bias"]),
+                  np.int32(P.OFFSETS["fc2.bias"] - P.OFFSETS["fc1.bias"]))
+        training = head + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
+                           sce.ticket, loss.running, np.float32(1.0 / n), np.float32(1.0 / n), eps, dh1, target) + \
+            layout + pack
+        plain = head + (null,) * 8 + (f0, f0, f0, null, null) + layout + pack
+        given = head + (null, dlogits) + (null,) * 6 + (f0, f0, f0, dh1, target) + layout + pack
+        grid = (blocks, K)
+        tail, tail_plain, tail_given = (Launch(fn, grid, (TAIL_WARPS * 32,), a, stream) for a in (training, plain, given))
+        count = K * n * 256   # dx's floats, every model's rows one after another
+        mask = Launch(kernel(pack_module("head_tail", K), "head_mask_kernel"),
+                      (max(1, min(-(-count // 1024), 4 * sm_count())),), (256,), (t.x, t.dx, np.int64(count)), stream)
+        red = kernel(pack_module("stage_reduce", K), "stage_reduce_kernel")
+        reduced = (Launch(red, (-(-TAIL_WIDTH // 32), K), (256,), (rows, g_b1, g_b1, np.int32(blocks),
+                                                                  np.int32(TAIL_WIDTH), np.int32(0), np.int32(P.TOTAL)),
+                          stream) if blocks > 1 else None)
+
+        def fc1():
+            for m in mats:
+                m["fc1"]()
+
+        def forward():
+            fc1()
+            tail_plain()
+
+        def forward_loss():
+            fc1()
+            tail()
+
+        def backward():
+            if reduced is not None:
+                reduced()
+            for m in mats:
+                m["dW1"]()
+                m["dp2"]()
+            mask()
+
+        def backward_given():
+            fc1()   # h1 again, as the other forms run their forward again
+            tail_given()
+            backward()
+        self.forward, self.forward_loss, self.backward, self.backward_given = forward, forward_loss, backward, backward_given

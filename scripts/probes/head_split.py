@@ -1,6 +1,7 @@
-"""Probe (GPU): our head's two forwards (head.cu's one block per image group, head_split.cu's fc1 over
-15 blocks a slice and the data gradients over 8: Note [head split] in lenet/kernels/head_split.cu) timed
-as a whole step runs them. For each batch, the head is pinned to each shape in turn (head.cu's with the
+"""Probe (GPU): our head's forms (head.cu's one block per image group, head_split.cu's fc1 over 15
+blocks a slice and the data gradients over 8: Note [head split] in lenet/kernels/head_split.cu; from
+TAIL_MIN_BATCH images the tail, fc1's products on cuBLASLt: Note [head tail] in head_tail.cu) timed as
+a whole step runs them. For each batch, the head is pinned to each shape in turn (head.cu's with the
 heuristic's group, the split one at every slice size that fits), a LeNet of ``--engine ours`` plans
 under the heuristic otherwise, and its captured step is timed back to back (as training runs) and one
 step at a time, each waited for (as lenet.train_step reports it).
@@ -37,9 +38,10 @@ def main() -> int:
         x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, n).astype(np.int32)
         g1 = next((g for g in head.HEAD_GROUPS if -(-n // g) <= sm_count()), head.HEAD_GROUPS[-1])
-        per = shapes(n, True)[0].per
-        pins = [head.HeadShape(False, g1, per)]
-        pins += [head.HeadShape(True, g, per) for g in head.SPLIT_GROUPS if head.split_fits(n, g)]
+        per = next(s.per for s in shapes(n, True) if s.form != "tail")
+        pins = [head.HeadShape("block", g1, per)]
+        pins += [head.HeadShape("split", g, per) for g in head.SPLIT_GROUPS if head.split_fits(n, g)]
+        pins += [head.HeadShape("tail", g, 0) for g in head.TAIL_BLOCKS_PER_SM] if n >= head.TAIL_MIN_BATCH else []
         rows = []
         for shape in pins:
             head.shapes = lambda n, heuristic, s=shape: [s]
