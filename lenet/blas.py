@@ -185,12 +185,15 @@ class LtMatmul:
     ``batch`` > 1: that many matmuls in one call (a pack of models, lenet sweep), a, b and c each the
     first of ``batch`` matrices ``strides`` = (a's, b's, c's) elements apart, the bias vectors
     ``bias_stride`` elements apart, the ReLU masks one (M, AUX_LD bits) mask apart.
+
+    ``algos``: how many of cuBLASLt's heuristic's algorithms to keep (``algos`` lists them, best-ranked
+    first); the first runs unless ``tune`` times them all and keeps the fastest (Note [tuned matmuls]).
     """
 
     AUX_LD = 128  # the ReLU mask's leading dimension, in bits: a multiple of 128, >= N
 
     def __init__(self, lt: Lt, a, b, c, *, trans_a=False, trans_b=False, epilogue="default", bias=None, aux=None,
-                 batch: int = 1, strides=(0, 0, 0), bias_stride: int = 0):
+                 batch: int = 1, strides=(0, 0, 0), bias_stride: int = 0, algos: int = 1):
         cublas = binding("cublas")
 
         L = lt._lt
@@ -251,16 +254,35 @@ class LtMatmul:
         self._objs.append(("pref", pref))
         ws = np.array([lt.workspace_bytes], dtype=np.uint64)
         L.matmul_preference_set_attribute(pref, L.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES, ws.ctypes.data, 8)
-        self._heur = np.zeros(1, dtype=L.matmul_heuristic_result_dtype)
+        self._heur = np.zeros(max(1, algos), dtype=L.matmul_heuristic_result_dtype)
         count = np.zeros(1, dtype=np.int32)
         try:
-            L.matmul_algo_get_heuristic(lt.handle, self.desc, self.la, self.lb, self.lc, self.lc, pref, 1,
-                                        self._heur.ctypes.data, count.ctypes.data)
+            L.matmul_algo_get_heuristic(lt.handle, self.desc, self.la, self.lb, self.lc, self.lc, pref,
+                                        len(self._heur), self._heur.ctypes.data, count.ctypes.data)
         except L.cuBLASLtError as e:
             raise LtUnavailable(f"cuBLASLt: {epilogue} matmul {(m, k)} x {(k, n)}: {e}") from None
         if count[0] < 1 or self._heur["state"][0] != 0:
             raise LtUnavailable(f"cuBLASLt has no algorithm for a {epilogue} matmul {(m, k)} x {(k, n)}")
-        self._algo = self._heur.ctypes.data   # 'algo' is the first field of the result
+        # 'algo' is the first field of a result; the heuristic's ranking, its first the default
+        self.algos = [self._heur.ctypes.data + i * self._heur.itemsize for i in range(int(count[0]))
+                      if self._heur["state"][i] == 0]
+        self._algo, self.pick = self.algos[0], 0
+
+    def tune(self, time) -> list[float]:
+        """Keep the fastest of ``algos`` by ``time(fn)`` (ms per call of fn): their times, in order.
+
+        Note [tuned matmuls]: cuBLASLt's heuristic ranks algorithms by a model of the GPU, not by running
+        them, and for the head's weight gradient (120 x 256 summed over the batch) its first at 65536
+        images took 201 us on an H100, split 11 ways over 88 blocks of 132 SMs. Timing its next few
+        (other tiles and splits) is a few milliseconds at plan time. Each algorithm is deterministic; the
+        choice by timing is not reproducible, so a reproducible policy keeps the first."""
+        times = []
+        for algo in self.algos:
+            self._algo = algo
+            times.append(time(self))
+        self.pick = int(np.argmin(times))
+        self._algo = self.algos[self.pick]
+        return times
 
     @staticmethod
     def _destroy(L, desc, objs):

@@ -426,10 +426,14 @@ def test_the_heads_heuristic_splits_small_batches_and_makes_one_forward_block_pe
            for n in (1, 33, 64, 66, 67, 132, 133, 256, 257, 264, 265, 511, 512, 1057, 65536)}
     assert got == {1: [("split", 1, 256)], 33: [("split", 1, 256)], 64: [("split", 2, 256)],
                    66: [("split", 2, 256)], 67: [("split", 4, 256)], 132: [("split", 4, 256)],
-                   133: [("split", 8, 256)], 256: [("split", 8, 256)], 257: [("block", 2, 256)],
-                   264: [("block", 2, 256)], 265: [("block", 4, 256)],
-                   511: [("block", 4, 256)], 512: [("tail", 2, 0), ("block", 4, 256)],
+                   133: [("split", 8, 256)], 256: [("split", 8, 256)], 257: [("tail", 2, 0), ("block", 2, 256)],
+                   264: [("tail", 2, 0), ("block", 2, 256)], 265: [("tail", 2, 0), ("block", 4, 256)],
+                   511: [("tail", 2, 0), ("block", 4, 256)], 512: [("tail", 2, 0), ("block", 4, 256)],
                    1057: [("tail", 2, 0), ("block", 8, 256)], 65536: [("tail", 2, 0), ("block", 8, 1024)]}
+    # a pack: the tail by the pack's images, ours after it by each model's (64 models of 128: 8192)
+    assert [(s.form, s.group) for s in head.shapes(128, True, 64)] == [("tail", 2), ("split", 4)]
+    assert [(s.form, s.group) for s in head.shapes(128, True, 2)] == [("split", 4)]
+    assert [s.form for s in head.shapes(128, False, 2)].count("tail") == 1
 
 
 def test_a_search_times_every_head_form_where_it_fits(monkeypatch):
@@ -468,8 +472,11 @@ def test_a_stored_head_shape_is_recalled_only_while_the_policy_offers_it(monkeyp
     from lenet.engines.ours import Ours
     from lenet.kernels import head
 
+    import lenet.kernels
+
     monkeypatch.setattr(head, "sm_count", lambda: 132)
-    op = SimpleNamespace(kind="head")
+    monkeypatch.setattr(lenet.kernels, "sm_count", lambda: 132)   # sums_as_lone's
+    op = SimpleNamespace(kind="head", models=1)
     heuristic = SimpleNamespace(policy=Policy.parse("heuristic"))
     exhaustive = SimpleNamespace(policy=Policy.parse("exhaustive"))
     ours = Ours()
@@ -485,6 +492,11 @@ def test_a_stored_head_shape_is_recalled_only_while_the_policy_offers_it(monkeyp
     assert ours.recall(op, 8192, {"form": "tail", "group": 1, "per": 0}, heuristic) is None
     assert ours.recall(op, 255, {"form": "tail", "group": 2, "per": 0}, exhaustive) is None
     assert ours.recall(op, 8192, {"form": "fused", "group": 2, "per": 0}, exhaustive) is None
+    pack = SimpleNamespace(kind="head", models=64)   # a pack's tail by its images, 64 x 128
+    assert ours.recall(pack, 128, {"form": "tail", "group": 2, "per": 0}, heuristic) == head.HeadShape("tail", 2, 0)
+    lone = SimpleNamespace(policy=Policy.parse("heuristic", deterministic=True))   # each model's products alone
+    assert ours.recall(pack, 128, {"form": "tail", "group": 2, "per": 0}, lone) is None
+    assert ours.recall(pack, 128, {"form": "split", "group": 4, "per": 256}, lone) == head.HeadShape("split", 4, 256)
 
 
 def test_a_packs_head_runs_on_our_kernels_or_cublaslt():

@@ -177,13 +177,13 @@ SIX = ("fc1", "fc2", "dW2", "dh1", "dW1", "dp2")
 
 
 def fc_matmuls(lt, t, n: int, models: int, *, aux=None, model: int | None = None, names=SIX,
-               bias_grads: bool = True) -> dict:
+               bias_grads: bool = True, algos: int = 1) -> dict:
     """The head's matmuls ``names`` on cuBLASLt at batch n, on ``t``'s buffers (w, g, x, h1, logits,
     dlogits, dh1, dx): fc1 with bias + ReLU (its mask bits into ``aux`` when given), fc2 with bias, dW2 and
     dW1 with their bias gradients (unless ``bias_grads`` is off), dh1 through the mask in ``aux``, dp2.
     A pack's (Note [packs] in lenet/ops.py) as batched ones, model m's activations n rows after model
     m - 1's, its parameters P.TOTAL floats after; or, given ``model``, that model's alone, the calls of
-    its lone run.
+    its lone run. ``algos``: the algorithms each keeps (LtMatmul, Note [tuned matmuls] in lenet/blas.py).
 
     Note [a deterministic pack's head]: batched matmuls sum as cuBLASLt's batched kernel does, which is
     not bit for bit the lone run's (measured on an H100: a pack on cuDNN's engines then differed from the
@@ -206,7 +206,7 @@ def fc_matmuls(lt, t, n: int, models: int, *, aux=None, model: int | None = None
 
     def mm(a, b, c, **kw):
         sa, sb, sc = (T if _is_param(v, w, g) else n * v.shape[1] for v in (a, b, c))
-        return LtMatmul(lt, a, b, c, batch=K, strides=(sa, sb, sc), bias_stride=T, **kw)
+        return LtMatmul(lt, a, b, c, batch=K, strides=(sa, sb, sc), bias_stride=T, algos=algos, **kw)
     grads = {"epilogue": "bgradb"} if bias_grads else {}
     make = {
         "fc1": lambda: mm(x, w["fc1.weight"], h1, trans_b=True, bias=w["fc1.bias"],

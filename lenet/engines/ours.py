@@ -57,6 +57,16 @@ def pins(name: str) -> tuple[str, ...]:
 
 
 PACK_CHECK_MODELS = 3   # models of a pack version's check (Note [checking a pack])
+TUNED_ALGOS = 8         # cuBLASLt algorithms the tail form times for each of its products
+# Note [sliced weight gradient]: fc1's weight gradient sums 120 x 256 products over the whole batch, and
+# cuBLASLt's own split of that sum left most of an H100 idle: at 8192 images 52.8 us over 64 blocks (8
+# tiles, split 8 ways), at 65536 166 us (8 x 15 blocks) with the fastest of its first 8 algorithms. Our
+# tail form can run it as S matmuls over slices of n // S images in one batched call (8 S tiles), the
+# rest of the images in one more, and add the S (+ 1) partial products in order with stage_reduce: a
+# fixed S sums in a fixed order. The search times S in DW1_SLICES against cuBLASLt's one matmul.
+DW1_SLICES = (64, 32, 16, 8)   # the rule (reproducible policies): the most slices of DW1_ROWS images
+DW1_ROWS = 512
+DW1_MIN_ROWS = 128             # slices the search times have at least this many images
 
 
 class Ours:
@@ -119,8 +129,12 @@ class Ours:
 
     def candidates(self, op, n: int, planner) -> list:
         if op.kind == "head":
-            return [replace(s, engine=self.name)
-                    for s in head_kernels.shapes(n, planner.policy.choice("fwd") == "heuristic")]
+            heuristic = planner.policy.choice("fwd") == "heuristic"
+            # a pack that sums as its lone runs runs the tail's products model by model (3 K launches):
+            # only a search, which times that, takes it there
+            lone = heuristic and op.models > 1 and sums_as_lone(op.models, n, planner.policy)
+            return [replace(s, engine=self.name) for s in head_kernels.shapes(n, heuristic, op.models)
+                    if not (lone and s.form == "tail")]
         return [Named(self.name, {"stage": "fused kernels", "loss": "softmax_ce", "update": "sgd"}[op.kind])]
 
     def check(self, op, candidate, planner) -> Check:
@@ -381,12 +395,65 @@ class Ours:
         lt = self._scratch(planner, "lt", lambda: LazyLt(planner.stream))
         names = ("fc1", "dW1", "dp2")
         try:
-            mats = ([fc_matmuls(lt.get(), op.tensors, n, K, names=names, bias_grads=False)]
-                    if K == 1 or not sums_as_lone(K, n, planner.policy) else
-                    [fc_matmuls(lt.get(), op.tensors, n, K, model=m, names=names, bias_grads=False) for m in range(K)])
+            if K == 1 or not sums_as_lone(K, n, planner.policy):
+                tune = not planner.policy.reproducible   # Note [tuned matmuls] in lenet/blas.py
+                mats = [fc_matmuls(lt.get(), op.tensors, n, K, names=names, bias_grads=False,
+                                   algos=TUNED_ALGOS if tune else 1)]
+                for mat in mats[0].values() if tune else ():
+                    mat.tune(planner.time)
+                if K == 1:
+                    mats[0]["dW1"] = self._sliced_dw1(lt.get(), op, n, mats[0]["dW1"], planner)
+            else:
+                mats = [fc_matmuls(lt.get(), op.tensors, n, K, model=m, names=names, bias_grads=False)
+                        for m in range(K)]
         except (LtUnavailable, ImportError) as e:
             raise AlgorithmNotSupportedError(f"{shape.name}: {e}") from None
         return head_kernels.TailLaunches(op.tensors, op.loss, n, shape, mats, rows, sce, planner.stream, K)
+
+
+    def _sliced_dw1(self, lt, op, n: int, whole, planner):
+        """dW1 = dh1^T p2 over the batch, as the fastest of cuBLASLt's one matmul (``whole``) and S of them
+        over slices of the images in one batched call, their partial products added in slice order by
+        stage_reduce (Note [sliced weight gradient]); a reproducible policy takes DW1_SLICES's rule."""
+        import cupy
+
+        from ..blas import LtMatmul
+        from ..kernels import kernel
+        from ..kernels.launch import Launch
+
+        t, width = op.tensors, P.SHAPES["fc1.weight"][0] * P.SHAPES["fc1.weight"][1]
+        part = self._scratch(planner, "dw1 rows", lambda: cupy.zeros((max(DW1_SLICES) + 1, width), cupy.float32))
+        red = kernel("stage_reduce", "stage_reduce_kernel")
+        g = t.g["fc1.weight"]
+        rule = next((s for s in DW1_SLICES if n // s >= DW1_ROWS), 1)
+
+        def sliced(S: int, algos: int):
+            r = n // S
+            mm = LtMatmul(lt, t.dh1[:r], t.x[:r], part[0].reshape(g.shape), trans_a=True, batch=S,
+                          strides=(r * t.dh1.shape[1], r * t.x.shape[1], width), algos=algos)
+            rest = (LtMatmul(lt, t.dh1[S * r:n], t.x[S * r:n], part[S].reshape(g.shape), trans_a=True)
+                    if S * r < n else None)
+            rows = S + (rest is not None)
+            reduce = Launch(red, (-(-width // 32),), (256,), (part, g, g, np.int32(rows), np.int32(width), np.int32(0),
+                                                             np.int32(P.TOTAL)), planner.stream)
+
+            def run():
+                mm()
+                if rest is not None:
+                    rest()
+                reduce()
+            return mm, run
+        if planner.policy.reproducible:
+            return whole if rule == 1 else sliced(rule, 1)[1]
+        best, best_ms = whole, planner.time(whole)
+        for S in DW1_SLICES:
+            if S > 1 and n // S >= DW1_MIN_ROWS:
+                mm, run = sliced(S, TUNED_ALGOS)
+                mm.tune(planner.time)
+                ms = planner.time(run)
+                if ms < best_ms:
+                    best, best_ms = run, ms
+        return best
 
 
 class OursStagePlan:

@@ -71,7 +71,7 @@ class HeadShape:
 FORMS = ("block", "split", "tail")
 TAIL_BLOCKS_PER_SM = (2, 1)   # the tail's grids a search times (2: what its registers let an SM hold)
 TAIL_MIN_BATCH = 256          # the tail form is a candidate from this batch on
-TAIL_HEURISTIC_MIN = 512      # ... and the heuristic's first from this one (shapes: the measurement)
+TAIL_HEURISTIC_MIN = 257      # ... and the heuristic's first from this one (shapes: the measurement)
 TAIL_WARPS = 8                # head_tail.cu's HT_WARPS: images a block has in flight
 TAIL_WIDTH = P.OFFSETS["fc2.bias"] + P.SHAPES["fc2.bias"][0] - P.OFFSETS["fc1.bias"]   # db1 .. db2, padded
 
@@ -85,9 +85,10 @@ SPLIT_HEURISTIC_MAX = 256   # the heuristic takes the split forward up to this b
 SPLIT_SLICES_PER_SM = 0.25  # ... in the smallest slices that make at most this many slices per SM
 
 
-def shapes(n: int, heuristic: bool) -> list[HeadShape]:
+def shapes(n: int, heuristic: bool, models: int = 1) -> list[HeadShape]:
     """Launch shapes of our head at batch n: the heuristic's, or every shape whose ranges fit, one per
-    (form, forward blocks, ranges), and from TAIL_MIN_BATCH images the tail's grids. The heuristic: ranges of 256 images; up to SPLIT_HEURISTIC_MAX
+    (form, forward blocks, ranges), and from TAIL_MIN_BATCH images (a pack's ``models`` times n) the
+    tail's grids. The heuristic: ranges of 256 images; up to SPLIT_HEURISTIC_MAX
     images the split forward in the smallest slices that make at most one slice per 4 SMs (the first
     kernel 15 blocks a slice, the second 8), else head.cu's with the smallest group that makes at most
     one forward block per SM. scripts/probes/head_split.py on an H100 (132 SMs), us a step back to back,
@@ -97,21 +98,25 @@ def shapes(n: int, heuristic: bool) -> list[HeadShape]:
     to 256 (64 images in slices of 8: 45.3). For head.cu's group a search on an H100 took the one above at
     64 to 1024 images (1, 1, 2, 4, 8), and the head's step time with it against a group of half (two
     blocks per SM) is 43.1 / 55.0 us at 256, 50.3 / 60.1 at 512, 61.9 / 71.7 at 1024 (train_step --algo
-    exhaustive against heuristic). From TAIL_HEURISTIC_MIN images the heuristic's first is the tail form
+    exhaustive against heuristic). From TAIL_HEURISTIC_MIN images (a pack's all) the heuristic's first is the tail form
     (Note [head tail] in head_tail.cu), head.cu's its fallback: the same probe, us a step, the tail (two
-    blocks per SM; one made the same within 1%) against head.cu's: 512 images 81.0 / 106.4, 1024: 106.2 /
-    137.0, 2048: 175.9 / 240.4, 8192: 489.5 / 805.3."""
+    blocks per SM; one made the same within 1%) against head.cu's: 384 images 74.0 / 96.7, 512: 81.0 /
+    106.4, 1024: 106.2 / 137.0, 2048: 175.9 / 240.4, 8192: 489.5 / 805.3; at 256 63.1 against the
+    split one's 65.2 (g8), within the noise: the split form keeps up to 256."""
     sms = sm_count()
     if heuristic:
         per = next((p for p in HEAD_PER if -(-n // p) <= HEAD_MAX_RANGES), HEAD_PER[-1])
         if n <= SPLIT_HEURISTIC_MAX:
             g = next((g for g in SPLIT_GROUPS if -(-n // g) <= SPLIT_SLICES_PER_SM * sms), SPLIT_GROUPS[-1])
-            return [HeadShape("split", g, per)]
-        g = next((g for g in HEAD_GROUPS if -(-n // g) <= sms), HEAD_GROUPS[-1])
-        block = HeadShape("block", g, per)   # also where cuBLASLt cannot run the tail's products
-        return [HeadShape("tail", TAIL_BLOCKS_PER_SM[0], 0), block] if n >= TAIL_HEURISTIC_MIN else [block]
+            ours = HeadShape("split", g, per)
+        else:
+            g = next((g for g in HEAD_GROUPS if -(-n // g) <= sms), HEAD_GROUPS[-1])
+            ours = HeadShape("block", g, per)
+        if models * n < TAIL_HEURISTIC_MIN:
+            return [ours]
+        return [HeadShape("tail", TAIL_BLOCKS_PER_SM[0], 0), ours]   # ours: where cuBLASLt cannot run the tail
     out, seen = [], set()
-    tails = tuple(("tail", g, 0) for g in TAIL_BLOCKS_PER_SM) if n >= TAIL_MIN_BATCH else ()
+    tails = tuple(("tail", g, 0) for g in TAIL_BLOCKS_PER_SM) if models * n >= TAIL_MIN_BATCH else ()
     for form, g, p in HEAD_SHAPES + tails:   # a shape that makes the same grids as one before adds nothing
         if form != "tail" and (-(-n // p) > HEAD_MAX_RANGES or (form == "split" and not split_fits(n, g))):
             continue

@@ -44,7 +44,7 @@ def main() -> int:
         pins += [head.HeadShape("tail", g, 0) for g in head.TAIL_BLOCKS_PER_SM] if n >= head.TAIL_MIN_BATCH else []
         rows = []
         for shape in pins:
-            head.shapes = lambda n, heuristic, s=shape: [s]
+            head.shapes = lambda n, heuristic, models=1, s=shape: [s]
             model = LeNet(max_batch=n, policy=Policy(engine="ours"), cuda_graph=True)
             ahead, waited, _ = time_steps(model, x, y, args.steps)
             rows.append((ahead, float(np.median(waited)), shape.name))
