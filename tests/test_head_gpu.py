@@ -28,7 +28,8 @@ def run(monkeypatch, shape, x, y, models=1, deterministic=False):
 
     pinned(monkeypatch, shape)
     n = x.shape[-4]
-    model = LeNet(max_batch=n, models=models, policy=Policy(engine="ours", deterministic=deterministic), seed=3,
+    policy = Policy.parse("exhaustive" if deterministic else "heuristic", engine="ours", deterministic=deterministic)
+    model = LeNet(max_batch=n, models=models, policy=policy, seed=3,
                   label_smoothing=[0.1, 0.0, 0.05][:models] if models > 1 else 0.1)
     rows = [r for r in model.describe(n) if r.get("layer") == "fc1+fc2"]
     assert rows and rows[0]["algo"] == shape.name, rows
@@ -158,7 +159,8 @@ def assert_close(a: dict, b: dict, what: str, rtol: float = 1e-5):
 def test_a_packs_tail_head_is_head_cus_within_rounding(monkeypatch):
     """The tail's pack version (head_tail__pack, cuBLASLt's batched products) against head.cu's pack
     version: every model's loss, gradients and logits within 1e-5 in relative L2; and a pack that sums
-    as its lone runs (--deterministic: each model's products alone) the same again."""
+    as its lone runs (--deterministic: each model's products alone; a search, as only a search takes the
+    tail for such a pack) the same again."""
     from lenet.kernels.head import HeadShape
 
     x, y = data(600, "pictures", models=3)

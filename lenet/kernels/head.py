@@ -310,8 +310,8 @@ class TailLaunches:
             fc1()
             tail()
 
-        def backward():
-            if reduced is not None:
+        def backward():   # all on the main stream: dW1 beside dp2 (the side stream) made a step at 8192
+            if reduced is not None:   # images on an H100 458 us against 451
                 reduced()
             for m in mats:
                 m["dW1"]()
