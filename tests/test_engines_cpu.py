@@ -494,9 +494,14 @@ def test_a_stored_head_shape_is_recalled_only_while_the_policy_offers_it(monkeyp
     assert ours.recall(op, 8192, {"form": "fused", "group": 2, "per": 0}, exhaustive) is None
     pack = SimpleNamespace(kind="head", models=64)   # a pack's tail by its images, 64 x 128
     assert ours.recall(pack, 128, {"form": "tail", "group": 2, "per": 0}, heuristic) == head.HeadShape("tail", 2, 0)
-    lone = SimpleNamespace(policy=Policy.parse("heuristic", deterministic=True))   # each model's products alone
-    assert ours.recall(pack, 128, {"form": "tail", "group": 2, "per": 0}, lone) is None
-    assert ours.recall(pack, 128, {"form": "split", "group": 4, "per": 256}, lone) == head.HeadShape("split", 4, 256)
+    rule = SimpleNamespace(policy=Policy.parse("heuristic", deterministic=True))   # a reproducible rule: no tail
+    assert ours.recall(pack, 128, {"form": "tail", "group": 2, "per": 0}, rule) is None
+    assert ours.recall(pack, 128, {"form": "split", "group": 4, "per": 256}, rule) == head.HeadShape("split", 4, 256)
+    assert ours.recall(op, 8192, {"form": "tail", "group": 2, "per": 0}, rule) is None
+    few = SimpleNamespace(kind="head", models=3)   # 3 x 128 sums as its lone runs: the lone run's shapes
+    assert ours.recall(few, 128, {"form": "tail", "group": 2, "per": 0}, heuristic) is None
+    assert ours.recall(few, 128, {"form": "split", "group": 4, "per": 256}, heuristic) == head.HeadShape("split", 4, 256)
+    assert ours.recall(few, 128, {"form": "tail", "group": 2, "per": 0}, exhaustive) is None
 
 
 def test_a_packs_head_runs_on_our_kernels_or_cublaslt():

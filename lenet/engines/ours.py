@@ -129,12 +129,14 @@ class Ours:
 
     def candidates(self, op, n: int, planner) -> list:
         if op.kind == "head":
-            heuristic = planner.policy.choice("fwd") == "heuristic"
-            # a pack that sums as its lone runs runs the tail's products model by model (3 K launches):
-            # only a search, which times that, takes it there
-            lone = heuristic and op.models > 1 and sums_as_lone(op.models, n, planner.policy)
-            return [replace(s, engine=self.name) for s in head_kernels.shapes(n, heuristic, op.models)
-                    if not (lone and s.form == "tail")]
+            # A pack that sums as its lone runs takes its lone run's shapes (Note [a pack and a lone run] in
+            # lenet/pack.py); a reproducible policy's rule never the tail form, whose sums are cuBLASLt's
+            # algorithms' (a search, or a pin, still may).
+            policy, K = planner.policy, op.models
+            heuristic = policy.choice("fwd") == "heuristic"
+            lone = K > 1 and sums_as_lone(K, n, policy)
+            return [replace(s, engine=self.name) for s in head_kernels.shapes(n, heuristic, 1 if lone else K)
+                    if not (policy.reproducible and s.form == "tail")]
         return [Named(self.name, {"stage": "fused kernels", "loss": "softmax_ce", "update": "sgd"}[op.kind])]
 
     def check(self, op, candidate, planner) -> Check:
