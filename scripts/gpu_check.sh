@@ -60,13 +60,13 @@ done
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
 # partial group, and at the batches where the heuristic takes each version (HEURISTIC in
 # lenet/kernels/stages.py on 132 SMs: stage 2's four-part split backward at 64, 7 and 128, with the
-# forwards' two images a block iteration at 128; its two-part split at 200; its dense one at 1100, four
-# or five images a block; stage 1's dense backward at all of them). The head: head_split.cu's two kernels
+# forwards' two images a block iteration at 128; its two-part split at 200; its dense one at 2100, two
+# or three images a block; stage 1's dense backward at all of them). The head: head_split.cu's two kernels
 # up to 256 images (64, 7, 128, 200), the tail form above (cuBLASLt's fc1 products and head_tail.cu's
-# kernels, 138 blocks at 1100 and 263 at 2100: lenet/kernels/head.py, shapes); head.cu's forward in the
-# deterministic pack of 300 below.
+# kernels, 263 blocks at 2100, beside stage 2's dense backward: lenet/kernels/head.py, shapes); head.cu's
+# forward in the deterministic pack of 300 below.
 for tool in racecheck synccheck; do
-    for batch in 64 7 128 200 1100 2100; do
+    for batch in 64 7 128 200 2100; do
         for flag in ""; do
             log="$out/${tool}_${batch}${flag:+_graph}.txt"
             compute-sanitizer --tool $tool --error-exitcode 7 \
@@ -82,9 +82,9 @@ done
 # the loss, the update and the gather kernels too (Note [model from the grid] in stage_common.cu); with
 # --deterministic our head's pack versions too (each model on its lone grid: head_common.cu), at 7 images
 # (one range of weight gradients) and 300 (two, summed by the pack's reduction), and the tail's pack
-# version at 2100 (cuBLASLt's batched products, each model's rows summed by the pack's reduction).
+# version at 600 (cuBLASLt's batched products, each model's rows summed by the pack's reduction).
 for tool in racecheck synccheck initcheck; do
-    for pack in "7" "7 --deterministic" "300 --deterministic" "2100"; do
+    for pack in "7" "7 --deterministic" "300 --deterministic" "600"; do
         log="$out/${tool}_pack_${pack// /_}.txt"
         compute-sanitizer --tool $tool --error-exitcode 7 \
             python3 scripts/profile_step.py --models 3 --steps 2 --engine ours --algo heuristic --batch $pack \

@@ -132,6 +132,7 @@ head_tail_kernel(const float* __restrict__ h1, const float* __restrict__ W2, con
     }
   }
   if (!grads) return;
+  __syncthreads();   // every warp's reads of the loop done before any writes of the block's row
   // The block's row: each warp's sums into sums[warp], then column i adds the warps in order.
   float* mine = sums[warp];
   for (int i = lane; i < width; i += 32) mine[i] = 0.f;   // padding columns stay 0
