@@ -64,8 +64,7 @@ TUNED_ALGOS = 8         # cuBLASLt algorithms the tail form times for each of it
 # tail form can run it as S matmuls over slices of n // S images in one batched call (8 S tiles), the
 # rest of the images in one more, and add the S (+ 1) partial products in order with stage_reduce: a
 # fixed S sums in a fixed order. The search times S in DW1_SLICES against cuBLASLt's one matmul.
-DW1_SLICES = (64, 32, 16, 8)   # the rule (reproducible policies): the most slices of DW1_ROWS images
-DW1_ROWS = 512
+DW1_SLICES = (64, 32, 16, 8)
 DW1_MIN_ROWS = 128             # slices the search times have at least this many images
 
 
@@ -131,7 +130,7 @@ class Ours:
         if op.kind == "head":
             # A pack that sums as its lone runs takes its lone run's shapes (Note [a pack and a lone run] in
             # lenet/pack.py); a reproducible policy's rule never the tail form, whose sums are cuBLASLt's
-            # algorithms' (a search, or a pin, still may).
+            # algorithms' (a search still may).
             policy, K = planner.policy, op.models
             heuristic = policy.choice("fwd") == "heuristic"
             lone = K > 1 and sums_as_lone(K, n, policy)
@@ -397,11 +396,9 @@ class Ours:
         lt = self._scratch(planner, "lt", lambda: LazyLt(planner.stream))
         names = ("fc1", "dW1", "dp2")
         try:
-            if K == 1 or not sums_as_lone(K, n, planner.policy):
-                tune = not planner.policy.reproducible   # Note [tuned matmuls] in lenet/blas.py
-                mats = [fc_matmuls(lt.get(), op.tensors, n, K, names=names, bias_grads=False,
-                                   algos=TUNED_ALGOS if tune else 1)]
-                for mat in mats[0].values() if tune else ():
+            if K == 1 or not sums_as_lone(K, n, planner.policy):   # Note [tuned matmuls] in lenet/blas.py
+                mats = [fc_matmuls(lt.get(), op.tensors, n, K, names=names, bias_grads=False, algos=TUNED_ALGOS)]
+                for mat in mats[0].values():
                     mat.tune(planner.time)
                 if K == 1:
                     mats[0]["dW1"] = self._sliced_dw1(lt.get(), op, n, mats[0]["dW1"], planner)
@@ -416,7 +413,8 @@ class Ours:
     def _sliced_dw1(self, lt, op, n: int, whole, planner):
         """dW1 = dh1^T p2 over the batch, as the fastest of cuBLASLt's one matmul (``whole``) and S of them
         over slices of the images in one batched call, their partial products added in slice order by
-        stage_reduce (Note [sliced weight gradient]); a reproducible policy takes DW1_SLICES's rule."""
+        stage_reduce (Note [sliced weight gradient]). Timed: a reproducible policy's rule never takes the
+        tail form (``candidates``)."""
         import cupy
 
         from ..blas import LtMatmul
@@ -427,7 +425,6 @@ class Ours:
         part = self._scratch(planner, "dw1 rows", lambda: cupy.zeros((max(DW1_SLICES) + 1, width), cupy.float32))
         red = kernel("stage_reduce", "stage_reduce_kernel")
         g = t.g["fc1.weight"]
-        rule = next((s for s in DW1_SLICES if n // s >= DW1_ROWS), 1)
 
         def sliced(S: int, algos: int):
             r = n // S
@@ -445,8 +442,6 @@ class Ours:
                     rest()
                 reduce()
             return mm, run
-        if planner.policy.reproducible:
-            return whole if rule == 1 else sliced(rule, 1)[1]
         best, best_ms = whole, planner.time(whole)
         for S in DW1_SLICES:
             if S > 1 and n // S >= DW1_MIN_ROWS:
