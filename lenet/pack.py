@@ -23,7 +23,7 @@ at most 4 images per SM, e.g. up to 4 models of 128 on an H100), and always unde
 stage kernels give each model its lone run's candidates and grid (Ours.share in lenet/engines/ours.py),
 our head runs each model on its lone run's grid (head_common.cu), cuDNN's engines run each model's lone
 calls (Note [a pack on cuDNN] in lenet/engines/cudnn.py) and cuBLASLt each model's lone matmuls (Note [a
-deterministic pack's head] in lenet/engines/cublaslt.py). Its gradients and weights are then its lone
+deterministic pack's head] in lenet/engines/fc.py). Its gradients and weights are then its lone
 run's, bit for bit, where the two choose the same engines and candidates (always under --deterministic
 with the heuristic, Note [reproducible choices] in lenet/plan.py; tests/test_pack_gpu.py). The price is
 a grid that grows with K: at 128 images per model a pack of 64 launches 64 times the lone run's blocks,

@@ -94,22 +94,26 @@ def test_a_packs_split_head_is_its_lone_runs(monkeypatch):
 def test_the_split_head_under_a_loss_of_the_callers(monkeypatch, torch_ref):
     """lenet.torch's path: dlogits written by PyTorch's loss, then backward_given (the split forward run
     again, then its data gradients): the loss and the weights' gradients are head.cu's."""
-    import torch
-
     from lenet.kernels.head import HeadShape
-    from lenet.torch import LeNet
 
     x, y = data(33, "pictures")
-    got = {}
-    for shape in (HeadShape("block", 4, 256), HeadShape("split", 4, 256)):
-        pinned(monkeypatch, shape)
-        net = LeNet(engine="ours", plan_cache=False).cuda()
-        tx = torch.as_tensor(x, device="cuda")
-        loss = torch.nn.functional.cross_entropy(net(tx), torch.as_tensor(y, device="cuda").long())
-        loss.backward()
-        got[shape.split] = {"loss": loss.detach().cpu().numpy(),
-                            **{k: p.grad.cpu().numpy() for k, p in net.named_parameters()}}
-    assert_identical(got[True], got[False], "lenet.torch, split g4 at 33")
+    got = {s.form: through_torch(monkeypatch, s, x, y) for s in (HeadShape("block", 4, 256), HeadShape("split", 4, 256))}
+    assert_identical(got["split"], got["block"], "lenet.torch, split g4 at 33")
+
+
+def through_torch(monkeypatch, shape, x, y) -> dict:
+    """lenet.torch's LeNet with our head pinned to ``shape``: PyTorch's cross-entropy loss of the batch
+    and the parameters' gradients after its backward."""
+    import torch
+
+    from lenet.torch import LeNet
+
+    pinned(monkeypatch, shape)
+    net = LeNet(engine="ours", plan_cache=False).cuda()
+    loss = torch.nn.functional.cross_entropy(net(torch.as_tensor(x, device="cuda")),
+                                             torch.as_tensor(y, device="cuda").long())
+    loss.backward()
+    return {"loss": loss.detach().cpu().numpy(), **{k: p.grad.cpu().numpy() for k, p in net.named_parameters()}}
 
 
 TAILS = [(n, kind) for n in (1, 7, 1000, 4099) for kind in ("normal", "pictures")]
@@ -172,19 +176,8 @@ def test_a_packs_tail_head_is_head_cus_within_rounding(monkeypatch):
 def test_the_tail_head_under_a_loss_of_the_callers(monkeypatch, torch_ref):
     """lenet.torch's path through the tail: dlogits written by PyTorch's loss, then backward_given (fc1
     again, the tail reading dlogits): the loss and the weights' gradients are head.cu's within 1e-5."""
-    import torch
-
     from lenet.kernels.head import HeadShape
-    from lenet.torch import LeNet
 
     x, y = data(700, "normal")
-    got = {}
-    for shape in (HeadShape("block", 4, 256), HeadShape("tail", 1, 0)):
-        pinned(monkeypatch, shape)
-        net = LeNet(engine="ours", plan_cache=False).cuda()
-        tx = torch.as_tensor(x, device="cuda")
-        loss = torch.nn.functional.cross_entropy(net(tx), torch.as_tensor(y, device="cuda").long())
-        loss.backward()
-        got[shape.form] = {"loss": loss.detach().cpu().numpy(),
-                           **{k: p.grad.cpu().numpy() for k, p in net.named_parameters()}}
+    got = {s.form: through_torch(monkeypatch, s, x, y) for s in (HeadShape("block", 4, 256), HeadShape("tail", 1, 0))}
     assert_close(got["tail"], got["block"], "lenet.torch, tail g1 at 700")

@@ -193,7 +193,7 @@ def test_a_deterministic_pack_is_each_models_lone_run(engine, n, deterministic):
         assert rel_err(flat(pack.state_dict(m)), flat(a.state_dict())) <= 1e-6
     print(f"pack of {K} at {n} on {engine}, deterministic {deterministic}: first-step conv gradients bit-identical {same}; parameters "
           f"after {len(data)} steps bit-identical {identical}")
-    assert all(same) and all(identical)   # Note [a deterministic pack's head] in lenet/engines/cublaslt.py
+    assert all(same) and all(identical)   # Note [a deterministic pack's head] in lenet/engines/fc.py
 
 
 def test_the_pack_versions_of_our_kernels_pass_cudnns_check():

@@ -10,6 +10,7 @@ compete. The planner (lenet/plan.py) chooses among them; lenet/model.py never na
     legacy.py     cuDNN's descriptor API: convolution algorithms
     graph.py      cuDNN's graph API: convolution execution plans
     cublaslt.py   the head on cuBLASLt's epilogues, or cuBLAS with cuDNN's bias and ReLU
+    fc.py         the head's cuBLASLt matmuls, which cublaslt.py and ours.py's tail form build from
     reference.py  the exact answer of a stage that our kernels are checked against
 """
 

@@ -388,7 +388,7 @@ class Ours:
         """The tail form (Note [head tail] in lenet/kernels/head_tail.cu): fc1's three products on cuBLASLt
         (a pack's batched, or each model's alone where it sums as its lone run), the rest ours."""
         from ..blas import LazyLt, LtUnavailable
-        from .cublaslt import fc_matmuls
+        from .fc import fc_matmuls
 
         K = op.models
         prefetch((pack_module("head_tail", K), pack_module("stage_reduce", K)))
@@ -408,7 +408,6 @@ class Ours:
         except (LtUnavailable, ImportError) as e:
             raise AlgorithmNotSupportedError(f"{shape.name}: {e}") from None
         return head_kernels.TailLaunches(op.tensors, op.loss, n, shape, mats, rows, sce, planner.stream, K)
-
 
     def _sliced_dw1(self, lt, op, n: int, whole, planner):
         """dW1 = dh1^T p2 over the batch, as the fastest of cuBLASLt's one matmul (``whole``) and S of them

@@ -261,7 +261,7 @@ class TailLaunches:
     of db1, dW2 and db2); ``backward()``: the blocks' rows added (stage_reduce), dW1 and dp2 on cuBLASLt,
     and dp2 masked by x > 0 (head_mask_kernel). ``mats``: one dict of LtMatmuls ("fc1", "dW1", "dp2") for
     the whole pack (batched), or one a model (each its lone run's: Note [a deterministic pack's head] in
-    lenet/engines/cublaslt.py). ``rows``: tail_scratch's buffer; ``sce``: the loss's per-block sums."""
+    lenet/engines/fc.py). ``rows``: tail_scratch's buffer; ``sce``: the loss's per-block sums."""
 
     def __init__(self, t, loss, n: int, shape: HeadShape, mats: list, rows, sce: SoftmaxCE, stream,
                  models: int = 1):

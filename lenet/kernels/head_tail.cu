@@ -18,7 +18,9 @@
 // six kernels it replaces took 451 us. fc1 then runs with the plain bias + ReLU epilogue (h1 > 0 is the
 // mask: no bits to keep), and dW1 with none (db1 is summed here).
 //
-// A warp owns image n = (8 blockIdx.x + warp) + 8 gridDim.x i, i = 0, 1, ...: lane l holds W2's columns
+// A block of 8 warps owns images 8 blockIdx.x .. 8 blockIdx.x + 7 of every 8 gridDim.x and row blockIdx.x
+// of the partial sums (its shared sums[w] hold warp w's until they are added); a model of a pack is
+// blockIdx.y. A warp owns image n = (8 blockIdx.x + warp) + 8 gridDim.x i, i = 0, 1, ...: lane l holds W2's columns
 // j = l, l + 32, l + 64, l + 96 (< 120) for the 10 classes in registers, h1[n, j] and dh1[n, j] for
 // its j, and its part of dW2[:, j] and db1[j]; lane c < 10 holds db2[c]. Each logit is a warp sum; the
 // loss runs in every lane on the 10 logits (sce_row, softmax_ce_row.cu: the loss kernel's arithmetic).
@@ -165,7 +167,8 @@ head_tail_kernel(const float* __restrict__ h1, const float* __restrict__ W2, con
                 running, loss_scale, 0);
 }
 
-// dx[i] = x[i] > 0 ? dx[i] : 0 over count floats (count a multiple of 4: rows of 256), four at a time.
+// dx[i] = x[i] > 0 ? dx[i] : 0 over count floats (count a multiple of 4: rows of 256), four at a time:
+// thread t of block b owns the float4s b 256 + t + 256 gridDim.x k, k = 0, 1, ... (nothing shared).
 extern "C" __global__ void __launch_bounds__(256)
 head_mask_kernel(const float* __restrict__ x, float* __restrict__ dx, long long count) {
   griddep_entry();
