@@ -330,6 +330,7 @@ class LeNet:
                            logits=b["logits"], dlogits=b["dlogits"], w={k: p[k] for k in fc}, g={k: g[k] for k in fc},
                            grads=self.grads[P.OFFSETS["fc1.weight"]: P.OFFSETS["fc2.bias"] + CLASSES])
         self.head = Head(head, self.loss_tensors, N, K)
+        self.head_unmasked = dataclasses.replace(self.head, dx_mask=False)   # above a stage that masks dy itself
         self.loss_op = Loss(self.loss_tensors, N, K)
         self.update_op = Update(UpdateTensors(self.params, self.grads, self.velocity, self.lr_dev, self.ema, momentum,
                                               weight_decay, nesterov, ema_decay, K, self.hyper))
@@ -357,7 +358,9 @@ class LeNet:
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
         plan = self.planner.plan
-        step = Step(n, [plan(s, n) for s in self.stages], plan(self.head, n), plan(self.loss_op, n), self.planner.side)
+        stages = [plan(s, n) for s in self.stages]
+        head = plan(self.head_unmasked if stages[-1].masks_dy else self.head, n)
+        step = Step(n, stages, head, plan(self.loss_op, n), self.planner.side)
         self.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
         self._steps[n] = step
         if self.plan_cache is not None:

@@ -87,8 +87,9 @@ def _rows(a, n: int):
 
 @dataclass(frozen=True)
 class StageTensors:
-    """x (N, C, H, W) input; y (N, K, H/2, W/2) pooled output; dy its gradient, already masked by
-    y > 0 (Note [relu at the pooled level] in lenet/engines/cudnn.py); dx the input's gradient (or None),
+    """x (N, C, H, W) input; y (N, K, H/2, W/2) pooled output; dy its gradient, masked by y > 0 (Note
+    [relu at the pooled level] in lenet/engines/cudnn.py) unless the stage's engine masks it itself
+    (``masks_dy`` in lenet/engines/base.py); dx the input's gradient (or None),
     masked by x > 0; w, b the parameters; dw, db their gradients (views into the flat buffers)."""
 
     x: object
@@ -187,18 +188,22 @@ class Stage:
 
 @dataclass(frozen=True, eq=False)
 class Head:
-    """fc1 + ReLU + fc2, and the loss after it (which an engine may fuse into its forward)."""
+    """fc1 + ReLU + fc2, and the loss after it (which an engine may fuse into its forward). ``dx_mask``:
+    dx must be masked by x > 0 (the stage below takes its gradient masked), or may be left unmasked (the
+    stage below masks it itself: ``masks_dy`` in lenet/engines/base.py; an engine may mask anyway)."""
 
     kind = "head"
     tensors: HeadTensors
     loss: LossTensors
     max_batch: int
     models: int = 1
+    dx_mask: bool = True
     name = "fc1+fc2"
 
     def key(self) -> dict:
-        return _pack_key({"fc1": list(self.tensors.w["fc1.weight"].shape),
-                          "fc2": list(self.tensors.w["fc2.weight"].shape)}, self.models)
+        k = _pack_key({"fc1": list(self.tensors.w["fc1.weight"].shape),
+                       "fc2": list(self.tensors.w["fc2.weight"].shape)}, self.models)
+        return k if self.dx_mask else {**k, "dx_mask": False}   # the masked form's key: the one stored before
 
     def totals(self) -> tuple:
         """The device totals a training forward adds to, which planning puts back (lenet/plan.py)."""

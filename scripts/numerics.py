@@ -131,7 +131,7 @@ def our_decisions(torch, model, n: int):
     for stage, planned in zip(model.stages, model.plan(n).stages):
         own = model.planner.state(planned.engine)[("stage", stage.name)]
         if planned.engine == "ours":
-            arg = torch.as_tensor(cupy.asnumpy(own["arg"][:n]), device="cuda").long()
+            arg = torch.as_tensor(cupy.asnumpy(own["arg"][:n] & 3), device="cuda").long()   # less the ReLU bit
         else:
             arg = windows(torch.as_tensor(own["c"][:n], device="cuda")).argmax(-1)
         out.append(arg)

@@ -541,3 +541,34 @@ def test_a_pack_sums_as_its_lone_runs_while_it_is_small_and_always_when_determin
     assert not sums_as_lone(16, 128, Policy(), sms) and not sums_as_lone(64, 128, Policy(), sms)
     assert sums_as_lone(64, 128, Policy(deterministic=True), sms)
     assert sums_as_lone(8, 64, Policy(), sms) and not sums_as_lone(8, 64, Policy(), 100)   # the GPU's SMs count
+
+
+def test_the_relu_bit_is_one_constant_and_the_heads_key_names_an_unmasked_dx():
+    """Note [the ReLU bit] in lenet/kernels/stage_common.cu: the check's reference sets the bit the kernels
+    define, every stage forward writes it (arg_byte) and every backward reads dp through it (arg_g, arg_q); a
+    head whose dx is left to the stage below is planned, and its choice stored, under a key of its own
+    (the masked head's key is the one stored before)."""
+    import dataclasses
+    import re
+    import types
+
+    import numpy as np
+
+    from lenet import kernels
+    from lenet.engines.reference import ARG_OFF
+    from lenet.ops import Head
+
+    common = (kernels.FOLDER / "stage_common.cu").read_text()
+    assert int(re.search(r"#define ARG_OFF (\d+)", common).group(1)) == ARG_OFF
+    files = {kernels._declared(m).file for m in kernels.STAGE_MODULES}
+    for f in files:
+        own = (kernels.FOLDER / f"{f}.cu").read_text()
+        if "forward" in f:
+            assert "arg_byte(" in own and "(unsigned char)q" not in own, f
+        elif "backward" in f:
+            assert "arg_g(nq[j], ng[j])" in own and "arg_q(nq[j])" in own, f
+    assert {f for f in files if "forward" in f} == {"stage1_forward", "stage2_forward", "stage2_forward_tiled"}
+    w = {"fc1.weight": np.zeros((120, 256), np.float32), "fc2.weight": np.zeros((10, 120), np.float32)}
+    head = Head(types.SimpleNamespace(w=w), None, 64)
+    assert head.key() == {"fc1": [120, 256], "fc2": [10, 120]}
+    assert dataclasses.replace(head, dx_mask=False).key() == {"fc1": [120, 256], "fc2": [10, 120], "dx_mask": False}

@@ -126,18 +126,24 @@ def test_the_tail_head_is_float64_at_its_decisions(monkeypatch, torch_ref, n, ki
     recomputation: every gradient within 1e-5 in relative L2 at the step's own decisions (random
     normals), or, on pictures, each decision that differs from float64's within 1e-6 of its layer's scale
     of a tie and the agreeing images within 1e-5 (Note [judging per decision] in scripts/numerics.py)."""
-    from numerics import MARGIN, RTOL_L2, judge, measure
-
     from lenet.engines import Policy
     from lenet.kernels.head import HeadShape
     from lenet.model import LeNet
-    from lenet.params import init_host
 
     shape = HeadShape("tail", 2, 0)
     pinned(monkeypatch, shape)
-    x, y = data(n, kind, seed=n)
     model = LeNet(max_batch=n, policy=Policy(engine="ours"), seed=0)
     assert [r["algo"] for r in model.describe(n) if r.get("layer") == "fc1+fc2"] == [shape.name]
+    assert model.plan(n).stages[-1].masks_dy and not model.plan(n).head.masks_dx   # Note [the ReLU bit]
+    against_float64(model, n, kind)
+
+
+def against_float64(model, n: int, kind: str):
+    from numerics import MARGIN, RTOL_L2, judge, measure
+
+    from lenet.params import init_host
+
+    x, y = data(n, kind, seed=n)
     if kind == "normal":
         r = measure(model, init_host(n), x, y)
         over = {k: v for k, v in r["same"].items() if not v[0] <= RTOL_L2}
@@ -149,6 +155,32 @@ def test_the_tail_head_is_float64_at_its_decisions(monkeypatch, torch_ref, n, ki
         over = {k: v for k, v in r["agree"].items() if not v[0] <= 1e-5}
         assert not over, f"tail at {n}: the agreeing images' gradients are off: {over}"
     model.close()
+
+
+@pytest.mark.parametrize("kind", ["normal", "pictures"])
+def test_the_tail_head_masks_dp2_above_cudnns_stages(monkeypatch, torch_ref, kind):
+    """Our stages mask dp2 by the argmax bytes' ReLU bits (Note [the ReLU bit] in stage_common.cu), so
+    above them the tail leaves it unmasked; cuDNN's pooling backward does not, so above cuDNN's stages
+    the tail masks it (head_mask_kernel): that step against float64 as above, at 1000 images."""
+    from lenet.engines import BY_NAME, Policy
+    from lenet.kernels.head import HeadShape
+    from lenet.model import LeNet
+
+    ours, lt = type(BY_NAME["ours"]), type(BY_NAME["cublaslt"])
+    refuses = ours.refuses
+    monkeypatch.setattr(ours, "refuses", lambda self, op, policy: "this test's stages are cuDNN's"
+                        if op.kind == "stage" else refuses(self, op, policy))
+    monkeypatch.setattr(lt, "refuses", lambda self, op, policy: "this test's head is ours")
+    shape = HeadShape("tail", 2, 0)
+    pinned(monkeypatch, shape)
+    n = 1000
+    model = LeNet(max_batch=n, policy=Policy(engine="auto"), seed=0)
+    rows = model.describe(n)
+    assert "ours" not in {r["engine"] for r in rows if r.get("layer") in ("conv1", "conv2")}, rows
+    assert [r["algo"] for r in rows if r.get("layer") == "fc1+fc2"] == [shape.name]
+    step = model.plan(n)
+    assert not step.stages[-1].masks_dy and step.head.masks_dx
+    against_float64(model, n, kind)
 
 
 def assert_close(a: dict, b: dict, what: str, rtol: float = 1e-5):

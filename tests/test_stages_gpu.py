@@ -9,6 +9,7 @@ import pytest
 
 from conftest import assert_close
 from lenet.engines import Policy
+from lenet.engines.reference import ARG_OFF
 
 pytestmark = pytest.mark.gpu
 
@@ -58,10 +59,15 @@ def test_kernels_against_float64(torch_ref, n):
             ours.stage_forward(ks, cand, n, stream, cx, cw, cb, y, arg)()
             assert_close(cupy.asnumpy(y), p64.cpu().numpy(), f"{spec.name} n={n} {cand.name} pooled", STAGE_RTOL)
             live = (p64 > 0).cpu().numpy()
-            differ = (cupy.asnumpy(arg) != arg64.cpu().numpy()) & live
+            a = cupy.asnumpy(arg)
+            differ = ((a & 3) != arg64.cpu().numpy()) & live
             away = differ & ~tie.cpu().numpy()
             assert not away.any(), f"{spec.name} n={n} {cand.name}: {int(away.sum())} argmaxes differ away from ties"
+            off = cupy.asnumpy(~(y > 0))   # Note [the ReLU bit]: set exactly where the own pooled output is not > 0
+            assert np.array_equal((a & ARG_OFF) != 0, off) and not (a & ~np.uint8(3 | ARG_OFF)).any(), \
+                f"{spec.name} n={n} {cand.name}: the argmax bytes' ReLU bits disagree with the pooled output"
         # The backward on float64's decisions: the gradient masked by float64's ReLU, routed to its argmax.
+        # The kernels are given it unmasked: they mask it by the argmax bytes' ReLU bits (float64's).
         dym = dy * (p64 > 0)
         xr = x.double().requires_grad_(spec.dx)
         wr, br = w.double().requires_grad_(), b.double().requires_grad_()
@@ -76,7 +82,8 @@ def test_kernels_against_float64(torch_ref, n):
         grads = torch.autograd.grad(out, [t for t in (xr, wr, br) if t.requires_grad], dc)
         gx = grads[0] * (x > 0) if spec.dx else None
         gw, gb = grads[-2], grads[-1]
-        cdy, carg = cupy.asarray(dym.contiguous()), cupy.asarray(arg64.contiguous())
+        bits = arg64 | ((p64 <= 0).to(torch.uint8) * ARG_OFF)
+        cdy, carg = cupy.asarray(dy.contiguous()), cupy.asarray(bits.contiguous())
         for cand in ks.backward_candidates():
             part = cupy.empty((cand.grid(n), ks.width), cupy.float32)
             dw, db = cupy.full(spec.w, cupy.nan, cupy.float32), cupy.full(spec.w[0], cupy.nan, cupy.float32)
@@ -95,7 +102,8 @@ def test_kernels_against_float64(torch_ref, n):
 def test_the_check_passes_ours_and_catches_a_wrong_decision():
     """Note [checking a stage]: every launch shape passes against cuDNN's exact result on the check's
     operands, half of them quantized pictures on a constant background (Note [real-data operands]); a
-    wrong argmax away from a near-tie, the first maximum not taken at an exact four-way tie, a wrong dw,
+    wrong argmax away from a near-tie, the first maximum not taken at an exact four-way tie, a ReLU bit
+    that disagrees with the pooled output (Note [the ReLU bit]), a wrong dw,
     and a data gradient that leaks through an exact zero all fail."""
     import cupy
 
@@ -122,6 +130,9 @@ def test_the_check_passes_ours_and_catches_a_wrong_decision():
             i = int(np.flatnonzero(where.ravel())[0])
             bad.ravel()[i] = (int(bad.ravel()[i]) + 1) % 4
             assert check.check_forward(ref, y, bad)[2] is not None, "a wrong argmax passed the check"
+        bad = arg.copy()
+        bad.ravel()[int(np.flatnonzero(ref.live.ravel())[0])] ^= ARG_OFF
+        assert "ReLU bits" in check.check_forward(ref, y, bad)[2], "a wrong ReLU bit passed the check"
         assert check.check_backward(ref, ref.dw * 1.001, ref.db, ref.dx)[1] is not None, "a wrong dw passed"
         if spec.dx:
             assert ref.x_zero.any()

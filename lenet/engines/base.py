@@ -23,6 +23,9 @@ can be captured in a CUDA graph) and describes itself for the programs:
         def forward(self) -> None: ...               # (a stage's, the head's; the loss and update run
         def backward(self) -> None: ...              #  as their own kinds say)
         def describe(self) -> list[dict]: ...        # engine, plan or kernel, chunk, time, workspace, error
+        masks_dy: bool                               # a stage's: its backward masks dy by its own ReLU, so the
+                                                     # head above may leave it unmasked (lenet/ops.py: Head)
+        masks_dx: bool                               # the head's: it masked dx by x > 0 itself
 
 An engine keeps nothing mutable of its own: what it makes for a model (cuDNN's descriptors and graphs,
 scratch buffers, its checks) lives in ``planner.state(engine)``, which the model owns.
@@ -113,6 +116,8 @@ class Named:
 
 class PlannedOp(Protocol):
     workspace_bytes: int
+    masks_dy: bool   # a stage's only
+    masks_dx: bool   # the head's only
 
     def describe(self) -> list[dict]: ...
 

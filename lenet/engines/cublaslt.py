@@ -70,7 +70,7 @@ class Cublaslt:
                 state["mask"] = cupy.zeros(op.models * op.max_batch * LtMatmul.AUX_LD // 8, cupy.uint8)
         loss = planner.plan(Loss(op.loss, op.max_batch, op.models), n)
         head = PlannedHead(op.tensors, n, loss, planner, state["relu"],
-                           state["lt"] if planner.policy.fused else None, state["mask"], op.models)
+                           state["lt"] if planner.policy.fused else None, state["mask"], op.models, op.dx_mask)
         if op.models > 1 and head.lt is None:
             raise AlgorithmNotSupportedError(f"a pack of {op.models} models: {head.note}")
         return head
@@ -87,9 +87,10 @@ class PlannedHead:
     workspace_bytes = 0
     fuses_loss = False   # a training forward runs the planned loss after it
 
-    def __init__(self, t, n: int, loss, planner, relu, lt=None, relu_mask=None, models: int = 1):
+    def __init__(self, t, n: int, loss, planner, relu, lt=None, relu_mask=None, models: int = 1,
+                 dx_mask: bool = True):
         self.n, self.h, self.blas, self.ones, self.relu = n, planner.handle, planner.blas, planner.ones, relu
-        self.models = models
+        self.models, self.masks_dx = models, dx_mask
         self.loss, self.w, self.g = loss, t.w, t.g
         self.x, self.dx = t.x[:n], t.dx[:n]                          # (n, 256)
         self.h1, self.logits = t.h1[:n], t.logits[:n]                # (n, 120), (n, 10)
@@ -157,9 +158,11 @@ class PlannedHead:
             blas.gemm(self.dh1, self.x, g["fc1.weight"], trans_a=True)         # (120,n)@(n,256)
             blas.column_sums(self.dh1, self.ones, g["fc1.bias"])
             blas.gemm(self.dh1, w["fc1.weight"], self.dx)                      # (n,120)@(120,256)
-        # dx masked by x > 0 (x is a ReLU's output: Note [relu at the pooled level])
-        xd = self.xd
-        self.relu.backward(self.h, xd, self.x4, xd, self.dx4, xd, self.x4, xd, self.dx4)
+        # dx masked by x > 0 (x is a ReLU's output: Note [relu at the pooled level]), unless the stage below
+        # masks it itself (lenet/ops.py: Head.dx_mask)
+        if self.masks_dx:
+            xd = self.xd
+            self.relu.backward(self.h, xd, self.x4, xd, self.dx4, xd, self.x4, xd, self.dx4)
 
     def describe(self) -> list[dict]:
         how = ("cuBLASLt, bias/ReLU/bias-gradient epilogues" if self.lt is not None

@@ -339,6 +339,7 @@ def supported_names(planner, specs, n: int, engine: str = "legacy") -> dict[str,
 
 class CudnnPlan:
     engine = "cudnn"
+    masks_dy = False   # the pooling backward reads dy as given: the head masks it (Note [relu at the pooled level])
 
     def __init__(self, conv, pool):
         self.conv, self.pool = conv, pool
@@ -362,6 +363,8 @@ class CudnnPackPlan:
     the pack sums exactly what its lone run on cuDNN sums. A grouped convolution (model k as group k) would
     need the models' images side by side in one image, (n, K C, H, W), where our kernels and the head take
     each model's images one after another, (K n, C, H, W)."""
+
+    masks_dy = False
 
     def __init__(self, plans: list):
         self.plans = plans

@@ -407,7 +407,8 @@ class Ours:
                         for m in range(K)]
         except (LtUnavailable, ImportError) as e:
             raise AlgorithmNotSupportedError(f"{shape.name}: {e}") from None
-        return head_kernels.TailLaunches(op.tensors, op.loss, n, shape, mats, rows, sce, planner.stream, K)
+        return head_kernels.TailLaunches(op.tensors, op.loss, n, shape, mats, rows, sce, planner.stream, K,
+                                         mask=op.dx_mask)
 
     def _sliced_dw1(self, lt, op, n: int, whole, planner):
         """dW1 = dh1^T p2 over the batch, as the fastest of cuBLASLt's one matmul (``whole``) and S of them
@@ -457,6 +458,7 @@ class OursStagePlan:
 
     engine = "ours"
     workspace_bytes = 0
+    masks_dy = True   # the argmax byte's ReLU bit (Note [the ReLU bit] in lenet/kernels/stage_common.cu)
 
     def __init__(self, spec, n: int, fwd, bwd):
         self.spec, self.n, self.fwd, self.bwd = spec, n, fwd, bwd
@@ -485,6 +487,7 @@ class OursHeadPlan:
         self.shape, self.n = shape, n
         self.forward, self.forward_loss = launches.forward, launches.forward_loss
         self.backward, self.backward_given = launches.backward, launches.backward_given
+        self.masks_dx = launches.masks_dx   # dx masked by x > 0 here (else by the stage below: lenet/ops.py, Head)
 
     def describe(self) -> list[dict]:
         return [{"layer": "fc1+fc2", "op": "fwd+loss+bwd", "engine": "ours", "algo": self.shape.name,

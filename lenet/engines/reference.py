@@ -9,10 +9,12 @@ weight-gradient entry by a whole term. So a candidate is checked against the sam
             reference's at every window with a live output (> 0) whose top two values are more than
             TIE_RTOL * max|conv| apart, and at every live window whose four values are exactly equal
             (a constant background: the first maximum, a00, wins in every implementation); the
-            near-ties it may decide either way are counted;
-  backward  given the reference's argmax and the gradient masked by the reference's ReLU, its weight,
-            bias and input gradients within EXACT_RTOL of the reference's, and its input gradient
-            exactly 0 wherever the input is exactly 0 (the previous ReLU's mask).
+            near-ties it may decide either way are counted; and its argmax bytes' ReLU bit set exactly where its own pooled output is not > 0 (Note
+            [the ReLU bit] in lenet/kernels/stage_common.cu);
+  backward  given the reference's argmax bytes (their ReLU bits the reference's) and the gradient
+            unmasked, its weight, bias and input gradients within EXACT_RTOL of the reference's (which
+            masks by its ReLU), and its input gradient exactly 0 wherever the input is exactly 0 (the
+            previous ReLU's mask).
 Note [real-data operands]: random normals never tie and are never exactly 0. Every Fashion-MNIST batch
 has both: a constant background (every window of it an exact tie, every conv output over it equal),
 pixels quantized to 256 levels, and after a ReLU, exact zeros. So half the check's images are
@@ -38,6 +40,7 @@ from descriptors.exact import EXACT_RTOL, reference
 
 TIE_RTOL = 1e-4
 CHECK_BATCH = 256
+ARG_OFF = 4   # an argmax byte's ReLU bit: ARG_OFF in lenet/kernels/stage_common.cu
 
 
 @dataclass
@@ -46,8 +49,8 @@ class StageReference:
     x: object      # (m, C, H, W) operands ...
     w: object
     b: object
-    dy: object     # (m, K, H/2, W/2) the pooled gradient masked by the reference's ReLU
-    arg: object    # (m, K, H/2, W/2) uint8 argmax q = 2 * dy + dx
+    dy: object     # (m, K, H/2, W/2) the pooled gradient, unmasked (the backward masks it by arg's ReLU bit)
+    arg: object    # (m, K, H/2, W/2) uint8 argmax q = 2 * dy + dx, | ARG_OFF where the reference's ReLU is off
     # What they must produce, on the host (NumPy):
     y: object      # pooled output
     arg_host: object
@@ -138,12 +141,13 @@ def stage_reference(handle, spec, m: int = CHECK_BATCH, legacy=None) -> StageRef
     live = np.abs(top) > scale
     y = np.maximum(top, np.float32(0))
     dy = (dy_raw * (top > 0)).astype(np.float32)
+    arg_bits = arg | np.where(top > 0, 0, ARG_OFF).astype(np.uint8)
     routed = (np.arange(4, dtype=np.uint8) == arg[..., None]) * dy[..., None]
     dc = np.ascontiguousarray(routed.reshape(m, k, h // 2, ww // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
                               .reshape(m, k, h, ww), dtype=np.float32)
     db = dc.sum(axis=(0, 2, 3), dtype=np.float64).astype(np.float32)
     with handle.stream:
-        dcd, dyd, argd = cupy.asarray(dc), cupy.asarray(dy), cupy.asarray(arg)
+        dcd, dyd, argd = cupy.asarray(dc), cupy.asarray(dy_raw), cupy.asarray(arg_bits)
         dw = cupy.empty(spec.w, cupy.float32)
     reference(handle, spec.conv("bwd-filter", m), {"x": x, "dy": dcd, "dw": dw}, legacy)
     dx = None
@@ -161,18 +165,21 @@ def check_forward(ref: StageReference, y, arg) -> tuple[float, int, str | None]:
     """(distance of y, number of windows decided otherwise at a near-tie, why it fails or None)."""
     import numpy as np
 
-    yh = _host(y)
+    yh, ah = _host(y), _host(arg)
     err = distance(yh, ref.y)
-    differ = _host(arg) != ref.arg_host
+    differ = (ah & 3) != ref.arg_host
     wrong = int(np.count_nonzero(differ & ref.decided))
     ties = int(np.count_nonzero(differ)) - wrong
     relu = int(np.count_nonzero(((yh > 0) != (ref.y > 0)) & ref.live))
+    bits = int(np.count_nonzero(((ah & ARG_OFF) != 0) != ~(yh > 0)) + np.count_nonzero(ah & ~np.uint8(3 | ARG_OFF)))
     if not err <= EXACT_RTOL:
         return err, ties, f"pooled output is {err:.1e} from cuDNN's exact result (bound {EXACT_RTOL:.0e})"
     if wrong:
         return err, ties, f"{wrong} pooling windows took another argmax than cuDNN's away from any near-tie"
     if relu:
         return err, ties, f"{relu} pooled outputs took another ReLU decision than cuDNN's away from 0"
+    if bits:
+        return err, ties, f"{bits} argmax bytes' ReLU bits disagree with the pooled output (set where it is not > 0)"
     return err, ties, None
 
 

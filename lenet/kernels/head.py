@@ -159,6 +159,8 @@ class HeadLaunches:
     ``t``: lenet.ops.HeadTensors; ``loss``: lenet.ops.LossTensors. A pack of ``models`` (Note [packs] in
     lenet/ops.py) launches the pack versions (head_common.cu), each model on its lone run's grid."""
 
+    masks_dx = True   # dx masked by x > 0 in the block and split forms' own kernels, always
+
     def __init__(self, t, loss, n: int, shape: HeadShape, part, sce: SoftmaxCE, stream, side, models: int = 1):
         x, dx = t.x[:n], t.dx[:n]                                                # (n, 256)
         h1, dh1, logits, dlogits = t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n]   # (n, 120) x 2, (n, 10) x 2
@@ -259,12 +261,13 @@ class TailLaunches:
     """The head in the tail form (Note [head tail] in head_tail.cu), HeadLaunches' four calls: fc1 (+ bias,
     ReLU) on cuBLASLt, then head_tail_kernel (the logits; in training the loss, dlogits, dh1 and the sums
     of db1, dW2 and db2); ``backward()``: the blocks' rows added (stage_reduce), dW1 and dp2 on cuBLASLt,
-    and dp2 masked by x > 0 (head_mask_kernel). ``mats``: one dict of LtMatmuls ("fc1", "dW1", "dp2") for
+    and, with ``mask``, dp2 masked by x > 0 (head_mask_kernel; without, the stage below masks it: Note [the
+    ReLU bit] in stage_common.cu). ``mats``: one dict of LtMatmuls ("fc1", "dW1", "dp2") for
     the whole pack (batched), or one a model (each its lone run's: Note [a deterministic pack's head] in
     lenet/engines/fc.py). ``rows``: tail_scratch's buffer; ``sce``: the loss's per-block sums."""
 
     def __init__(self, t, loss, n: int, shape: HeadShape, mats: list, rows, sce: SoftmaxCE, stream,
-                 models: int = 1):
+                 models: int = 1, mask: bool = True):
         K, null, f0 = models, np.uint64(0), np.float32(0)
         blocks = tail_blocks(n, shape.group)
         if blocks > 1 and K * blocks > rows.shape[0]:
@@ -292,7 +295,8 @@ class TailLaunches:
         tail, tail_plain, tail_given = (Launch(fn, grid, (TAIL_WARPS * 32,), a, stream) for a in (training, plain, given))
         count = K * n * 256   # dx's floats, every model's rows one after another
         mask = Launch(kernel(pack_module("head_tail", K), "head_mask_kernel"),
-                      (max(1, min(-(-count // 1024), 4 * sm_count())),), (256,), (t.x, t.dx, np.int64(count)), stream)
+                      (max(1, min(-(-count // 1024), 4 * sm_count())),), (256,), (t.x, t.dx, np.int64(count)),
+                      stream) if mask else None
         red = kernel(pack_module("stage_reduce", K), "stage_reduce_kernel")
         reduced = (Launch(red, (-(-TAIL_WIDTH // 32), K), (256,), (rows, g_b1, g_b1, np.int32(blocks),
                                                                   np.int32(TAIL_WIDTH), np.int32(0), np.int32(P.TOTAL)),
@@ -316,10 +320,12 @@ class TailLaunches:
             for m in mats:
                 m["dW1"]()
                 m["dp2"]()
-            mask()
+            if mask is not None:
+                mask()
 
         def backward_given():
             fc1()   # h1 again, as the other forms run their forward again
             tail_given()
             backward()
         self.forward, self.forward_loss, self.backward, self.backward_given = forward, forward_loss, backward, backward_given
+        self.masks_dx = mask is not None

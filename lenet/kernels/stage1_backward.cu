@@ -64,9 +64,9 @@ stage1_backward_kernel(const float* __restrict__ x, const unsigned char* __restr
     for (int j = 0; j < S1B_G; ++j) {
       const int i = t + S1B_THREADS * j;
       if (i < S1_POOLED) {
-        const int q = nq[j], pos = i % 144;
+        const int q = arg_q(nq[j]), pos = i % 144;
         const int off = (2 * (pos / 12) + (q >> 1)) * S1_RS + 2 * (pos % 12) + (q & 1);
-        sgo[i] = make_float2(ng[j], __int_as_float(off));
+        sgo[i] = make_float2(arg_g(nq[j], ng[j]), __int_as_float(off));
       }
     }
     __syncthreads();

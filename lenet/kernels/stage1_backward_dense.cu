@@ -72,8 +72,8 @@ stage1_backward_dense_kernel(const float* __restrict__ x, const unsigned char* _
     for (int j = 0; j < S1D_G; ++j) {
       const int i = t + S1D_THREADS * j;
       if (i < S1_POOLED) {   // window (k, pi, pj) = (i / 144, i % 144 / 12, i % 12): its 2 x 2 conv gradient
-        const int q = nq[j], pos = i % 144;
-        const float g = ng[j];
+        const int q = arg_q(nq[j]), pos = i % 144;
+        const float g = arg_g(nq[j], ng[j]);
         float* d = sd + (i / 144) * S1D_DS + (pos / 12) * 56 + (pos % 12) * 2;
         *reinterpret_cast<float2*>(d) = make_float2(q == 0 ? g : 0.f, q == 1 ? g : 0.f);
         *reinterpret_cast<float2*>(d + 28) = make_float2(q == 2 ? g : 0.f, q == 3 ? g : 0.f);

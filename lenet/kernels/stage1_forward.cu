@@ -48,7 +48,7 @@ stage1_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
       if (a2 > best) { best = a2; q = 2; }
       if (a3 > best) { best = a3; q = 3; }
       p[out + k * 144] = relu_keep_nan(best);
-      arg[out + k * 144] = (unsigned char)q;
+      arg[out + k * 144] = arg_byte(q, best);
     }
   }
 }

@@ -140,9 +140,9 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
     for (int j = 0; j < NG; ++j) {
       const int i = t + THREADS * j;
       if (i < S2_POOLED) {
-        const int pos = i & 15, q = nq[j];
+        const int pos = i & 15, q = arg_q(nq[j]);
         const int y = 2 * (pos >> 2) + (q >> 1), xc = 2 * (pos & 3) + (q & 1);
-        sgo[i] = make_float2(ng[j], __int_as_float((y * S2_RS + xc) | y << 16 | xc << 24));
+        sgo[i] = make_float2(arg_g(nq[j], ng[j]), __int_as_float((y * S2_RS + xc) | y << 16 | xc << 24));
       }
     }
     __syncthreads();

@@ -121,8 +121,8 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
     for (int j = 0; j < NG; ++j) {
       const int i = t + THREADS * j;
       if (i < S2_POOLED) {   // window (k, pi, pj) = (i / 16, i / 4 % 4, i % 4): its 2 x 2 conv gradient
-        const int q = nq[j];
-        const float g = ng[j];
+        const int q = arg_q(nq[j]);
+        const float g = arg_g(nq[j], ng[j]);
         float* d = sd + (i >> 4) * S2D_DS + ((i >> 2) & 3) * 2 * S2D_RS + (i & 3) * 2;
         *reinterpret_cast<float2*>(d) = make_float2(q == 0 ? g : 0.f, q == 1 ? g : 0.f);
         *reinterpret_cast<float2*>(d + S2D_RS) = make_float2(q == 2 ? g : 0.f, q == 3 ? g : 0.f);

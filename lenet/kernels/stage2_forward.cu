@@ -48,6 +48,6 @@ stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
     if (a11 > best) { best = a11; q = 3; }
     const size_t out = (size_t)(n0 + slot) * S2_POOLED + o;
     p[out] = relu_keep_nan(best);
-    arg[out] = (unsigned char)q;
+    arg[out] = arg_byte(q, best);
   }
 }

@@ -67,7 +67,7 @@ stage2_forward_tiled_kernel(const float* __restrict__ x, const float* __restrict
       if (a10[q] > best) { best = a10[q]; qa = 2; }
       if (a11[q] > best) { best = a11[q]; qa = 3; }
       p[out + q * 16] = relu_keep_nan(best);
-      arg[out + q * 16] = (unsigned char)qa;
+      arg[out + q * 16] = arg_byte(qa, best);
     }
   }
 }
