@@ -271,6 +271,9 @@ def test_launch_grids(monkeypatch):
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     assert kstages.Forward(2, 8).grid(1) == 1 and kstages.Forward(2, 8).grid(7) == 4 and kstages.Forward(1, 8).grid(10**6) == 1056
     assert kstages.Backward(4).grid(1) == 1 and kstages.Backward(4, 1).grid(64) == 64 and kstages.Backward(16).grid(10**6) == 2112
+    # a pack's models share one wave, rounded down (Note [one wave for a pack]): 16 x 64 <= 1056, 8 x 64 <= 528
+    assert kstages.Forward(1, 8).grid(128, 64) == 16 and kstages.Backward(4).grid(128, 64) == 8
+    assert kstages.Backward(2).grid(128, 64) == 4 and kstages.Backward(2).grid(128, 1000) == 1
     assert kstages.parse_name("fused-bwd-v2-g4") == kstages.Backward(4, 1) and kstages.parse_name("fft") is None
     assert kstages.parse_name("fused-fwd-v2-i4-g16") == kstages.Forward(4, 16, 1)
     assert kstages.parse_name("fused-fwd-i4-g16") is None   # a forward's name carries its version
@@ -456,6 +459,7 @@ def test_a_search_times_every_head_form_where_it_fits(monkeypatch):
         tails = [s.group for s in cands if s.form == "tail"]
         assert tails == ([] if n < 256 else [2] if n <= 8 * 132 else [2, 1]), (n, tails)
     assert head.tail_blocks(1057, 2) == 133 and head.tail_blocks(65536, 2) == 264 and head.tail_blocks(512, 1) == 64
+    assert head.tail_blocks(128, 2, 64) == 4 and head.tail_blocks(128, 2, 1000) == 1   # a pack: one wave shared
     assert head.HeadShape("split", 4, 256).name == "fused head split g4 w256"
     assert head.HeadShape("block", 4, 256).name == "fused head g4 w256"
     assert head.HeadShape("tail", 2, 0).name == "fused head tail g2 (fc1 on cuBLASLt)"

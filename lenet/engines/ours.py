@@ -408,7 +408,7 @@ class Ours:
         except (LtUnavailable, ImportError) as e:
             raise AlgorithmNotSupportedError(f"{shape.name}: {e}") from None
         return head_kernels.TailLaunches(op.tensors, op.loss, n, shape, mats, rows, sce, planner.stream, K,
-                                         mask=op.dx_mask)
+                                         mask=op.dx_mask, share=self.share(op, n, planner.policy))
 
     def _sliced_dw1(self, lt, op, n: int, whole, planner):
         """dW1 = dh1^T p2 over the batch, as the fastest of cuBLASLt's one matmul (``whole``) and S of them

@@ -76,9 +76,11 @@ TAIL_WARPS = 8                # head_tail.cu's HT_WARPS: images a block has in f
 TAIL_WIDTH = P.OFFSETS["fc2.bias"] + P.SHAPES["fc2.bias"][0] - P.OFFSETS["fc1.bias"]   # db1 .. db2, padded
 
 
-def tail_blocks(n: int, per_sm: int) -> int:
-    """The tail kernel's grid at batch n (per model: each model of a pack on its lone run's)."""
-    return max(1, min(-(-n // TAIL_WARPS), per_sm * sm_count()))
+def tail_blocks(n: int, per_sm: int, models: int = 1) -> int:
+    """The tail kernel's grid at batch n, per model: a pack of ``models`` shares one wave, as the stages'
+    grids do (Note [one wave for a pack] in lenet/kernels/stages.py); a pack that sums as its lone runs
+    passes 1 (each model on its lone run's grid)."""
+    return max(1, min(-(-n // TAIL_WARPS), per_sm * sm_count() // models))
 
 
 SPLIT_HEURISTIC_MAX = 256   # the heuristic takes the split forward up to this batch
@@ -264,12 +266,13 @@ class TailLaunches:
     and, with ``mask``, dp2 masked by x > 0 (head_mask_kernel; without, the stage below masks it: Note [the
     ReLU bit] in stage_common.cu). ``mats``: one dict of LtMatmuls ("fc1", "dW1", "dp2") for
     the whole pack (batched), or one a model (each its lone run's: Note [a deterministic pack's head] in
-    lenet/engines/fc.py). ``rows``: tail_scratch's buffer; ``sce``: the loss's per-block sums."""
+    lenet/engines/fc.py). ``rows``: tail_scratch's buffer; ``sce``: the loss's per-block sums; ``share``: the
+    models sharing one wave of the tail's grid (tail_blocks)."""
 
     def __init__(self, t, loss, n: int, shape: HeadShape, mats: list, rows, sce: SoftmaxCE, stream,
-                 models: int = 1, mask: bool = True):
+                 models: int = 1, mask: bool = True, share: int = 1):
         K, null, f0 = models, np.uint64(0), np.float32(0)
-        blocks = tail_blocks(n, shape.group)
+        blocks = tail_blocks(n, shape.group, share)
         if blocks > 1 and K * blocks > rows.shape[0]:
             raise ValueError(f"the tail's {blocks} blocks need more partial rows than the {rows.shape[0]} kept")
         if blocks > sce.blocks or K > sce.models:

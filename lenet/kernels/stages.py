@@ -55,6 +55,16 @@ HEURISTIC = {
 SHAPES = {((1, 28, 28), (6, 1, 5, 5), False): "conv1", ((6, 12, 12), (16, 6, 5, 5), True): "conv2"}
 
 
+# Note [one wave for a pack]: a launch shape's grid is per_sm blocks on every SM, one wave, each block
+# taking its share of the images in turn. A pack of K models shares that wave: each model gets
+# per_sm * SMs // K blocks, rounded down. Rounded up, the blocks overflowed one wave and the last few ran
+# as a second one: 64 models of 128 images on an H100 (132 SMs) made 17 x 64 = 1088 forward blocks for
+# 1056 slots and 9 x 64 = 576 dense-backward blocks for 528, and each stage took 13-30% longer than one
+# model's at 8192 images (ncu: stage 1's forward 99.9 us against 75.3, stage 2's backward 190.5 against
+# 160.5). Rounded down (and the head's tail grid shared the same way: lenet/kernels/head.py, tail_blocks):
+# stage 1's forward 85.3, stage 2's forward 82.7 (88.5), backward 168.2, stage 1's backward 58.0 (68.7), the
+# tail 15.3 (24.8, its rows four times fewer); the pack's step (scripts/sweep_bench.py) 593.7 -> 530-532 us,
+# 13.8 -> 15.4 M images/s.
 @dataclass(frozen=True)
 class Forward:
     images: int       # per block iteration
@@ -66,8 +76,9 @@ class Forward:
         return f"fused-fwd-v{self.version + 1}-i{self.images}-g{self.per_sm}"
 
     def grid(self, n: int, models: int = 1) -> int:
-        """Blocks per model (Note [model from the grid] in stage_common.cu): a pack shares the SMs."""
-        return max(1, min(-(-n // self.images), -(-self.per_sm * sm_count() // models)))
+        """Blocks per model (Note [model from the grid] in stage_common.cu): a pack shares the SMs
+        (Note [one wave for a pack])."""
+        return max(1, min(-(-n // self.images), self.per_sm * sm_count() // models))
 
 
 @dataclass(frozen=True)
@@ -80,8 +91,9 @@ class Backward:
         return f"fused-bwd-v{self.version + 1}-g{self.per_sm}"
 
     def grid(self, n: int, models: int = 1) -> int:
-        """Blocks per model (Note [model from the grid] in stage_common.cu): a pack shares the SMs."""
-        return max(1, min(n, -(-self.per_sm * sm_count() // models)))
+        """Blocks per model (Note [model from the grid] in stage_common.cu): a pack shares the SMs
+        (Note [one wave for a pack])."""
+        return max(1, min(n, self.per_sm * sm_count() // models))
 
 
 @dataclass(frozen=True)
