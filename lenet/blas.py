@@ -274,8 +274,10 @@ class LtMatmul:
         Note [tuned matmuls]: cuBLASLt's heuristic ranks algorithms by a model of the GPU, not by running
         them, and for the head's weight gradient (120 x 256 summed over the batch) its first at 65536
         images took 201 us on an H100, split 11 ways over 88 blocks of 132 SMs. Timing its next few
-        (other tiles and splits) is a few milliseconds at plan time. Each algorithm is deterministic; the
-        choice by timing is not reproducible, so a reproducible policy keeps the first."""
+        (other tiles and splits) is a few milliseconds at plan time, and the choice is the planner's to
+        store (``Ours._tail_picks`` in lenet/engines/ours.py): a later run recalls it (``use``). Each
+        algorithm is deterministic; the choice by timing is not reproducible, so a reproducible policy
+        keeps the first."""
         times = []
         for algo in self.algos:
             self._algo = algo
@@ -283,6 +285,10 @@ class LtMatmul:
         self.pick = int(np.argmin(times))
         self._algo = self.algos[self.pick]
         return times
+
+    def use(self, pick: int) -> None:
+        """Run ``algos[pick]`` (a choice ``tune`` made before, recalled)."""
+        self.pick, self._algo = pick, self.algos[pick]
 
     @staticmethod
     def _destroy(L, desc, objs):

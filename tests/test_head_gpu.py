@@ -213,3 +213,30 @@ def test_the_tail_head_under_a_loss_of_the_callers(monkeypatch, torch_ref):
     x, y = data(700, "normal")
     got = {s.form: through_torch(monkeypatch, s, x, y) for s in (HeadShape("block", 4, 256), HeadShape("tail", 1, 0))}
     assert_close(got["tail"], got["block"], "lenet.torch, tail g1 at 700")
+
+
+def test_the_tails_cublaslt_choices_are_stored_and_recalled(monkeypatch, tmp_path):
+    """The tail's cuBLASLt algorithms and dW1's slices are a decision of the planner's (Ours._tail_picks):
+    a second model on the same plan cache binds the tail with the stored ones and times none, and its
+    step is the first's bit for bit (the same algorithms, the same slices)."""
+    from lenet.blas import LtMatmul
+    from lenet.engines import Policy
+    from lenet.kernels.head import HeadShape
+    from lenet.model import LeNet
+
+    pinned(monkeypatch, HeadShape("tail", 2, 0))
+    x, y = data(1000, "pictures")
+    path = tmp_path / "plans.json"
+    grads = []
+    for second in (False, True):
+        if second:
+            def untimed(self, time):
+                raise AssertionError("a stored choice of the tail's algorithms was timed again")
+            monkeypatch.setattr(LtMatmul, "tune", untimed)
+        model = LeNet(max_batch=1000, seed=0, plan_cache=path, policy=Policy(engine="ours"))
+        model.load_batch(x, y)
+        model.forward(1000)
+        model.backward(1000)
+        grads.append(model.grad_dict())
+        model.close()
+    assert_identical(grads[1], grads[0], "the tail recalled")

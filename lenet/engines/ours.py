@@ -27,7 +27,7 @@ one a stage does not offer (conv1 has one forward and two backward versions, con
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -395,26 +395,63 @@ class Ours:
         rows = self._scratch(planner, ("tail", K), lambda: head_kernels.tail_scratch(K, op.max_batch))
         lt = self._scratch(planner, "lt", lambda: LazyLt(planner.stream))
         names = ("fc1", "dW1", "dp2")
+        share = self.share(op, n, planner.policy)
         try:
-            if K == 1 or not sums_as_lone(K, n, planner.policy):   # Note [tuned matmuls] in lenet/blas.py
+            if share > 1 or K == 1:   # Note [tuned matmuls] in lenet/blas.py
                 mats = [fc_matmuls(lt.get(), op.tensors, n, K, names=names, bias_grads=False, algos=TUNED_ALGOS)]
-                for mat in mats[0].values():
-                    mat.tune(planner.time)
-                if K == 1:
-                    mats[0]["dW1"] = self._sliced_dw1(lt.get(), op, n, mats[0]["dW1"], planner)
+                picks = self._tail_picks(lt.get(), op, n, mats[0], planner)
+                for name in ("fc1", "dp2"):
+                    mats[0][name].use(getattr(picks, name))
+                mats[0]["dW1"] = self._dw1(lt.get(), op, n, mats[0]["dW1"], picks.dW1, picks.slices, planner)[1]
             else:
                 mats = [fc_matmuls(lt.get(), op.tensors, n, K, model=m, names=names, bias_grads=False)
                         for m in range(K)]
         except (LtUnavailable, ImportError) as e:
             raise AlgorithmNotSupportedError(f"{shape.name}: {e}") from None
         return head_kernels.TailLaunches(op.tensors, op.loss, n, shape, mats, rows, sce, planner.stream, K,
-                                         mask=op.dx_mask, share=self.share(op, n, planner.policy))
+                                         mask=op.dx_mask, share=share)
 
-    def _sliced_dw1(self, lt, op, n: int, whole, planner):
-        """dW1 = dh1^T p2 over the batch, as the fastest of cuBLASLt's one matmul (``whole``) and S of them
-        over slices of the images in one batched call, their partial products added in slice order by
-        stage_reduce (Note [sliced weight gradient]). Timed: a reproducible policy's rule never takes the
-        tail form (``candidates``)."""
+    def _tail_picks(self, lt, op, n: int, mats: dict, planner) -> "TailPicks":
+        """The tail's cuBLASLt algorithms and dW1's slices: a decision of the planner's (Note [stored
+        choices] in lenet/plan.py), so a later run recalls it instead of timing them again (70 ms of a fast
+        run's start-up on an H100, at its evaluation batch of 1000). Timed: a reproducible policy's rule
+        never takes the tail form (``candidates``)."""
+        def search(c, best):
+            for name in ("fc1", "dp2"):
+                mats[name].tune(planner.time)
+            dw1 = mats["dW1"]
+            dw1.tune(planner.time)
+            algo, slices, best_ms = dw1.pick, 1, planner.time(dw1)
+            if op.models == 1:   # Note [sliced weight gradient]
+                for S in DW1_SLICES:
+                    if n // S >= DW1_MIN_ROWS:
+                        mm, run = self._dw1(lt, op, n, dw1, 0, S, planner)
+                        mm.tune(planner.time)
+                        ms = planner.time(run)
+                        if ms < best_ms:
+                            algo, slices, best_ms = mm.pick, S, ms
+            return Trial(TailPicks(self.name, mats["fc1"].pick, algo, mats["dp2"].pick, slices), None)
+
+        def recall(stored):
+            p = TailPicks(self.name, *(int(stored[k]) for k in ("fc1", "dW1", "dp2", "slices")))
+            ok = p.fc1 < len(mats["fc1"].algos) and p.dp2 < len(mats["dp2"].algos) and p.dW1 < TUNED_ALGOS and (
+                p.slices == 1 and p.dW1 < len(mats["dW1"].algos)
+                or op.models == 1 and p.slices in DW1_SLICES and n // p.slices >= DW1_MIN_ROWS)
+            return Trial(p, None) if ok else None
+
+        key = planner.key("head tail matmuls", {"n": n, **op.key()}, (self,))
+        return planner.choose(key, [TailPicks(self.name)], search, recall=recall,
+                              encode=lambda d: d.best.candidate.encode(),
+                              what=f"the tail's cuBLASLt algorithms at batch {n}").best.candidate
+
+    def _dw1(self, lt, op, n: int, whole, algo: int, slices: int, planner):
+        """dW1 = dh1^T p2 over the batch: cuBLASLt's one matmul (``whole``, slices 1), or S of them over
+        slices of the images in one batched call, their partial products added in slice order by
+        stage_reduce (Note [sliced weight gradient]); cuBLASLt's algorithm ``algo`` of the matmul.
+        (the matmul, what runs dW1)."""
+        if slices == 1:
+            whole.use(algo)
+            return whole, whole
         import cupy
 
         from ..blas import LtMatmul
@@ -424,33 +461,43 @@ class Ours:
         t, width = op.tensors, P.SHAPES["fc1.weight"][0] * P.SHAPES["fc1.weight"][1]
         part = self._scratch(planner, "dw1 rows", lambda: cupy.zeros((max(DW1_SLICES) + 1, width), cupy.float32))
         red = kernel("stage_reduce", "stage_reduce_kernel")
-        g = t.g["fc1.weight"]
+        g, S = t.g["fc1.weight"], slices
+        r = n // S
+        mm = LtMatmul(lt, t.dh1[:r], t.x[:r], part[0].reshape(g.shape), trans_a=True, batch=S,
+                      strides=(r * t.dh1.shape[1], r * t.x.shape[1], width), algos=TUNED_ALGOS)
+        mm.use(min(algo, len(mm.algos) - 1))
+        rest = (LtMatmul(lt, t.dh1[S * r:n], t.x[S * r:n], part[S].reshape(g.shape), trans_a=True)
+                if S * r < n else None)
+        rows = S + (rest is not None)
+        reduce = Launch(red, (-(-width // 32),), (256,), (part, g, g, np.int32(rows), np.int32(width), np.int32(0),
+                                                         np.int32(P.TOTAL)), planner.stream)
 
-        def sliced(S: int, algos: int):
-            r = n // S
-            mm = LtMatmul(lt, t.dh1[:r], t.x[:r], part[0].reshape(g.shape), trans_a=True, batch=S,
-                          strides=(r * t.dh1.shape[1], r * t.x.shape[1], width), algos=algos)
-            rest = (LtMatmul(lt, t.dh1[S * r:n], t.x[S * r:n], part[S].reshape(g.shape), trans_a=True)
-                    if S * r < n else None)
-            rows = S + (rest is not None)
-            reduce = Launch(red, (-(-width // 32),), (256,), (part, g, g, np.int32(rows), np.int32(width), np.int32(0),
-                                                             np.int32(P.TOTAL)), planner.stream)
+        def run():
+            mm()
+            if rest is not None:
+                rest()
+            reduce()
+        return mm, run
 
-            def run():
-                mm()
-                if rest is not None:
-                    rest()
-                reduce()
-            return mm, run
-        best, best_ms = whole, planner.time(whole)
-        for S in DW1_SLICES:
-            if S > 1 and n // S >= DW1_MIN_ROWS:
-                mm, run = sliced(S, TUNED_ALGOS)
-                mm.tune(planner.time)
-                ms = planner.time(run)
-                if ms < best_ms:
-                    best, best_ms = run, ms
-        return best
+
+@dataclass(frozen=True)
+class TailPicks:
+    """The tail form's cuBLASLt choices (``Ours._tail_picks``): the algorithm of each product (an index in
+    its heuristic's ranking) and the slices of dW1 (1: one matmul)."""
+
+    engine: str
+    fc1: int = 0
+    dW1: int = 0
+    dp2: int = 0
+    slices: int = 1
+
+    @property
+    def name(self) -> str:
+        return f"fc1 a{self.fc1}, dW1 a{self.dW1}" + (f" over {self.slices} slices" if self.slices > 1 else "") + \
+            f", dp2 a{self.dp2}"
+
+    def encode(self) -> dict:
+        return {"fc1": self.fc1, "dW1": self.dW1, "dp2": self.dp2, "slices": self.slices}
 
 
 class OursStagePlan:
