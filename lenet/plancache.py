@@ -35,6 +35,22 @@ def default_path() -> Path | None:
     return cache_path("plans.json")
 
 
+def stored_engines(path=None) -> set | None:
+    """The engines the stored choices of the plan cache file name (each entry's "engine", where it has
+    one), read with nothing but this module: None where there is no file, none readable, or no entry.
+    lenet/startup.py's preload asks whether any names cuDNN's (Note [a first graph only where one
+    runs] there)."""
+    path = path or default_path()
+    try:
+        doc = json.loads(Path(path).read_bytes().decode())
+    except (OSError, ValueError, TypeError):
+        return None
+    entries = doc.get("entries") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+    if not isinstance(entries, dict) or not entries:
+        return None
+    return {v.get("engine") for v in entries.values() if isinstance(v, dict)} - {None}
+
+
 def environment(gpu: str, driver: int, cudnn: str, frontend: str | None) -> dict:
     """What every choice depends on besides its operation."""
     return {"gpu": gpu, "driver": int(driver), "cudnn": cudnn, "frontend": frontend, "format": FORMAT}

@@ -331,12 +331,32 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     if not uses_frontend(name) or not available()[0]:   # imports the frontend (once: cached)
         return
     mark("preload thread: frontend imported")
+    if up and name == "auto" and not _cudnn_stored():
+        mark("preload thread: no first cuDNN graph (no stored choice runs cuDNN)")
+        return
     if up:
         driver.join()   # a frontend call holds the GIL while it waits for cuDNN's set-up
         h = Handle()
         ConvGraph(h, "fwd", (1, 1, 4, 4), (1, 1, 1, 1), only=0).close()
         h.close()
         mark("preload thread: first cuDNN graph built")
+
+
+def _cudnn_stored() -> bool:
+    """Note [a first graph only where one runs]: the preload's first tiny graph pays the frontend's own
+    first-graph costs (70-100 ms on an H100 machine, after cuDNN's set-up: Note [cuDNN's first call])
+    ahead of the model, and the main thread waits for it. A later run of --engine auto whose stored
+    choices are all of our kernels and cuBLASLt (the plan cache: lenet/plancache.py) builds no graph,
+    so the preload builds none where the store names no cuDNN stage. Where it is wrong (a choice not
+    stored yet, whose search then times cuDNN's graphs) the first graph is built by the search, on the
+    main thread, as a run with no plan cache builds it. Where the store cannot be read: built."""
+    try:
+        from .plancache import stored_engines
+
+        engines = stored_engines()
+    except Exception:   # noqa: BLE001 (the program reads the store itself, and says what is wrong)
+        return True
+    return engines is None or bool(engines & {"cudnn", "graph", "legacy"})
 
 
 class _Preload:

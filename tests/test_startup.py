@@ -25,8 +25,8 @@ print(json.dumps([label for label, _ in startup.MARKS]))
 """
 
 
-def _run(code: str, *args: str, hide_gpu: bool = False) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def _run(code: str, *args: str, hide_gpu: bool = False, **extra) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
     if hide_gpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True,
@@ -58,16 +58,46 @@ def test_warm_cudnn_runs_its_query():
     assert out.stdout.split() == ["True", "True"]
 
 
+def _plans(tmp_path, *engines) -> str:
+    """A plan cache file whose entries name these engines (none: no file)."""
+    from lenet.plancache import FORMAT
+
+    path = tmp_path / "plans.json"
+    if engines:
+        path.write_text(json.dumps({"format": FORMAT, "entries": {f"k{i}": {"engine": e} for i, e in enumerate(engines)}}))
+    return str(path)
+
+
+def test_the_plan_caches_engines_are_read_without_a_handle(tmp_path):
+    """What the preload asks before its first graph (Note [a first graph only where one runs] in
+    lenet/startup.py): the engines stored choices name; None where the file is absent, unreadable,
+    another version's, or empty."""
+    from lenet.plancache import stored_engines
+
+    assert stored_engines(_plans(tmp_path)) is None
+    assert stored_engines(_plans(tmp_path, "ours", "ours", "cublaslt")) == {"ours", "cublaslt"}
+    bad = tmp_path / "bad.json"
+    for text in ("{not json", json.dumps({"format": -1, "entries": {"k": {"engine": "ours"}}}),
+                 json.dumps({"format": 2, "entries": {}}), "\xff\xfe"):
+        bad.write_text(text)
+        assert stored_engines(bad) is None, text
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine,graph", [("auto", True), ("legacy", False)])
-def test_threads_run_every_phase_on_a_gpu(engine, graph):
-    out = _run(_SEQUENCE, engine)
+@pytest.mark.parametrize("engine,stored,graph", [("auto", (), True), ("auto", ("ours", "cudnn"), True),
+                                                 ("auto", ("ours", "cublaslt"), False), ("legacy", (), False)])
+def test_threads_run_every_phase_on_a_gpu(tmp_path, engine, stored, graph):
+    """Every phase of the two threads; the first cuDNN graph under an engine that may build graphs, unless
+    the plan cache's choices name no cuDNN stage (Note [a first graph only where one runs])."""
+    out = _run(_SEQUENCE, engine, LENET_PLAN_CACHE=_plans(tmp_path, *stored))
     assert out.returncode == 0 and out.stderr == "", out.stderr
     marks = json.loads(out.stdout)
     for m in ("driver thread: cuInit + primary context done", "driver thread: cuDNN's one-time set-up done",
               "preload thread: CUDA runtime started", "preload thread: descriptors, lenet.model imported"):
         assert m in marks, (m, marks)
     assert ("preload thread: first cuDNN graph built" in marks) == graph, marks
+    assert ("preload thread: no first cuDNN graph (no stored choice runs cuDNN)" in marks) == (
+        engine == "auto" and not graph), marks
 
 
 # Imports a module of its own after keep_bytecode(); prints the folder and the cached files.
