@@ -2,8 +2,10 @@
 # The GPU check: run on a machine with an NVIDIA GPU, from the repository root.
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
 #   bash scripts/gpu_check.sh tests      # only the GPU tests; `programs`: the programs and memcheck;
-#                                        # `sanitizers`: racecheck, synccheck and initcheck
-# (the three parts fit a device call of 10 minutes each; each prints its own summary line, saying what it ran)
+#                                        # `sanitizers`: racecheck and synccheck; `initcheck`: initcheck
+# (the four parts fit a device call of 10 minutes each; each prints its own summary line, saying what it ran;
+# racecheck, synccheck and initcheck in one part ran past ten minutes once the tail form's pack version
+# joined them)
 # Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then train_step under
 # each engine and policy, then compute-sanitizer memcheck and leak check over a few steps (eager and CUDA graph),
 # racecheck and synccheck over our stage kernels, initcheck over a step of every engine, and ends with one
@@ -58,7 +60,10 @@ for mode in eager graph; do
 done
 fi
 
-if [ "$part" = all ] || [ "$part" = sanitizers ]; then
+if [ "$part" = all ] || [ "$part" = sanitizers ] || [ "$part" = initcheck ]; then
+tools="racecheck synccheck"   # the sanitizers part's
+[ "$part" = initcheck ] && tools=initcheck
+[ "$part" = all ] && tools="racecheck synccheck initcheck"
 
 # racecheck (shared-memory hazards) and synccheck (barrier misuse) over a step of --engine ours (its
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
@@ -69,7 +74,7 @@ if [ "$part" = all ] || [ "$part" = sanitizers ]; then
 # up to 256 images (64, 7, 128, 200), the tail form above (cuBLASLt's fc1 products and head_tail.cu's
 # kernels, 263 blocks at 2100, beside stage 2's dense backward: lenet/kernels/head.py, shapes); head.cu's
 # forward in the deterministic pack of 300 below.
-for tool in racecheck synccheck; do
+for tool in ${tools/initcheck/}; do
     for batch in 64 7 128 200 2100; do
         for flag in ""; do
             log="$out/${tool}_${batch}${flag:+_graph}.txt"
@@ -87,7 +92,7 @@ done
 # --deterministic our head's pack versions too (each model on its lone grid: head_common.cu), at 7 images
 # (one range of weight gradients) and 300 (two, summed by the pack's reduction), and the tail's pack
 # version at 300 (cuBLASLt's batched products, each model's rows summed by the pack's reduction).
-for tool in racecheck synccheck initcheck; do
+for tool in $tools; do
     for pack in "7" "7 --deterministic" "300 --deterministic" "300"; do
         log="$out/${tool}_pack_${pack// /_}.txt"
         compute-sanitizer --tool $tool --error-exitcode 7 \
@@ -100,7 +105,7 @@ done
 
 # The same over our module driven from PyTorch (lenet/torch.py): the head's kernel then reads the
 # dlogits of torch's loss (its given-dlogits path) instead of computing its own.
-for tool in racecheck synccheck; do
+for tool in ${tools/initcheck/}; do
     log="$out/${tool}_torch.txt"
     compute-sanitizer --tool $tool --error-exitcode 7 \
         python3 scripts/torch_bench.py --check 2 --engine ours --batch 64 7 > "$log" 2>&1 || san_rc=1
@@ -110,7 +115,7 @@ done
 
 # initcheck (reads of device memory nothing wrote) over a step of every engine, the planning included:
 # every buffer the planner times candidates on is written first, so any report is a real one.
-for engine in ours legacy graph auto; do
+for engine in $([ "${tools/initcheck/}" = "$tools" ] || echo ours legacy graph auto); do
     log="$out/initcheck_$engine.txt"
     compute-sanitizer --tool initcheck --error-exitcode 7 \
         python3 scripts/profile_step.py --batch 64 --steps 1 --engine $engine --algo heuristic > "$log" 2>&1 || san_rc=1
@@ -142,7 +147,7 @@ tests = (f"{count('passed')} passed, {count('failed')} failed, {count('skipped')
          if tests_ran else "GPU tests not run in this part")
 progs = part in ("all", "programs")
 tools = {"all": "memcheck + leak check, racecheck, synccheck, initcheck", "programs": "memcheck + leak check",
-         "sanitizers": "racecheck, synccheck, initcheck"}.get(part)
+         "sanitizers": "racecheck, synccheck", "initcheck": "initcheck"}.get(part)
 sanitized = f"{tools} {'clean' if san_rc == 0 else 'FAILED'}" if tools else "sanitizers not run in this part"
 print(f"gpu-check ({part}): {'PASS' if ok else 'FAIL'} | {tests} | programs {'ok' if prog_rc == 0 else 'FAILED'}"
       f"{'' if progs else ' (not run)'} | {sanitized} | GPU {g} | cuDNN {c}")
