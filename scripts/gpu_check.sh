@@ -2,10 +2,11 @@
 # The GPU check: run on a machine with an NVIDIA GPU, from the repository root.
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
 #   bash scripts/gpu_check.sh tests      # only the GPU tests; `programs`: the programs and memcheck;
-#                                        # `sanitizers`: racecheck and synccheck; `initcheck`: initcheck
-# (the four parts fit a device call of 10 minutes each; each prints its own summary line, saying what it ran;
-# racecheck, synccheck and initcheck in one part ran past ten minutes once the tail form's pack version
-# joined them)
+#                                        # `racecheck`, `synccheck`, `initcheck`: that sanitizer's runs;
+#                                        # `sanitizers`: the three
+# (tests, programs and each sanitizer fit a device call of 10 minutes each; each part prints its own summary
+# line, saying what it ran; the three sanitizers together ran past ten minutes on an H100 once the tail
+# form's pack version joined them: racecheck and synccheck with three of the initchecks took 590 s)
 # Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then train_step under
 # each engine and policy, then compute-sanitizer memcheck and leak check over a few steps (eager and CUDA graph),
 # racecheck and synccheck over our stage kernels, initcheck over a step of every engine, and ends with one
@@ -60,10 +61,12 @@ for mode in eager graph; do
 done
 fi
 
-if [ "$part" = all ] || [ "$part" = sanitizers ] || [ "$part" = initcheck ]; then
-tools="racecheck synccheck"   # the sanitizers part's
-[ "$part" = initcheck ] && tools=initcheck
-[ "$part" = all ] && tools="racecheck synccheck initcheck"
+case "$part" in
+    all|sanitizers) tools="racecheck synccheck initcheck" ;;
+    racecheck|synccheck|initcheck) tools=$part ;;
+    *) tools="" ;;
+esac
+if [ -n "$tools" ]; then
 
 # racecheck (shared-memory hazards) and synccheck (barrier misuse) over a step of --engine ours (its
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
@@ -147,7 +150,7 @@ tests = (f"{count('passed')} passed, {count('failed')} failed, {count('skipped')
          if tests_ran else "GPU tests not run in this part")
 progs = part in ("all", "programs")
 tools = {"all": "memcheck + leak check, racecheck, synccheck, initcheck", "programs": "memcheck + leak check",
-         "sanitizers": "racecheck, synccheck", "initcheck": "initcheck"}.get(part)
+         "sanitizers": "racecheck, synccheck, initcheck"}.get(part, part if part.endswith("check") else None)
 sanitized = f"{tools} {'clean' if san_rc == 0 else 'FAILED'}" if tools else "sanitizers not run in this part"
 print(f"gpu-check ({part}): {'PASS' if ok else 'FAIL'} | {tests} | programs {'ok' if prog_rc == 0 else 'FAILED'}"
       f"{'' if progs else ' (not run)'} | {sanitized} | GPU {g} | cuDNN {c}")
