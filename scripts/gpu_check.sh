@@ -2,11 +2,13 @@
 # The GPU check: run on a machine with an NVIDIA GPU, from the repository root.
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
 #   bash scripts/gpu_check.sh tests      # only the GPU tests; `programs`: the programs and memcheck;
-#                                        # `racecheck`, `synccheck`, `initcheck`: that sanitizer's runs;
-#                                        # `sanitizers`: the three
-# (tests, programs and each sanitizer fit a device call of 10 minutes each; each part prints its own summary
-# line, saying what it ran; the three sanitizers together ran past ten minutes on an H100 once the tail
-# form's pack version joined them: racecheck and synccheck with three of the initchecks took 590 s)
+#                                        # `racecheck`, `synccheck`, `initcheck`: that sanitizer over one
+#                                        # model's steps; `packs`: the three over a pack of three models;
+#                                        # `sanitizers`: all of these
+# (each part prints its own summary line, saying what it ran. On an H100 the three sanitizers over one model
+# and the pack ran past ten minutes once the tail form's pack version joined them: racecheck and synccheck
+# with three of the pack's initchecks took 590 s, racecheck alone over both past 560 s; the parts are
+# split so that each fits a device call of ten minutes)
 # Runs the GPU tests with LENET_REQUIRE_GPU=1 (a skipped test fails), then train_step under
 # each engine and policy, then compute-sanitizer memcheck and leak check over a few steps (eager and CUDA graph),
 # racecheck and synccheck over our stage kernels, initcheck over a step of every engine, and ends with one
@@ -61,12 +63,15 @@ for mode in eager graph; do
 done
 fi
 
+# Which sanitizers run, over one model's steps (and lenet.torch's, and every engine's for initcheck) and
+# over the pack of three: a part per tool runs it over one model's; `packs` runs the three over the pack.
 case "$part" in
-    all|sanitizers) tools="racecheck synccheck initcheck" ;;
-    racecheck|synccheck|initcheck) tools=$part ;;
-    *) tools="" ;;
+    all|sanitizers) tools="racecheck synccheck initcheck" pack_tools=$tools ;;
+    racecheck|synccheck|initcheck) tools=$part pack_tools="" ;;
+    packs) tools="" pack_tools="racecheck synccheck initcheck" ;;
+    *) tools="" pack_tools="" ;;
 esac
-if [ -n "$tools" ]; then
+if [ -n "$tools$pack_tools" ]; then
 
 # racecheck (shared-memory hazards) and synccheck (barrier misuse) over a step of --engine ours (its
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
@@ -95,7 +100,7 @@ done
 # --deterministic our head's pack versions too (each model on its lone grid: head_common.cu), at 7 images
 # (one range of weight gradients) and 300 (two, summed by the pack's reduction), and the tail's pack
 # version at 300 (cuBLASLt's batched products, each model's rows summed by the pack's reduction).
-for tool in $tools; do
+for tool in $pack_tools; do
     for pack in "7" "7 --deterministic" "300 --deterministic" "300"; do
         log="$out/${tool}_pack_${pack// /_}.txt"
         compute-sanitizer --tool $tool --error-exitcode 7 \
@@ -150,7 +155,8 @@ tests = (f"{count('passed')} passed, {count('failed')} failed, {count('skipped')
          if tests_ran else "GPU tests not run in this part")
 progs = part in ("all", "programs")
 tools = {"all": "memcheck + leak check, racecheck, synccheck, initcheck", "programs": "memcheck + leak check",
-         "sanitizers": "racecheck, synccheck, initcheck"}.get(part, part if part.endswith("check") else None)
+         "sanitizers": "racecheck, synccheck, initcheck",
+         "packs": "racecheck, synccheck, initcheck over a pack"}.get(part, part if part.endswith("check") else None)
 sanitized = f"{tools} {'clean' if san_rc == 0 else 'FAILED'}" if tools else "sanitizers not run in this part"
 print(f"gpu-check ({part}): {'PASS' if ok else 'FAIL'} | {tests} | programs {'ok' if prog_rc == 0 else 'FAILED'}"
       f"{'' if progs else ' (not run)'} | {sanitized} | GPU {g} | cuDNN {c}")
