@@ -447,8 +447,8 @@ class Ours:
     def _dw1(self, lt, op, n: int, whole, algo: int, slices: int, planner):
         """dW1 = dh1^T p2 over the batch: cuBLASLt's one matmul (``whole``, slices 1), or S of them over
         slices of the images in one batched call, their partial products added in slice order by
-        stage_reduce (Note [sliced weight gradient]); cuBLASLt's algorithm ``algo`` of the matmul.
-        (the matmul, what runs dW1)."""
+        stage_reduce (Note [sliced weight gradient]), the matmul running cuBLASLt's algorithm ``algo``.
+        Returns (the matmul, what runs dW1)."""
         if slices == 1:
             whole.use(algo)
             return whole, whole
