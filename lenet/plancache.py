@@ -35,6 +35,23 @@ def default_path() -> Path | None:
     return cache_path("plans.json")
 
 
+_READ: dict = {}   # (path, size, mtime) -> the parsed file: the one read ``_document`` keeps
+
+
+def _document(path: Path):
+    """The plan cache file at ``path``, parsed; read once while it is unchanged (its size and modification
+    time): the start-up thread's look at it (``stored_engines``) serves the model's own read (PlanCache).
+    Raises OSError (FileNotFoundError where there is none) and ValueError (not JSON, not UTF-8)."""
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    doc = _READ.get(key)
+    if doc is None:
+        doc = json.loads(path.read_bytes().decode())
+        _READ.clear()
+        _READ[key] = doc
+    return doc
+
+
 def stored_engines(path=None) -> set | None:
     """The engines the stored choices of the plan cache file name (each entry's "engine", where it has
     one), read with nothing but this module: None where there is no file, none readable, or no entry.
@@ -42,7 +59,7 @@ def stored_engines(path=None) -> set | None:
     runs] there)."""
     path = path or default_path()
     try:
-        doc = json.loads(Path(path).read_bytes().decode())
+        doc = _document(Path(path))
     except (OSError, ValueError, TypeError):
         return None
     entries = doc.get("entries") if isinstance(doc, dict) and doc.get("format") == FORMAT else None
@@ -95,19 +112,16 @@ class PlanCache:
         if self._entries is None:
             self._entries = {}
             try:
-                raw = self.path.read_bytes()
-            except FileNotFoundError:
-                return self._entries
-            except OSError as e:
-                self._warn(f"plan cache {self.path} cannot be read ({e.strerror}); searching instead")
-                return self._entries
-            try:
-                doc = json.loads(raw.decode())
+                doc = _document(self.path)
                 if isinstance(doc, dict) and isinstance(doc.get("format"), int) and doc["format"] != FORMAT:
                     return self._entries   # another version's cache: its keys would never match; replaced
                 if not (isinstance(doc, dict) and doc.get("format") == FORMAT and isinstance(doc.get("entries"), dict)):
                     raise ValueError("not a plan cache of this version")
                 self._entries = {k: v for k, v in doc["entries"].items() if isinstance(v, dict)}
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self._warn(f"plan cache {self.path} cannot be read ({e.strerror}); searching instead")
             except ValueError as e:
                 self._warn(f"plan cache {self.path} is not a readable cache ({str(e).splitlines()[0][:80]}); "
                            f"searching instead, and it will be replaced")

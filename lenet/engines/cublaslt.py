@@ -169,4 +169,3 @@ class PlannedHead:
                else f"cuBLAS gemm + cuDNN bias/ReLU ({self.note})")
         return [{"layer": "fc1+fc2", "op": "fwd+bwd", "engine": "cublaslt" if self.lt is not None else "cublas",
                  "algo": how, "chunk": self.n, "chunks": 1, "workspace_bytes": 0}]
-
