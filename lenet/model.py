@@ -181,7 +181,8 @@ class Step:
             layer.forward()
 
     def forward_loss(self) -> None:
-        """A training step's forward: the logits, the mean loss and dlogits."""
+        """A training step's forward: the logits, the mean loss and dlogits (the loss's total may still be
+        on the side stream: ``side.join()`` before reading it; ``backward()`` joins)."""
         for stage in self.stages:
             stage.forward()
         self.head.forward_loss()
@@ -486,7 +487,9 @@ class LeNet:
 
         dlogits is written too, ready for backward().
         """
-        self.plan(self.n if n is None else n).forward_loss()
+        step = self.plan(self.n if n is None else n)
+        step.forward_loss()
+        step.side.join()   # the loss's total may be added beside the step (lenet.plan.SideStream)
         return self.loss_dev
 
     def backward(self, n: int | None = None) -> None:

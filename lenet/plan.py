@@ -69,16 +69,21 @@ from .timing import time_forward_backward, time_launcher
 
 class SideStream:
     """Work off the step's critical path, forked from the main stream and joined back before the update
-    (Note [side stream])."""
+    (Note [side stream]): on lane 0 (``stream``) the weight gradients' sums, on lane 1 the loss's total
+    (Note [the loss beside the step] in lenet/kernels/head_split.cu), each a stream of its own so that
+    neither waits for the other."""
+
+    LANES = 2
 
     def __init__(self, main):
         import cupy
 
         self.main = main
-        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(self.LANES)]
+        self.stream = self.streams[0]
         self._fork = cupy.cuda.Event(disable_timing=True)
-        self._done = cupy.cuda.Event(disable_timing=True)
-        self._pending = False
+        self._done = [cupy.cuda.Event(disable_timing=True) for _ in range(self.LANES)]
+        self._pending: set[int] = set()
 
     @staticmethod
     def fits(blocks: int) -> bool:
@@ -94,18 +99,20 @@ class SideStream:
             self.join()
         return run
 
-    def run(self, fn) -> None:
+    def run(self, fn, lane: int = 0) -> None:
+        """fn's launches on ``lane``, after everything queued on the main stream so far."""
+        stream = self.streams[lane]
         self._fork.record(self.main)
-        self.stream.wait_event(self._fork)
-        with self.stream:
+        stream.wait_event(self._fork)
+        with stream:
             fn()
-        self._pending = True
+        self._pending.add(lane)
 
     def join(self) -> None:
-        if self._pending:
-            self._done.record(self.stream)
-            self.main.wait_event(self._done)
-            self._pending = False
+        for lane in sorted(self._pending):
+            self._done[lane].record(self.streams[lane])
+            self.main.wait_event(self._done[lane])
+        self._pending.clear()
 
 
 def _label(c) -> str:
@@ -265,7 +272,7 @@ class Planner:
         kept = op.totals() if hasattr(op, "totals") else ()
         with self.stream:
             saved = [copy_of(a) for a in kept]
-        fwd = getattr(planned, "forward_loss", planned.forward)
+        fwd = self.side.joined(getattr(planned, "forward_loss", planned.forward))   # a loss beside it: joined
         ms = sum(time_forward_backward(fwd, self.side.joined(planned.backward), self.stream, graph=self.captured))
         with self.stream:
             for a, s in zip(kept, saved):

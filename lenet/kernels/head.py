@@ -192,23 +192,28 @@ class HeadLaunches:
             hidden, out = (kernel(pack_module("head_split", K), "head_split_hidden_kernel"),
                            kernel(pack_module("head_split", K), "head_split_out_kernel"))
             outs = (x, w["fc1.weight"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n), np.int32(group))
-            plain = outs + (null,) * 7 + (null, f0, f0, f0, null, null) + pack
-            given = outs + (null, dlogits) + (null,) * 5 + (null, f0, f0, f0, dh1, dx) + pack
-            training = outs + (loss.labels[:n], dlogits, loss.loss, loss.correct) + sums + (loss.running,) + \
+            plain = outs + (null,) * 6 + (null, f0, f0, f0, null, null) + pack
+            given = outs + (null, dlogits) + (null,) * 4 + (null, f0, f0, f0, dh1, dx) + pack
+            training = outs + (loss.labels[:n], dlogits, loss.loss, loss.correct) + sums[:2] + (loss.running,) + \
                 scales + (dh1, dx) + pack
             fc1 = Launch(hidden, (SPLIT_UNIT_BLOCKS, slices, K), (256,),
                          (x, w["fc1.weight"], w["fc1.bias"], h1, np.int32(n), np.int32(group)) + pack, stream)
             logits_ = Launch(out, (1, slices, K), (256,), plain, stream)
             out_loss = Launch(out, (256 // 32, slices, K), (256,), training, stream)
             out_given = Launch(out, (256 // 32, slices, K), (256,), given, stream)
+            total = Launch(kernel(pack_module("head_split", K), "head_split_loss_kernel"), (K,), (32,),
+                           (sce.partial_loss, sce.partial_correct, np.int32(slices), loss.loss, loss.correct,
+                            loss.running, scales[1]), side.streams[1]) if slices > 1 else None
 
             def forward():
                 fc1()
                 logits_()
 
-            def forward_loss():
+            def forward_loss():   # the slices' loss sums added beside the step (Note [the loss beside the step])
                 fc1()
                 out_loss()
+                if total is not None:
+                    side.run(total, lane=1)
 
             def data_gradients():
                 fc1()

@@ -9,7 +9,9 @@
 //                             logits), in a training step the loss and dlogits, then dh1 (each block of
 //                             the slice all of these again: a few thousand multiply-adds) and dp2 for
 //                             inputs 32b .. 32b + 31; block b = 0 writes the logits, dlogits and dh1 and
-//                             adds the slice's loss to the totals (sce_finish_at: one part a slice)
+//                             the slice's loss sums (one slice: the totals themselves)
+//   head_split_loss_kernel    grid (models), one warp: the slices' loss sums added in slice order into the
+//                             totals (Note [the loss beside the step])
 //
 // Note [head split]: head.cu's forward runs an image group's whole head in one block, and at small
 // batches that is a chain of dependent steps on one SM: three rounds of W1 loads (123 KB) for fc1, fc2,
@@ -24,6 +26,16 @@
 // 10 classes and dp2 over the 120 units in order), so the two versions' logits, dlogits and gradients
 // are bit-identical, and the loss too where head.cu's group is the slice (both sum it a group at a
 // time, then the groups in order; tests/test_head_gpu.py).
+//
+// Note [the loss beside the step]: nothing in a training step reads the loss's totals, only the host after
+// it. When the slices' sums were added in the second kernel (block 0 of each slice: its part stored, a
+// fence, an atomic ticket, and the last slice's block adding the parts), those round trips ended the
+// kernel after its work and held up the stage below: the step at 64 images on an H100 took 36.0 us, 32.9
+// with the ticket and the sum taken out of the source (scripts/probes/chain.py). Now block 0 of each
+// slice stores its part, and head_split_loss_kernel adds the parts on a stream beside the step (lane 1 of
+// lenet.plan.SideStream), joined with the side stream's other work before the step ends. A slice's sums
+// are its first warp's (the images are threads 0 .. count - 1 < 32), added in block_sum's tree order
+// (softmax_ce_row.cu), so the loss keeps head.cu's bits.
 //
 // Layouts as head.cu's; partial_loss and partial_correct hold one part per slice.
 
@@ -76,14 +88,13 @@ head_split_hidden_kernel(const float* __restrict__ p2, const float* __restrict__
 //   dp2[n, i] = (W1[:, i] . dh1[n])     * (p2[n, i] > 0)      thread (warp w, lane l): i = i0 + l,
 //                                                              images w and w + 8
 // Shared: sw1 (120 x 32) W1's columns i0.., sw2 (10 x 120) W2, sh and sdh (G x 120) h1 and dh1, sl and
-// sdl (G x 10) logits and dlogits, sv and sc (256) the loss's block sums.
+// sdl (G x 10) logits and dlogits.
 extern "C" __global__ void __launch_bounds__(H_THREADS)
 head_split_out_kernel(const float* __restrict__ p2, const float* __restrict__ W1, const float* __restrict__ W2,
                       const float* __restrict__ b2, const float* __restrict__ h1, float* __restrict__ logits,
                       int N, int G, const int* __restrict__ labels, float* __restrict__ dlogits,
                       float* __restrict__ out, int* __restrict__ correct, float* __restrict__ partial_loss,
-                      int* __restrict__ partial_correct, unsigned int* __restrict__ ticket,
-                      float* __restrict__ running, float grad_scale, float loss_scale, float eps,
+                      int* __restrict__ partial_correct, float* __restrict__ running, float grad_scale, float loss_scale, float eps,
                       float* __restrict__ dh1, float* __restrict__ dp2 HEAD_PACK_PARAMS) {
   griddep_entry();
 #ifdef LENET_PACK
@@ -92,7 +103,7 @@ head_split_out_kernel(const float* __restrict__ p2, const float* __restrict__ W1
     HEAD_MODEL(p2, N * H_IN, m); HEAD_MODEL(W1, ps, m); HEAD_MODEL(W2, ps, m); HEAD_MODEL(b2, ps, m);
     HEAD_MODEL(h1, N * H_HID, m); HEAD_MODEL(logits, N * H_OUT, m); HEAD_MODEL(labels, N, m);
     HEAD_MODEL(dlogits, N * H_OUT, m); HEAD_MODEL(out, 1, m); HEAD_MODEL(correct, 1, m);
-    HEAD_MODEL(running, 1, m); HEAD_MODEL(ticket, 1, m); HEAD_MODEL(partial_loss, gridDim.y, m);
+    HEAD_MODEL(running, 1, m); HEAD_MODEL(partial_loss, gridDim.y, m);
     HEAD_MODEL(partial_correct, gridDim.y, m); HEAD_MODEL(dh1, N * H_HID, m); HEAD_MODEL(dp2, N * H_IN, m);
     if (eps_models) eps = eps_models[m];
   }
@@ -103,8 +114,6 @@ head_split_out_kernel(const float* __restrict__ p2, const float* __restrict__ W1
   __shared__ float sdh[HS_MAXG * H_HID];
   __shared__ float sl[HS_MAXG * H_OUT];
   __shared__ float sdl[HS_MAXG * H_OUT];
-  __shared__ float sv[H_THREADS];
-  __shared__ int sc[H_THREADS];
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int i0 = blockIdx.x * HS_COLS, n0 = blockIdx.y * G, count = min(G, N - n0);
   const bool first = blockIdx.x == 0, given = !labels;   // given: dlogits are read (or, without dp2, unused)
@@ -158,8 +167,47 @@ head_split_out_kernel(const float* __restrict__ p2, const float* __restrict__ W1
     }
     dp2[(size_t)(n0 + ga) * H_IN + i] = pa > 0.f ? acc_a : 0.f;
   }
-  if (given || !first) return;   // the slice's loss: block 0's, after its stores
-  block_sum(loss, hits, sv, sc);
-  sce_finish_at(loss, hits, blockIdx.y, gridDim.y, partial_loss, partial_correct, ticket, out, correct, running,
-                loss_scale, 0);
+  if (given || !first || warp != 0) return;   // the slice's loss: block 0's first warp, after its stores
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {   // block_sum's tree: the other threads' sums are 0
+    loss += __shfl_down_sync(0xffffffffu, loss, o);
+    hits += __shfl_down_sync(0xffffffffu, hits, o);
+  }
+  if (lane != 0) return;
+  if (gridDim.y == 1) {   // one slice: its sums are the totals (as sce_finish_at's one part)
+    out[0] = 0.f + loss * loss_scale;
+    correct[0] = hits;
+    if (running) running[0] += loss * loss_scale;
+  } else {
+    partial_loss[blockIdx.y] = loss;
+    partial_correct[blockIdx.y] = hits;
+  }
+}
+
+// Model m = blockIdx.x: its `parts` slices' sums (partial_*, m * parts on) added in slice order into out[m],
+// correct[m] and running[m] (Note [the loss beside the step]; sce_finish_at's sum: lane j loads part b0 + j,
+// lane 0 adds them in order). One warp a block.
+extern "C" __global__ void __launch_bounds__(32)
+head_split_loss_kernel(const float* __restrict__ partial_loss, const int* __restrict__ partial_correct, int parts,
+                       float* __restrict__ out, int* __restrict__ correct, float* __restrict__ running,
+                       float loss_scale) {
+  griddep_entry();
+  const int m = blockIdx.x, lane = threadIdx.x;
+  partial_loss += (size_t)m * parts;
+  partial_correct += (size_t)m * parts;
+  float total = 0.f;
+  int total_hits = 0;
+  for (int b0 = 0; b0 < parts; b0 += 32) {
+    const int b = b0 + lane, count = min(32, parts - b0);
+    const float v = b < parts ? partial_loss[b] : 0.f;
+    const int c = b < parts ? partial_correct[b] : 0;
+    for (int j = 0; j < count; ++j) {
+      total += __shfl_sync(0xffffffffu, v, j);
+      total_hits += __shfl_sync(0xffffffffu, c, j);
+    }
+  }
+  if (lane != 0) return;
+  out[m] = 0.f + total * loss_scale;
+  correct[m] = total_hits;
+  if (running) running[m] += total * loss_scale;
 }
