@@ -289,13 +289,14 @@ def test_stage2_offers_both_forward_versions_and_stage1_one():
 
 
 def test_the_heuristic_forward_depends_on_the_batch(monkeypatch):
-    """HEURISTIC: two images a block iteration from half an image per SM to one (a grid of about one block
-    per SM is slow in a step), one otherwise; stage 2's tiled forward from 6 images per SM."""
+    """HEURISTIC: two images a block iteration at one image (a one-block step) and from half an image per SM
+    to one (a grid of about one block per SM is slow in a step), one otherwise; stage 2's tiled forward from
+    6 images per SM."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     engine, h = OURS, Policy()
     for spec in (CONV1, CONV2):
-        first = {n: engine.stage_candidates(spec, h, n)[0][0].name for n in (1, 65, 66, 131, 132, 791)}
-        assert first == {1: "fused-fwd-v1-i1-g8", 65: "fused-fwd-v1-i1-g8", 66: "fused-fwd-v1-i2-g8",
+        first = {n: engine.stage_candidates(spec, h, n)[0][0].name for n in (1, 2, 65, 66, 131, 132, 791)}
+        assert first == {1: "fused-fwd-v1-i2-g8", 2: "fused-fwd-v1-i1-g8", 65: "fused-fwd-v1-i1-g8", 66: "fused-fwd-v1-i2-g8",
                          131: "fused-fwd-v1-i2-g8", 132: "fused-fwd-v1-i1-g8", 791: "fused-fwd-v1-i1-g8"}
     assert [c.name for c in engine.stage_candidates(CONV2, h, 791)[0]] == ["fused-fwd-v1-i1-g8"]
     assert [c.name for c in engine.stage_candidates(CONV2, h, 792)[0]] == ["fused-fwd-v2-i4-g8"]
@@ -390,14 +391,15 @@ def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkey
 
 
 def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
-    """HEURISTIC in lenet/kernels/stages.py, on 132 SMs: stage 2's four-part split backward below one image
-    per SM, the two-part split below two, the dense one above (2 blocks per SM below 16 images per SM, 4
-    from there); stage 1's dense backward at every batch. The first run compiles the modules of the
+    """HEURISTIC in lenet/kernels/stages.py, on 132 SMs: stage 2's dense backward up to 4 images (its one
+    block writes the gradients itself), the four-part split backward below one image per SM, the two-part
+    split below two, the dense one above (2 blocks per SM below 16 images per SM, 4 from there); stage 1's
+    dense backward at every batch. The first run compiles the modules of the
     batches it runs; the one-part version is in no heuristic's modules: only a search times it."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    first = {n: ks.backward_candidates(n)[0].name for n in (1, 64, 131, 132, 263, 264, 2111, 2112, 65536)}
-    assert first == {1: "fused-bwd-v3-g4", 64: "fused-bwd-v3-g4", 131: "fused-bwd-v3-g4", 132: "fused-bwd-v2-g4",
+    first = {n: ks.backward_candidates(n)[0].name for n in (1, 4, 5, 64, 131, 132, 263, 264, 2111, 2112, 65536)}
+    assert first == {1: "fused-bwd-v4-g2", 4: "fused-bwd-v4-g2", 5: "fused-bwd-v3-g4", 64: "fused-bwd-v3-g4", 131: "fused-bwd-v3-g4", 132: "fused-bwd-v2-g4",
                      263: "fused-bwd-v2-g4", 264: "fused-bwd-v4-g2", 2111: "fused-bwd-v4-g2",
                      2112: "fused-bwd-v4-g4", 65536: "fused-bwd-v4-g4"}
     one = kstages.kernels()[(CONV1.x, CONV1.w, False)]

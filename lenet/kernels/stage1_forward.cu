@@ -9,7 +9,8 @@ stage1_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
   griddep_entry();
   PACK_MODEL(x, (size_t)N * S1_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(b, ps);   // Note [model from the grid]
   PACK_MODEL(p, (size_t)N * S1_POOLED); PACK_MODEL(arg, (size_t)N * S1_POOLED);
-  extern __shared__ float sx[];
+  extern __shared__ float4 sx4[];   // Note [wide loads] in stage2_forward.cu
+  float* sx = reinterpret_cast<float*>(sx4);
   __shared__ float sw[150];
   __shared__ float sb[6];
   const int t = threadIdx.x, imgs = blockDim.x / 144, slot = t / 144, pos = t % 144;
@@ -19,7 +20,15 @@ stage1_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, 
   for (int n0 = blockIdx.x * imgs; n0 < N; n0 += gridDim.x * imgs) {
     __syncthreads();   // every read of the previous group is done
     const int count = min(imgs, N - n0);
-    for (int i = t; i < count * S1_IMAGE; i += blockDim.x) sx[i] = x[(size_t)n0 * S1_IMAGE + i];
+    {   // 196 float4s an image, 144 threads a slot: at most two a thread, both loaded before either is stored
+      const float4* x4 = reinterpret_cast<const float4*>(x + (size_t)n0 * S1_IMAGE);
+      const int total = count * (S1_IMAGE / 4), i0 = t, i1 = t + blockDim.x;
+      float4 r0, r1;
+      if (i0 < total) r0 = __ldg(x4 + i0);
+      if (i1 < total) r1 = __ldg(x4 + i1);
+      if (i0 < total) sx4[i0] = r0;
+      if (i1 < total) sx4[i1] = r1;
+    }
     __syncthreads();
     if (slot >= count) continue;
     const float* xs = sx + slot * S1_IMAGE + (2 * pi) * 28 + 2 * pj;

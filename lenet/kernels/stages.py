@@ -40,14 +40,19 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 #   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
 #     75.2 / 55.8 at 8192, 557 / 396 at 65536.
 #   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
+# At one image (rows below 0.015 images per SM: n = 1 on 132 SMs), after the forwards' wide loads (Note
+# [wide loads] in stage2_forward.cu), heuristic_rows.py: i2 / v2 / v4 22.6, i1 / v2 / v4 23.4, i2 / v2 / v3
+# 23.7, i1 / v2 / v3 24.3 (the one-block step: a dense backward of one block, no reduction after it); at 4
+# images, before those loads, i1 / v2 / v4 27.0 against i1 / v2 / v3 27.8 and i2 / v2 / v4 27.9.
 INF = float("inf")
 HEURISTIC = {
-    ("conv1", "forward"): ((0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"), (INF, "fused-fwd-v1-i1-g8")),
-    ("conv2", "forward"): ((0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"), (6, "fused-fwd-v1-i1-g8"),
-                           (INF, "fused-fwd-v2-i4-g8")),
+    ("conv1", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
+                           (INF, "fused-fwd-v1-i1-g8")),
+    ("conv2", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
+                           (6, "fused-fwd-v1-i1-g8"), (INF, "fused-fwd-v2-i4-g8")),
     ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
-    ("conv2", "backward"): ((1, "fused-bwd-v3-g4"), (2, "fused-bwd-v2-g4"), (16, "fused-bwd-v4-g2"),
-                            (INF, "fused-bwd-v4-g4")),
+    ("conv2", "backward"): ((0.034, "fused-bwd-v4-g2"), (1, "fused-bwd-v3-g4"), (2, "fused-bwd-v2-g4"),
+                            (16, "fused-bwd-v4-g2"), (INF, "fused-bwd-v4-g4")),
 }
 # conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
 # lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.
@@ -218,6 +223,9 @@ def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, a
     parameters ``ps`` floats apart: Note [model from the grid] in stage_common.cu), on ``stream``; each
     model's grid as ``share`` models (default: all of them) share the SMs, 1 for a lone run's grid."""
     m = ks.forward[cand.version]
+    for name, a in (("input", x), ("weights", w)):   # Note [wide loads] in stage2_forward.cu
+        if getattr(getattr(a, "data", None), "ptr", 0) % 16:
+            raise ValueError(f"our stage forward reads its {name} as float4s: they must start on a 16-byte boundary")
     grid, threads = cand.grid(n, models if share is None else share), m.threads * cand.images
     return Launch(function(m, models), (grid, models), (threads,), (x, w, b, y, arg, np.int32(n), np.int32(ps)), stream,
                   m.smem_bytes(cand.images))
