@@ -78,12 +78,13 @@ if [ -n "$tools$pack_tools" ]; then
 # partial group, and at the batches where the heuristic takes each version (HEURISTIC in
 # lenet/kernels/stages.py on 132 SMs: stage 2's four-part split backward at 64, 7 and 128, with the
 # forwards' two images a block iteration at 128; its two-part split at 200; its dense one at 2100, two
-# or three images a block; stage 1's dense backward at all of them). The head: head_split.cu's two kernels
-# up to 256 images (64, 7, 128, 200), the tail form above (cuBLASLt's fc1 products and head_tail.cu's
+# or three images a block; stage 1's dense backward at all of them; at one image the forwards' two images
+# a block iteration and stage 2's dense backward, one block). The head: head_split.cu's kernels (its loss
+# total on the side stream's second lane) up to 256 images (1, 64, 7, 128, 200), the tail form above (cuBLASLt's fc1 products and head_tail.cu's
 # kernels, 263 blocks at 2100, beside stage 2's dense backward: lenet/kernels/head.py, shapes); head.cu's
 # forward in the deterministic pack of 300 below.
 for tool in ${tools/initcheck/}; do
-    for batch in 64 7 128 200 2100; do
+    for batch in 1 64 7 128 200 2100; do
         for flag in ""; do
             log="$out/${tool}_${batch}${flag:+_graph}.txt"
             compute-sanitizer --tool $tool --error-exitcode 7 \
