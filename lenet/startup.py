@@ -351,12 +351,13 @@ def _cudnn_stored() -> bool:
     stored yet, whose search then times cuDNN's graphs) the first graph is built by the search, on the
     main thread, as a run with no plan cache builds it. Where the store cannot be read: built."""
     try:
+        from .engines import cudnn_stages
         from .plancache import stored_engines
 
         engines = stored_engines()
     except Exception:   # noqa: BLE001 (the program reads the store itself, and says what is wrong)
         return True
-    return engines is None or bool(engines & {"cudnn", "graph", "legacy"})
+    return engines is None or cudnn_stages(engines)
 
 
 class _Preload:

@@ -35,6 +35,14 @@ def test_one_registry_names_every_engine():
     assert [e.name for e in registry.offering("loss")] == ["ours"] == [e.name for e in registry.offering("update")]
 
 
+def test_the_registry_says_which_stored_engines_run_cudnn_stages():
+    """What start-up asks before it warms cuDNN's first graph (Note [a first graph only where one runs] in
+    lenet/startup.py): a stored choice of cuDNN's stage by parts or of either convolution engine."""
+    assert all(registry.cudnn_stages({name}) for name in ("cudnn", "legacy", "graph"))
+    assert not registry.cudnn_stages({"ours", "cublaslt", "an engine of another version"})
+    assert not registry.cudnn_stages(set())
+
+
 @pytest.mark.parametrize("flag,stages,heads", [("auto", {"ours", "cudnn"}, {"ours", "cublaslt"}),
                                                ("ours", {"ours"}, {"ours"}), ("legacy", {"cudnn"}, {"cublaslt"}),
                                                ("graph", {"cudnn"}, {"cublaslt"})])

@@ -15,7 +15,8 @@ compete. The planner (lenet/plan.py) chooses among them; lenet/model.py never na
 """
 
 from .policy import Policy
-from .registry import BY_NAME, ENGINES, FLAGS, flag_errors, offering, owner, pins, serving, uses_frontend, warm
+from .registry import (BY_NAME, ENGINES, FLAGS, cudnn_stages, flag_errors, offering, owner, pins, serving,
+                       uses_frontend, warm)
 
 __all__ = ["Policy", "ENGINES", "BY_NAME", "FLAGS", "flag_errors", "offering", "owner", "pins", "serving",
-           "uses_frontend", "warm"]
+           "uses_frontend", "warm", "cudnn_stages"]

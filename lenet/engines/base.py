@@ -146,6 +146,7 @@ class ConvEngine:
     name = ""
     Source = None
     kinds = ("conv",)
+    cudnn_stage = True   # a stage it runs calls cuDNN (registry.cudnn_stages)
 
     def source(self, planner):
         state = planner.state(self.name)

@@ -129,6 +129,7 @@ class Cudnn:
     flag = None
     beside = ("legacy", "graph")   # --engine flags it runs under besides auto
     kinds = ("stage",)
+    cudnn_stage = True   # its stages call cuDNN (registry.cudnn_stages)
 
     def refuses(self, op, policy) -> str | None:
         if policy.engine == "ours":

@@ -46,15 +46,16 @@ def fc_matmuls(lt, t, n: int, models: int, *, aux=None, model: int | None = None
     def mm(a, b, c, **kw):
         sa, sb, sc = (T if _is_param(v, w, g) else n * v.shape[1] for v in (a, b, c))
         return LtMatmul(lt, a, b, c, batch=K, strides=(sa, sb, sc), bias_stride=T, algos=algos, **kw)
-    grads = {"epilogue": "bgradb"} if bias_grads else {}
+    def bias_grad(bias) -> dict:   # a weight gradient's epilogue: its bias's gradient too, unless bias_grads is off
+        return {"epilogue": "bgradb", "bias": bias} if bias_grads else {}
+
+    relu = {"epilogue": "relu_aux_bias", "aux": aux} if aux is not None else {"epilogue": "relu_bias"}
     make = {
-        "fc1": lambda: mm(x, w["fc1.weight"], h1, trans_b=True, bias=w["fc1.bias"],
-                          **({"epilogue": "relu_aux_bias", "aux": aux} if aux is not None else {"epilogue": "relu_bias"})),
+        "fc1": lambda: mm(x, w["fc1.weight"], h1, trans_b=True, bias=w["fc1.bias"], **relu),
         "fc2": lambda: mm(h1, w["fc2.weight"], logits, trans_b=True, epilogue="bias", bias=w["fc2.bias"]),
-        "dW2": lambda: mm(dlogits, h1, g["fc2.weight"], trans_a=True, **grads,
-                          **({"bias": g["fc2.bias"]} if bias_grads else {})),
+        "dW2": lambda: mm(dlogits, h1, g["fc2.weight"], trans_a=True, **bias_grad(g["fc2.bias"])),
         "dh1": lambda: mm(dlogits, w["fc2.weight"], dh1, epilogue="drelu", aux=aux),
-        "dW1": lambda: mm(dh1, x, g["fc1.weight"], trans_a=True, **grads, **({"bias": g["fc1.bias"]} if bias_grads else {})),
+        "dW1": lambda: mm(dh1, x, g["fc1.weight"], trans_a=True, **bias_grad(g["fc1.bias"])),
         "dp2": lambda: mm(dh1, w["fc1.weight"], dx),
     }
     return {k: make[k]() for k in names}

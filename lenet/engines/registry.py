@@ -89,6 +89,12 @@ def uses_frontend(flag: str) -> bool:
     return any(getattr(e, "frontend", False) and flag in ("auto", e.flag) for e in ENGINES)
 
 
+def cudnn_stages(names) -> bool:
+    """Whether any of the engines ``names`` (a stored choice's "engine") runs a stage on cuDNN: what
+    lenet/startup.py asks before it warms cuDNN's first graph (Note [a first graph only where one runs])."""
+    return any(getattr(BY_NAME.get(n), "cudnn_stage", False) for n in names)
+
+
 def close(states: dict) -> None:
     """Close what each engine made for one model (its cuDNN objects)."""
     for name, state in states.items():
@@ -98,4 +104,4 @@ def close(states: dict) -> None:
 
 
 __all__ = ["ENGINES", "BY_NAME", "FLAGS", "offering", "serving", "pins", "owner", "flag_errors", "warm",
-           "uses_frontend", "close"]
+           "uses_frontend", "cudnn_stages", "close"]

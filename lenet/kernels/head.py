@@ -157,7 +157,9 @@ class HeadLaunches:
     ``backward()``: the weight and bias gradients on the side stream (Note [side stream] in
     lenet/plan.py), over ranges of ``per`` images (one range: written straight into the gradients;
     several: per-range rows added in order). head.cu's version runs each of these forwards in one
-    kernel, head_split.cu's in two (fc1 to the loss, then the data gradients: Note [head split]).
+    kernel, head_split.cu's in two (fc1, then fc2, the loss and the data gradients: Note [head split]),
+    with, in training, a third beside the step that adds the slices' loss sums (lane 1 of the side
+    stream: Note [the loss beside the step]).
     ``t``: lenet.ops.HeadTensors; ``loss``: lenet.ops.LossTensors. A pack of ``models`` (Note [packs] in
     lenet/ops.py) launches the pack versions (head_common.cu), each model on its lone run's grid."""
 
@@ -194,8 +196,8 @@ class HeadLaunches:
             outs = (x, w["fc1.weight"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n), np.int32(group))
             plain = outs + (null,) * 6 + (null, f0, f0, f0, null, null) + pack
             given = outs + (null, dlogits) + (null,) * 4 + (null, f0, f0, f0, dh1, dx) + pack
-            training = outs + (loss.labels[:n], dlogits, loss.loss, loss.correct) + sums[:2] + (loss.running,) + \
-                scales + (dh1, dx) + pack
+            training = outs + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
+                                loss.running) + scales + (dh1, dx) + pack
             fc1 = Launch(hidden, (SPLIT_UNIT_BLOCKS, slices, K), (256,),
                          (x, w["fc1.weight"], w["fc1.bias"], h1, np.int32(n), np.int32(group)) + pack, stream)
             logits_ = Launch(out, (1, slices, K), (256,), plain, stream)
