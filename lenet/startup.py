@@ -328,12 +328,14 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
     mark("preload thread: descriptors, lenet.model imported")
     up = driver is not None and gpu_status()[0]
-    if not uses_frontend(name) or not available()[0]:   # imports the frontend (once: cached)
+    if not uses_frontend(name):
+        return
+    if up and name == "auto" and not _cudnn_stored():   # before the frontend's import (25 ms)
+        mark("preload thread: no first cuDNN graph (no stored choice runs cuDNN)")   # nor the frontend
+        return
+    if not available()[0]:   # imports the frontend (once: cached)
         return
     mark("preload thread: frontend imported")
-    if up and name == "auto" and not _cudnn_stored():
-        mark("preload thread: no first cuDNN graph (no stored choice runs cuDNN)")
-        return
     if up:
         driver.join()   # a frontend call holds the GIL while it waits for cuDNN's set-up
         h = Handle()

@@ -88,7 +88,8 @@ def test_a_kernel_version_is_declared_once_where_its_code_is():
     assert kernels.options("stage2_backward_split") == ("-std=c++17", "-DS2B_KS=2")
     assert kernels.source("head").index("sce_row") < kernels.source("head").index("head_forward_kernel")
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4]
+    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4, 5]
+    assert d["stage2_backward_balanced"].file == "stage2_backward_dense" and d["stage2_backward_balanced"].threads == 256
     assert (ks.mw, ks.mb) == (2400, 16)
     names = {c.name for c in ks.forward_candidates() + ks.backward_candidates()}
     assert {"fused-fwd-v2-i8-g4", "fused-bwd-v3-g16"} <= names and "fused-fwd-v1-i4-g8" not in names
@@ -401,15 +402,15 @@ def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkey
 def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
     """HEURISTIC in lenet/kernels/stages.py, on 132 SMs: stage 2's dense backward up to 4 images (its one
     block writes the gradients itself), the four-part split backward below one image per SM, the two-part
-    split below two, the dense one above (2 blocks per SM below 16 images per SM, 4 from there); stage 1's
-    dense backward at every batch. The first run compiles the modules of the
+    split below two, the balanced dense one above (2 blocks per SM below 64 images per SM, 4 from there);
+    stage 1's dense backward at every batch. The first run compiles the modules of the
     batches it runs; the one-part version is in no heuristic's modules: only a search times it."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    first = {n: ks.backward_candidates(n)[0].name for n in (1, 4, 5, 64, 131, 132, 263, 264, 2111, 2112, 65536)}
+    first = {n: ks.backward_candidates(n)[0].name for n in (1, 4, 5, 64, 131, 132, 263, 264, 8447, 8448, 65536)}
     assert first == {1: "fused-bwd-v4-g2", 4: "fused-bwd-v4-g2", 5: "fused-bwd-v3-g4", 64: "fused-bwd-v3-g4", 131: "fused-bwd-v3-g4", 132: "fused-bwd-v2-g4",
-                     263: "fused-bwd-v2-g4", 264: "fused-bwd-v4-g2", 2111: "fused-bwd-v4-g2",
-                     2112: "fused-bwd-v4-g4", 65536: "fused-bwd-v4-g4"}
+                     263: "fused-bwd-v2-g4", 264: "fused-bwd-v5-g2", 8447: "fused-bwd-v5-g2",
+                     8448: "fused-bwd-v5-g4", 65536: "fused-bwd-v5-g4"}
     one = kstages.kernels()[(CONV1.x, CONV1.w, False)]
     assert {one.backward_candidates(n)[0].name for n in (1, 128, 8192, 65536)} == {"fused-bwd-v2-g2"}
     assert ks.backward_candidates()[0] == kstages.Backward(4, 0)   # no batch: the versions in order
@@ -420,11 +421,13 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
         k = next(k for k in kstages.kernels().values() if k.stage == stage)
         assert all(k.offers(kstages.parse_name(name)) for _, name in row), stage
     assert "stage2_backward_split4" in kstages.heuristic_modules([128])
-    assert not {"stage2_backward_dense", "stage2_backward_split"} & set(kstages.heuristic_modules([64, 128]))
+    assert not {"stage2_backward_balanced", "stage2_backward_split"} & set(kstages.heuristic_modules([64, 128]))
+    assert "stage2_backward_balanced" in kstages.heuristic_modules([8192])
     assert "stage1_backward_dense" in kstages.heuristic_modules([128]) and "stage1_backward" not in kstages.heuristic_modules([128])
     for batches in ([64, 128, 200, 1000], [8192], None):
         assert "stage2_backward" not in kstages.heuristic_modules(batches)
-    assert {"stage2_backward_split", "stage2_backward_split4", "stage2_backward_dense"} <= set(kstages.heuristic_modules(None))
+    assert {"stage2_backward_split", "stage2_backward_split4", "stage2_backward_dense",
+            "stage2_backward_balanced"} <= set(kstages.heuristic_modules(None))
 
 
 def test_the_heads_heuristic_splits_small_batches_and_makes_one_forward_block_per_sm_above(monkeypatch):

@@ -98,6 +98,7 @@ def test_threads_run_every_phase_on_a_gpu(tmp_path, engine, stored, graph):
     assert ("preload thread: first cuDNN graph built" in marks) == graph, marks
     assert ("preload thread: no first cuDNN graph (no stored choice runs cuDNN)" in marks) == (
         engine == "auto" and not graph), marks
+    assert ("preload thread: frontend imported" in marks) == (engine == "auto" and graph), marks   # legacy: none
 
 
 # Imports a module of its own after keep_bytecode(); prints the folder and the cached files.

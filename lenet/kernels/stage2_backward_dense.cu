@@ -1,4 +1,5 @@
-// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 uses=stage_common
+// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 define=S2D_BALANCED=0 uses=stage_common
+// module stage2_backward_balanced: stage=conv2 direction=backward version=5 threads=256 define=S2D_BALANCED=1 uses=stage_common
 // Stage 2 backward in register tiles: the pooled gradient expanded once into the conv gradient
 // (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
 // it, whose operands sit in registers (Note [dense stage backward]). Same arguments, partial rows and
@@ -13,6 +14,10 @@
 //   of its quarter (24 sums in registers); these go to sp, and after a barrier thread t < 144 adds, for
 //   input position (Y, X) = (t / 12, t % 12) and each channel, its rows r = 0..4 in order and masks
 //   by x > 0.
+//   Version 5 (256 threads, Note [balanced stage backward]): thread t < 96 owns (k, c) as above, its
+//   taps r = 0..3 only; thread 96 + b, b < 24, owns row r = 4 of (k, c) = ((b & 3) * 4 + i, b >> 2) for
+//   i = 0..3; thread 120 + j, j < 8, the bias of channels 2 j and 2 j + 1; thread 128 + u the data
+//   gradient's unit u as above.
 // Shared: sx (6 x 144) the image; sd (16 x S2D_DS) the conv gradient, channel k's row y at
 // k * S2D_DS + y * S2D_RS; sg (256) the pooled gradients (bias); swd the weights as w[k, c, r, 0..4] at
 // (k * 30 + c * 5 + r) * 8 (16-byte rows); sp (30 x S2D_PS) the data gradient's partial rows, (c, r)'s
@@ -41,14 +46,29 @@
 // image loop in every thread (96 registers, spilling at the 72 that four blocks per SM allow). The
 // data gradient's sums therefore live in the first 24 of acc, zeroed at each image (72 registers and a
 // spill of 44 bytes, into L1; 3 blocks per SM at 80 registers and no spill measured within 3%).
+// Note [balanced stage backward]: in version 4 a weight-gradient thread does 1,600 multiply-adds an
+// image and a data-gradient thread 1,280, so at each image's barrier the data warps wait a fifth of the
+// time (barrier stalls 2.4 of 9.1 cycles per instruction). Version 5 takes each (k, c)'s fifth tap row
+// off its thread: 24 more threads each take the r = 4 rows of four (k, c) of one channel c (one input row
+// and four conv-gradient rows a step), so every thread does 1,280 (the bias moves to the 8 threads left
+// over). 256 threads at 64 registers, 4 blocks per SM; the data gradient's channel loop unrolled by 1
+// (by 2 it spilled 64 bytes). On an H100 (scripts/probes/stage_kernels.py, 2026-11-25), us, v4 / v5:
+// 25.0 / 22.9 at 512 images (g2), 34.7 / 30.7 at 1024, 53.0 / 47.6 at 2048, 91.7 / 82.7 at 4096,
+// 159.7 / 150.9 at 8192 (18.4 ns per image), 1136 / 1068 at 65536 (16.3 ns); alike at 1 to 64 images.
+// ncu at 8192 (3 blocks per SM): 0.71 issued per scheduler and cycle against 0.63; the largest stall now
+// "not selected" (2.5 of 6.9 cycles): the schedulers' issue, no longer the barriers. Tried and lost: 3
+// blocks per SM at 72 registers without the spill (16.5-16.9 ns at 65536, 18.4-19.2 at 8192; its g4 grid
+// is 1.33 waves), the data warps alone summing the rows behind a named barrier of their own so that the
+// weight warps go straight on (17.8-18.0 ns at 65536 at 4 blocks, 16.8-17.1 at 3: the weight warps then
+// wait at the next image's barrier instead), two weight-gradient rows y a step (18.0-18.1 ns).
 #ifndef S2D_MIN_BLOCKS
 #define S2D_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to
 #endif
 #ifndef S2D_Y_UNROLL
 #define S2D_Y_UNROLL 1     // the weight gradient's rows y per unrolled step (scripts/probes/stage_kernels.py)
 #endif
-#ifndef S2D_K_UNROLL
-#define S2D_K_UNROLL 2     // the data gradient's channels k per unrolled step (the same probe)
+#ifndef S2D_K_UNROLL        // the data gradient's channels k per unrolled step (the same probe): at 2,
+#define S2D_K_UNROLL (S2D_BALANCED ? 1 : 2)   // version 5 spilled 64 bytes at its 64 registers
 #endif
 constexpr int s2d_y_unroll = S2D_Y_UNROLL, s2d_k_unroll = S2D_K_UNROLL;   // #pragma unroll takes a constant
 #ifndef S2D_RS
@@ -69,16 +89,21 @@ __device__ __forceinline__ void s2d_row12(float (&v)[12], const float* p) {
   v[6] = b.z; v[7] = b.w; v[8] = c.x; v[9] = c.y; v[10] = c.z; v[11] = c.w;
 }
 
-extern "C" __global__ void __launch_bounds__(224, S2D_MIN_BLOCKS)
-stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
-                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
-                             float* __restrict__ db, int N, int ps) {
+// The two layouts (S2D_BALANCED, set per module by lenet/kernels/__init__.py): version 4's above, and
+// version 5's (Note [balanced stage backward]).
+template <bool BALANCED>
+__device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ x, const float* __restrict__ w,
+                                                      const unsigned char* __restrict__ arg,
+                                                      const float* __restrict__ dp, float* __restrict__ dx,
+                                                      float* __restrict__ part, float* __restrict__ dw,
+                                                      float* __restrict__ db, int N, int ps) {
   griddep_entry();
   PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(arg, (size_t)N * S2_POOLED);   // Note [model from the grid]
   PACK_MODEL(dp, (size_t)N * S2_POOLED); PACK_MODEL(dx, (size_t)N * S2_IMAGE);
   PACK_MODEL(part, (size_t)gridDim.x * (S2_WEIGHTS + 16)); PACK_MODEL(dw, ps); PACK_MODEL(db, ps);
-  constexpr int THREADS = 224;
+  constexpr int THREADS = BALANCED ? 256 : 224;
+  constexpr int WR = BALANCED ? 4 : 5;           // a (k, c) weight thread's tap rows r: 0 .. WR - 1
+  constexpr int D0 = BALANCED ? 128 : 96;        // the first data-gradient thread
   constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
   __shared__ __align__(16) float sx[S2_IMAGE];
   __shared__ __align__(16) float sd[16 * S2D_DS];
@@ -88,13 +113,14 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
   const int t = threadIdx.x;
   for (int i = t; i < 16 * 30 * 8; i += THREADS) swd[i] = (i & 7) < 5 ? w[(i >> 3) * 5 + (i & 7)] : 0.f;
   const int wk = t & 15, wc = t >> 4;                                  // weight gradient (t < 96)
-  const int du = t - 96, dcr = du >> 2, dq = du & 3;                  // data gradient (0 <= du < 120)
+  const int wb = t - 96;                                               // version 5's row r = 4 (0 <= wb < 24)
+  const int du = t - D0, dcr = du >> 2, dq = du & 3;                  // data gradient (0 <= du < 120)
   const int gY = t / 12;                                               // the sum of the rows (t < 144): input row Y
   const int r0 = max(0, gY - 7), r1 = min(4, gY);                      // the rows r whose y = Y - r is in 0..7
   float acc[25];   // a weight-gradient thread's sums over the images; a data-gradient thread's over one image
 #pragma unroll
   for (int i = 0; i < 25; ++i) acc[i] = 0.f;
-  float bacc = 0.f;
+  float bacc = 0.f, bacc1 = 0.f;
   float nx[NX], ng[NG];
   int nq[NG];
   auto fetch = [&](int n) {
@@ -139,7 +165,7 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
         float d[8];
         s2d_row8(d, dk + y * S2D_RS);
 #pragma unroll
-        for (int r = 0; r < 5; ++r) {
+        for (int r = 0; r < WR; ++r) {
           float xr[12];   // x[c, y + r, 0..11]
           s2d_row12(xr, xc + (y + r) * 12);
 #pragma unroll
@@ -148,12 +174,39 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
             for (int s = 0; s < 5; ++s) acc[r * 5 + s] = fmaf(d[xx], xr[xx + s], acc[r * 5 + s]);
         }
       }
-      if (t < 16) {   // lane t starts at window t: the 16 lanes' loads lie in 16 distinct banks
+      if (!BALANCED && t < 16) {   // lane t starts at window t: the 16 lanes' loads lie in 16 distinct banks
         float a = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) a += sg[t * 16 + ((i + t) & 15)];
         bacc += a;
       }
+    } else if (BALANCED && wb < 24) {   // row r = 4 of (k, c) = ((wb & 3) * 4 + i, wb >> 2), i = 0..3
+      const float* xc = sx + (wb >> 2) * 144 + 4 * 12;
+      const float* dk = sd + (wb & 3) * 4 * S2D_DS;
+#pragma unroll s2d_y_unroll
+      for (int y = 0; y < 8; ++y) {
+        float xr[12];   // x[c, y + 4, 0..11]
+        s2d_row12(xr, xc + y * 12);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float d[8];
+          s2d_row8(d, dk + i * S2D_DS + y * S2D_RS);
+#pragma unroll
+          for (int xx = 0; xx < 8; ++xx)
+#pragma unroll
+            for (int s = 0; s < 5; ++s) acc[i * 5 + s] = fmaf(d[xx], xr[xx + s], acc[i * 5 + s]);
+        }
+      }
+    } else if (BALANCED && t < D0) {   // bias: thread 120 + j owns channels 2 j and 2 j + 1, each from window k
+      const int k = (t - 120) * 2;     // (16 distinct banks across the 8 lanes for either channel)
+      float a = 0.f, b = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        a += sg[k * 16 + ((i + k) & 15)];
+        b += sg[(k + 1) * 16 + ((i + k + 1) & 15)];
+      }
+      bacc += a;
+      bacc1 += b;
     } else if (du < 120) {
       float (&a)[2][12] = *reinterpret_cast<float (*)[2][12]>(acc);   // Note [one set of sums]
 #pragma unroll
@@ -197,9 +250,38 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
   }
   const bool direct = gridDim.x == 1;   // the block's sums are the gradients
   float* mine = direct ? dw : part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
+  float* bias = direct ? db : mine + S2_WEIGHTS;
   if (t < 96) {
 #pragma unroll
-    for (int i = 0; i < 25; ++i) mine[wk * 150 + wc * 25 + i] = acc[i];
+    for (int i = 0; i < WR * 5; ++i) mine[wk * 150 + wc * 25 + i] = acc[i];
   }
-  if (t < 16) (direct ? db : mine + S2_WEIGHTS)[t] = bacc;
+  if (!BALANCED && t < 16) bias[t] = bacc;
+  if (BALANCED && t >= 96 && t < 120) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int s = 0; s < 5; ++s) mine[((wb & 3) * 4 + i) * 150 + (wb >> 2) * 25 + 20 + s] = acc[i * 5 + s];
+  }
+  if (BALANCED && t >= 120 && t < D0) {
+    bias[(t - 120) * 2] = bacc;
+    bias[(t - 120) * 2 + 1] = bacc1;
+  }
 }
+
+#if S2D_BALANCED
+extern "C" __global__ void __launch_bounds__(256, S2D_MIN_BLOCKS)
+stage2_backward_balanced_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                                float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                                float* __restrict__ db, int N, int ps) {
+  stage2_backward_dense<true>(x, w, arg, dp, dx, part, dw, db, N, ps);
+}
+#else
+extern "C" __global__ void __launch_bounds__(224, S2D_MIN_BLOCKS)
+stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                             float* __restrict__ db, int N, int ps) {
+  stage2_backward_dense<false>(x, w, arg, dp, dx, part, dw, db, N, ps);
+}
+#endif

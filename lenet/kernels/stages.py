@@ -37,6 +37,10 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 #     v2 (split) g4      27.1   47.2   86.1  165.8  317.6   2446
 #     v4 (dense) g2      25.7   35.2   53.1   95.3  177.9   1291
 #     v4 (dense) g4      35.1   41.6   57.3   92.9  160.1   1144
+#     v5 (balanced) g2   22.9   30.7   47.6   82.7  150.9   1104
+#     v5 (balanced) g4   30.9   37.5   53.9   87.4  151.5   1068
+#   (v4 and v5 again on 2026-11-25, same machine: v4 g2 25.0, 34.7, 53.0, 94.5, 177.9, 1297; v4 g4 33.3, 41.7,
+#   57.4, 91.7, 159.7, 1144; at 1, 4 and 64 images v4 and v5 alike, 6.7 / 7.7 / 9.3 us.)
 #   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
 #     75.2 / 55.8 at 8192, 557 / 396 at 65536.
 #   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
@@ -52,7 +56,7 @@ HEURISTIC = {
                            (6, "fused-fwd-v1-i1-g8"), (INF, "fused-fwd-v2-i4-g8")),
     ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
     ("conv2", "backward"): ((0.034, "fused-bwd-v4-g2"), (1, "fused-bwd-v3-g4"), (2, "fused-bwd-v2-g4"),
-                            (16, "fused-bwd-v4-g2"), (INF, "fused-bwd-v4-g4")),
+                            (64, "fused-bwd-v5-g2"), (INF, "fused-bwd-v5-g4")),
 }
 # conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
 # lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.
