@@ -60,7 +60,13 @@
 // blocks per SM at 72 registers without the spill (16.5-16.9 ns at 65536, 18.4-19.2 at 8192; its g4 grid
 // is 1.33 waves), the data warps alone summing the rows behind a named barrier of their own so that the
 // weight warps go straight on (17.8-18.0 ns at 65536 at 4 blocks, 16.8-17.1 at 3: the weight warps then
-// wait at the next image's barrier instead), two weight-gradient rows y a step (18.0-18.1 ns).
+// wait at the next image's barrier instead), two weight-gradient rows y a step (18.0-18.1 ns). Fewer
+// instructions, slower (ncu at 65536: 13,450 instructions an image, 9,600 of them multiply-adds, issue 77%
+// of the cycles; the largest stalls "not selected" 1.7, barrier 0.6, dispatch 0.5 cycles per instruction):
+// the data gradient's channel loop unrolled whole, 16.8-16.9 ns at 65536 and 19.0 at 8192 (16.3 / 18.6 in
+// the same run), with the rows r = 4 unrolled whole too 19.1 / 21.0; the data gradient's partial rows with
+// zero rows between them, so that the sum over r needs no bounds, 17.1 / 19.2 (a position has 3.3 valid
+// rows on average: its sum then loads 5).
 #ifndef S2D_MIN_BLOCKS
 #define S2D_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to
 #endif
