@@ -77,8 +77,8 @@ if [ -n "$tools$pack_tools" ]; then
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
 # partial group, and at the batches where the heuristic takes each version (HEURISTIC in
 # lenet/kernels/stages.py on 132 SMs: stage 2's four-part split backward at 64, 7 and 128, with the
-# forwards' two images a block iteration at 128; its two-part split at 200; its dense one at 2100, two
-# or three images a block; stage 1's dense backward at all of them; at one image the forwards' two images
+# forwards' two images a block iteration at 128; its two-part split at 200; its balanced dense one
+# (version 5) at 2100, two or three images a block; stage 1's dense backward at all of them; at one image the forwards' two images
 # a block iteration and stage 2's dense backward, one block). The head: head_split.cu's kernels (its loss
 # total on the side stream's second lane) up to 256 images (1, 64, 7, 128, 200), the tail form above (cuBLASLt's fc1 products and head_tail.cu's
 # kernels, 263 blocks at 2100, beside stage 2's dense backward: lenet/kernels/head.py, shapes); head.cu's

@@ -66,7 +66,9 @@
 // the data gradient's channel loop unrolled whole, 16.8-16.9 ns at 65536 and 19.0 at 8192 (16.3 / 18.6 in
 // the same run), with the rows r = 4 unrolled whole too 19.1 / 21.0; the data gradient's partial rows with
 // zero rows between them, so that the sum over r needs no bounds, 17.1 / 19.2 (a position has 3.3 valid
-// rows on average: its sum then loads 5).
+// rows on average: its sum then loads 5); the bias summed by shuffles of the windows' gradients as they are
+// stored (in place of 8 threads' loop), 19.2 / 21.4 (a spill at 64 registers); the rows' sum over 128
+// threads, 7 positions each (in place of 144 threads, 6), 17.7 / 19.8.
 #ifndef S2D_MIN_BLOCKS
 #define S2D_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to
 #endif
