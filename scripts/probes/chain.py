@@ -8,6 +8,7 @@ LeNet of ``--engine ours`` under the heuristic:
                       (launches, programmatic-launch hand-offs, the side stream's join)
     empty:MODULE      that module's kernels return right after griddep_entry() (its share of the chain)
     empty:MODULE:K    only kernel K of that module
+    A+B               both (empty:head_split+empty:head_weights: the head's share of the step)
 
 The step's numbers are wrong in every variant but base (the check against cuDNN is switched off, the
 plan cache is a temporary file): only its time means anything. Each variant runs in a process of its own
@@ -35,7 +36,11 @@ EMPTY = "{ griddep_entry(); return; }"
 
 
 def patch(variant: str, module: str, text: str) -> str:
-    """The source of ``module`` under ``variant``."""
+    """The source of ``module`` under ``variant`` (variants joined by + apply one after another)."""
+    if "+" in variant:
+        for v in variant.split("+"):
+            text = patch(v, module, text)
+        return text
     base = module.removesuffix("__pack")
     if variant == "empty":
         return text.replace(CALL, EMPTY)
