@@ -151,7 +151,9 @@ def main():
                 accs.append(acc)
                 walls.append(wall)
                 breakdown = re.findall(r"^wall clock .*$", out, re.M)
-                lines.append(breakdown[-1] if breakdown else "")
+                reached = re.findall(r"^target accuracy .* reached at (epoch \d+) .*?, ([\d.]+ s) after", out, re.M)
+                lines.append((breakdown[-1] if breakdown else "")
+                             + (f" | target reached at {reached[-1][0]}, {reached[-1][1]} from start" if reached else ""))
                 print(f"{name} {who} seed {seed}: {acc}% in {wall:.2f} s | {lines[-1]}", flush=True)
             ok = [a for a in accs if a is not None]
             rows.append({"recipe": name, "flags": flags, "who": who, "accuracy": accs, "wall_s": walls,
