@@ -97,6 +97,15 @@ __device__ __forceinline__ void s2d_row12(float (&v)[12], const float* p) {
   v[6] = b.z; v[7] = b.w; v[8] = c.x; v[9] = c.y; v[10] = c.z; v[11] = c.w;
 }
 
+// A weight-gradient row's five sums: acc[s] += sum over x of d[x] xr[x + s] (one conv-gradient row of 8
+// against one input row of 12, in registers).
+__device__ __forceinline__ void s2d_taps(float* acc, const float (&d)[8], const float (&xr)[12]) {
+#pragma unroll
+  for (int xx = 0; xx < 8; ++xx)
+#pragma unroll
+    for (int s = 0; s < 5; ++s) acc[s] = fmaf(d[xx], xr[xx + s], acc[s]);
+}
+
 // The two layouts (S2D_BALANCED, set per module by lenet/kernels/__init__.py): version 4's above, and
 // version 5's (Note [balanced stage backward]).
 template <bool BALANCED>
@@ -176,10 +185,7 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
         for (int r = 0; r < WR; ++r) {
           float xr[12];   // x[c, y + r, 0..11]
           s2d_row12(xr, xc + (y + r) * 12);
-#pragma unroll
-          for (int xx = 0; xx < 8; ++xx)
-#pragma unroll
-            for (int s = 0; s < 5; ++s) acc[r * 5 + s] = fmaf(d[xx], xr[xx + s], acc[r * 5 + s]);
+          s2d_taps(acc + r * 5, d, xr);
         }
       }
       if (!BALANCED && t < 16) {   // lane t starts at window t: the 16 lanes' loads lie in 16 distinct banks
@@ -199,10 +205,7 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
         for (int i = 0; i < 4; ++i) {
           float d[8];
           s2d_row8(d, dk + i * S2D_DS + y * S2D_RS);
-#pragma unroll
-          for (int xx = 0; xx < 8; ++xx)
-#pragma unroll
-            for (int s = 0; s < 5; ++s) acc[i * 5 + s] = fmaf(d[xx], xr[xx + s], acc[i * 5 + s]);
+          s2d_taps(acc + i * 5, d, xr);
         }
       }
     } else if (BALANCED && t < D0) {   // bias: thread 120 + j owns channels 2 j and 2 j + 1, each from window k
