@@ -21,8 +21,9 @@ gradients in a fixed order (Note [stage backward through the argmax] in stage_co
 Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
 ``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both backward
 directions of the policy). A pinned candidate still passes the check against cuDNN's exact result;
-one a stage does not offer (conv1 has one forward and two backward versions, conv2 two and four:
-``fused-bwd-v4-...`` pins conv2's and is refused for conv1) is an error naming those it has.
+one a stage does not offer (conv1 has one forward and two backward versions, conv2 two and five:
+``fused-bwd-v4-...`` or ``fused-bwd-v5-...`` pins conv2's and is refused for conv1) is an error naming those
+it has.
 """
 
 from __future__ import annotations

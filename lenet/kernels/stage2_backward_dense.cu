@@ -4,7 +4,7 @@
 // (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
 // it, whose operands sit in registers (Note [dense stage backward]). Same arguments, partial rows and
 // determinism as stage2_backward.cu.
-//   A block (224 threads) owns images blockIdx.x, blockIdx.x + gridDim.x, ... of its model, one per
+//   A block (224 threads; version 5's, 256) owns images blockIdx.x, blockIdx.x + gridDim.x, ... of its model, one per
 //   iteration, their dx, and row blockIdx.x of part (its weight and bias sums over those images).
 //   Weight gradient: thread t < 96 owns (k, c) = (t & 15, t >> 4): dw[k, c, r, s] for all 25 taps in
 //   registers, summed over the images, each over y (its conv-gradient row) and x (8 x 8).
