@@ -88,8 +88,9 @@ def test_a_kernel_version_is_declared_once_where_its_code_is():
     assert kernels.options("stage2_backward_split") == ("-std=c++17", "-DS2B_KS=2")
     assert kernels.source("head").index("sce_row") < kernels.source("head").index("head_forward_kernel")
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4, 5]
+    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4, 5, 6]
     assert d["stage2_backward_balanced"].file == "stage2_backward_dense" and d["stage2_backward_balanced"].threads == 256
+    assert d["stage2_backward_tensor"].file == "stage2_backward_dense" and d["stage2_backward_tensor"].defines == ("S2D_VERSION=6",)
     assert (ks.mw, ks.mb) == (2400, 16)
     names = {c.name for c in ks.forward_candidates() + ks.backward_candidates()}
     assert {"fused-fwd-v2-i8-g4", "fused-bwd-v3-g16"} <= names and "fused-fwd-v1-i4-g8" not in names

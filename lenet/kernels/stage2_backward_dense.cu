@@ -1,5 +1,6 @@
-// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 define=S2D_BALANCED=0 uses=stage_common
-// module stage2_backward_balanced: stage=conv2 direction=backward version=5 threads=256 define=S2D_BALANCED=1 uses=stage_common
+// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 define=S2D_VERSION=4 uses=stage_common
+// module stage2_backward_balanced: stage=conv2 direction=backward version=5 threads=256 define=S2D_VERSION=5 uses=stage_common
+// module stage2_backward_tensor: stage=conv2 direction=backward version=6 threads=256 define=S2D_VERSION=6 uses=stage_common
 // Stage 2 backward in register tiles: the pooled gradient expanded once into the conv gradient
 // (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
 // it, whose operands sit in registers (Note [dense stage backward]). Same arguments, partial rows and
@@ -18,6 +19,9 @@
 //   taps r = 0..3 only; thread 96 + b, b < 24, owns row r = 4 of (k, c) = ((b & 3) * 4 + i, b >> 2) for
 //   i = 0..3; thread 120 + j, j < 8, the bias of channels 2 j and 2 j + 1; thread 128 + u the data
 //   gradient's unit u as above.
+//   Version 6 (256 threads, Note [three tf32 products]): version 5's data gradient; warps 0..3 the weight
+//   and bias gradients on the tensor cores. Its shared arrays: the image split (sxb: big, then small),
+//   its mask (smask), the conv gradient's A fragments (sa), the weights' taps s = 0..3 (swd) and 4 (swd4).
 // Shared: sx (6 x 144) the image; sd (16 x S2D_DS) the conv gradient, channel k's row y at
 // k * S2D_DS + y * S2D_RS; sg (256) the pooled gradients (bias); swd the weights as w[k, c, r, 0..4] at
 // (k * 30 + c * 5 + r) * 8 (16-byte rows); sp (30 x S2D_PS) the data gradient's partial rows, (c, r)'s
@@ -76,9 +80,12 @@
 #define S2D_Y_UNROLL 1     // the weight gradient's rows y per unrolled step (scripts/probes/stage_kernels.py)
 #endif
 #ifndef S2D_K_UNROLL        // the data gradient's channels k per unrolled step (the same probe): at 2,
-#define S2D_K_UNROLL (S2D_BALANCED ? 1 : 2)   // version 5 spilled 64 bytes at its 64 registers
+#define S2D_K_UNROLL (S2D_VERSION > 4 ? 1 : 2)   // version 5 spilled 64 bytes at its 64 registers
 #endif
-constexpr int s2d_y_unroll = S2D_Y_UNROLL, s2d_k_unroll = S2D_K_UNROLL;   // #pragma unroll takes a constant
+#ifndef S2D_T_UNROLL
+#define S2D_T_UNROLL 1     // version 6's k-steps y per unrolled step (the same probe)
+#endif
+constexpr int s2d_y_unroll = S2D_Y_UNROLL, s2d_k_unroll = S2D_K_UNROLL, s2d_t_unroll = S2D_T_UNROLL;   // #pragma unroll takes a constant
 #ifndef S2D_RS
 #define S2D_RS 12          // sd's row stride: 8 + 4, so a data-gradient warp's 4 row pairs lie in 4 distinct bank quads
 #endif
@@ -106,9 +113,45 @@ __device__ __forceinline__ void s2d_taps(float* acc, const float (&d)[8], const 
     for (int s = 0; s < 5; ++s) acc[s] = fmaf(d[xx], xr[xx + s], acc[s]);
 }
 
-// The two layouts (S2D_BALANCED, set per module by lenet/kernels/__init__.py): version 4's above, and
-// version 5's (Note [balanced stage backward]).
-template <bool BALANCED>
+// Note [three tf32 products]: version 6 runs the weight gradient on the tensor cores. Per image it is the
+// product dW[k, (c, r, s)] += sum over (y, x) of dconv[k, y, x] x[c, y + r, x + s]: M = 16 channels k,
+// K = 64 conv positions (one k-step of 8 a row y), N = 150 taps (c, r, s) and one column of ones, whose
+// sums are the bias gradient (columns 151..159 read zeros). A float32 operand v is split into
+// big = tf32(v) and small = tf32(v - big), and each product is three m16n8k8 TF32 products,
+// small * big + big * small + big * big (the small * small term, ~2^-22 of the product, dropped; as
+// CUTLASS's 3xTF32), accumulated in float32: within float32's accuracy of the exact sum, not TF32's.
+// The image is stored split once, as (big, small) pairs (sx2), so a B fragment is two 8-byte loads; a
+// warp loads and splits its A fragment (dconv) once per k-step for its five N tiles.
+//   Warp w < 4 owns N tiles w, w + 4, .. w + 16 (columns 8 tile .. 8 tile + 7), their C fragments in
+//   acc[0..19] across the images; lane (g, q) = (lane >> 2, lane & 3) holds, per tile, C[g, 2q],
+//   C[g, 2q + 1], C[g + 8, 2q], C[g + 8, 2q + 1] (PTX's m16n8k8 fragment layout).
+#define S2D_ONES S2_IMAGE           // the planes' region of ones (big 1, small 0): the bias column reads it
+#define S2D_XP (S2_IMAGE + 96)      // words a plane
+#define S2D_AY 284                  // sa's k-step stride (words); lane l's 8 words at y * S2D_AY + l * 8 + (l >> 2) * 4
+                                    // (to 283): the expansion's stores meet a bank at most twice, the loads never
+
+// cvt.rna.tf32.f32 as its two integer steps, without the instruction's test for Inf and NaN (4 instructions
+// on sm_90): a NaN's big part may come out an Inf or a zero, but its small part, v - big, is a NaN, so the
+// products still carry it.
+__device__ __forceinline__ unsigned s2d_tf32(float v) { return (__float_as_uint(v) + 0x1000u) & 0xffffe000u; }
+
+// v as (big, small): big = tf32(v), small = tf32(v - big) (Note [three tf32 products]).
+__device__ __forceinline__ uint2 s2d_split(float v) {
+  const unsigned big = s2d_tf32(v);
+  return make_uint2(big, s2d_tf32(v - __uint_as_float(big)));
+}
+
+__device__ __forceinline__ void s2d_mma(float* c, const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The three layouts (S2D_VERSION, set per module by lenet/kernels/__init__.py): version 4's and 5's
+// above, and version 6's (Note [three tf32 products]): version 5's with the weight gradient (and the
+// bias's) on warps 0..3.
+template <int V>
 __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ x, const float* __restrict__ w,
                                                       const unsigned char* __restrict__ arg,
                                                       const float* __restrict__ dp, float* __restrict__ dx,
@@ -118,17 +161,33 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
   PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(arg, (size_t)N * S2_POOLED);   // Note [model from the grid]
   PACK_MODEL(dp, (size_t)N * S2_POOLED); PACK_MODEL(dx, (size_t)N * S2_IMAGE);
   PACK_MODEL(part, (size_t)gridDim.x * (S2_WEIGHTS + 16)); PACK_MODEL(dw, ps); PACK_MODEL(db, ps);
-  constexpr int THREADS = BALANCED ? 256 : 224;
+  constexpr bool BALANCED = V == 5, TENSOR = V == 6;
+  constexpr int THREADS = V == 4 ? 224 : 256;
   constexpr int WR = BALANCED ? 4 : 5;           // a (k, c) weight thread's tap rows r: 0 .. WR - 1
-  constexpr int D0 = BALANCED ? 128 : 96;        // the first data-gradient thread
+  constexpr int D0 = V == 4 ? 96 : 128;          // the first data-gradient thread
   constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
-  __shared__ __align__(16) float sx[S2_IMAGE];
+  __shared__ __align__(16) float sx[TENSOR ? 1 : S2_IMAGE];
+  __shared__ unsigned char smask[TENSOR ? S2_IMAGE : 1];   // version 6: x > 0 (the rows' mask)
   __shared__ __align__(16) float sd[16 * S2D_DS];
-  __shared__ float sg[S2_POOLED];
-  __shared__ __align__(16) float swd[16 * 30 * 8];
+  __shared__ float sg[TENSOR ? 1 : S2_POOLED];
+  __shared__ __align__(16) float swd[TENSOR ? 16 * 30 * 4 : 16 * 30 * 8];   // version 6: taps s = 0..3 only
+  __shared__ float swd4[TENSOR ? 16 * 30 : 1];                              // and s = 4 here
   __shared__ float sp[30 * S2D_PS];
+  __shared__ __align__(16) unsigned sa[TENSOR ? 8 * S2D_AY : 1];   // version 6's A fragments (k-step, lane: big 4, small 4)
+  __shared__ unsigned sxb[TENSOR ? 2 * S2D_XP : 1];   // and the image, big (then small at + S2D_XP)
+  unsigned* const sxs = sxb + S2D_XP;
   const int t = threadIdx.x;
-  for (int i = t; i < 16 * 30 * 8; i += THREADS) swd[i] = (i & 7) < 5 ? w[(i >> 3) * 5 + (i & 7)] : 0.f;
+  if (TENSOR) {
+    for (int i = t; i < 16 * 30 * 4; i += THREADS) swd[i] = w[(i >> 2) * 5 + (i & 3)];
+    for (int i = t; i < 16 * 30; i += THREADS) swd4[i] = w[i * 5 + 4];
+  } else {
+    for (int i = t; i < 16 * 30 * 8; i += THREADS) swd[i] = (i & 7) < 5 ? w[(i >> 3) * 5 + (i & 7)] : 0.f;
+  }
+  if (TENSOR)
+    for (int i = S2D_ONES + t; i < S2D_XP; i += THREADS) {
+      sxb[i] = 0x3f800000u;
+      sxs[i] = 0u;
+    }
   const int wk = t & 15, wc = t >> 4;                                  // weight gradient (t < 96)
   const int wb = t - 96;                                               // version 5's row r = 4 (0 <= wb < 24)
   const int du = t - D0, dcr = du >> 2, dq = du & 3;                  // data gradient (0 <= du < 120)
@@ -158,7 +217,16 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
 #pragma unroll
     for (int j = 0; j < NX; ++j) {
       const int i = t + THREADS * j;
-      if (i < S2_IMAGE) sx[i] = nx[j];
+      if (i < S2_IMAGE) {
+        if (TENSOR) {
+          const uint2 v = s2d_split(nx[j]);
+          sxb[i] = v.x;
+          sxs[i] = v.y;
+          smask[i] = nx[j] > 0.f;
+        } else {
+          sx[i] = nx[j];
+        }
+      }
     }
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
@@ -169,12 +237,45 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
         float* d = sd + (i >> 4) * S2D_DS + ((i >> 2) & 3) * 2 * S2D_RS + (i & 3) * 2;
         *reinterpret_cast<float2*>(d) = make_float2(q == 0 ? g : 0.f, q == 1 ? g : 0.f);
         *reinterpret_cast<float2*>(d + S2D_RS) = make_float2(q == 2 ? g : 0.f, q == 3 ? g : 0.f);
-        sg[i] = g;
+        if (!TENSOR) sg[i] = g;
+        if (TENSOR) {   // the same 2 x 2, split, into the A fragments: (k, y, x) is lane (k & 7) * 4 + (x & 3)'s
+          const uint2 b = s2d_split(g);   // register (k >> 3) + 2 (x >> 2) of k-step y
+          const int k = i >> 4;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int y = ((i >> 2) & 3) * 2 + (e >> 1), xx = (i & 3) * 2 + (e & 1);
+            const int lane = (k & 7) * 4 + (xx & 3);
+            unsigned* f = sa + y * S2D_AY + lane * 8 + (lane >> 2) * 4 + (k >> 3) + 2 * (xx >> 2);
+            f[0] = q == e ? b.x : 0u;
+            f[4] = q == e ? b.y : 0u;
+          }
+        }
       }
     }
     __syncthreads();
     if (n + gridDim.x < N) fetch(n + gridDim.x);
-    if (t < 96) {
+    if (TENSOR && t < 128) {   // k-step y: A = dconv[k, y, 0..7], B = x[c, y + r, s .. s + 7] (and the ones)
+      const int lg = (t & 31) >> 2, lq = t & 3;   // lane (g, q) of warp t >> 5
+      int toff[5];   // the planes' offset of column 8 tile + g, tile = (t >> 5) + 4 i, at (y, x) = (0, 0)
+#pragma unroll
+      for (int i = 0; i < 5; ++i) {   // (per image: kept across the loop, they cost the data threads a spill)
+        const int col = 8 * ((t >> 5) + 4 * i) + lg;
+        toff[i] = (col < 150 ? col / 25 * 144 + col / 5 % 5 * 12 + col % 5 : col == 150 ? S2D_ONES : 0) + lq;
+      }
+#pragma unroll s2d_t_unroll
+      for (int y = 0; y < 8; ++y) {
+        const unsigned* fa = sa + y * S2D_AY + (t & 31) * 8 + ((t & 31) >> 2) * 4;
+        const uint4 fb = *reinterpret_cast<const uint4*>(fa), fs = *reinterpret_cast<const uint4*>(fa + 4);
+        const unsigned ab[4] = {fb.x, fb.y, fb.z, fb.w}, as[4] = {fs.x, fs.y, fs.z, fs.w};
+#pragma unroll
+        for (int i = 0; i < 5; ++i) {
+          const int b = toff[i] + y * 12;   // b0 = x[c, y + r, q + s], b1 = x[c, y + r, q + 4 + s]
+          s2d_mma(acc + 4 * i, as, sxb[b], sxb[b + 4]);
+          s2d_mma(acc + 4 * i, ab, sxs[b], sxs[b + 4]);
+          s2d_mma(acc + 4 * i, ab, sxb[b], sxb[b + 4]);
+        }
+      }
+    } else if (!TENSOR && t < 96) {
       const float* xc = sx + wc * 144;
       const float* dk = sd + wk * S2D_DS;
 #pragma unroll s2d_y_unroll
@@ -188,7 +289,7 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
           s2d_taps(acc + r * 5, d, xr);
         }
       }
-      if (!BALANCED && t < 16) {   // lane t starts at window t: the 16 lanes' loads lie in 16 distinct banks
+      if (V == 4 && t < 16) {   // lane t starts at window t: the 16 lanes' loads lie in 16 distinct banks
         float a = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; ++i) a += sg[t * 16 + ((i + t) & 15)];
@@ -218,18 +319,18 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
       }
       bacc += a;
       bacc1 += b;
-    } else if (du < 120) {
+    } else if (t >= D0 && du < 120) {
       float (&a)[2][12] = *reinterpret_cast<float (*)[2][12]>(acc);   // Note [one set of sums]
 #pragma unroll
       for (int y = 0; y < 2; ++y)
 #pragma unroll
         for (int X = 0; X < 12; ++X) a[y][X] = 0.f;
-      const float* wd = swd + dcr * 8;
+      const float* wd = swd + dcr * (TENSOR ? 4 : 8);
       const float* dr = sd + dq * 2 * S2D_RS;   // rows 2 dq, 2 dq + 1
 #pragma unroll s2d_k_unroll
       for (int k = 0; k < 16; ++k) {
-        const float4 w4 = *reinterpret_cast<const float4*>(wd + k * 240);
-        const float ws[5] = {w4.x, w4.y, w4.z, w4.w, wd[k * 240 + 4]};
+        const float4 w4 = *reinterpret_cast<const float4*>(wd + k * (TENSOR ? 120 : 240));
+        const float ws[5] = {w4.x, w4.y, w4.z, w4.w, TENSOR ? swd4[k * 30 + dcr] : wd[k * 240 + 4]};
 #pragma unroll
         for (int y = 0; y < 2; ++y) {
           float d[8];
@@ -255,18 +356,31 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
 #pragma unroll
         for (int r = 0; r < 5; ++r)
           if (r >= r0 && r <= r1) v += q[r * (S2D_PS - 12)];
-        dx[(size_t)n * S2_IMAGE + c * 144 + t] = sx[c * 144 + t] > 0.f ? v : 0.f;
+        dx[(size_t)n * S2_IMAGE + c * 144 + t] = (TENSOR ? smask[c * 144 + t] != 0 : sx[c * 144 + t] > 0.f) ? v : 0.f;
       }
     }
   }
   const bool direct = gridDim.x == 1;   // the block's sums are the gradients
   float* mine = direct ? dw : part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
   float* bias = direct ? db : mine + S2_WEIGHTS;
-  if (t < 96) {
+  if (TENSOR && t < 128) {   // tile (t >> 5) + 4 i's C[g + 8 h, 2 q + e] is acc[4 i + 2 h + e]
+    const int lg = (t & 31) >> 2, lq = t & 3;
+#pragma unroll
+    for (int i = 0; i < 5; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * ((t >> 5) + 4 * i) + 2 * lq + e, k = lg + 8 * h;
+          if (col < 150) mine[k * 150 + col] = acc[4 * i + 2 * h + e];
+          else if (col == 150) bias[k] = acc[4 * i + 2 * h + e];
+        }
+  }
+  if (!TENSOR && t < 96) {
 #pragma unroll
     for (int i = 0; i < WR * 5; ++i) mine[wk * 150 + wc * 25 + i] = acc[i];
   }
-  if (!BALANCED && t < 16) bias[t] = bacc;
+  if (V == 4 && t < 16) bias[t] = bacc;
   if (BALANCED && t >= 96 && t < 120) {
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -279,13 +393,21 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
   }
 }
 
-#if S2D_BALANCED
+#if S2D_VERSION == 6
+extern "C" __global__ void __launch_bounds__(256, S2D_MIN_BLOCKS)
+stage2_backward_tensor_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                              float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                              float* __restrict__ db, int N, int ps) {
+  stage2_backward_dense<6>(x, w, arg, dp, dx, part, dw, db, N, ps);
+}
+#elif S2D_VERSION == 5
 extern "C" __global__ void __launch_bounds__(256, S2D_MIN_BLOCKS)
 stage2_backward_balanced_kernel(const float* __restrict__ x, const float* __restrict__ w,
                                 const unsigned char* __restrict__ arg, const float* __restrict__ dp,
                                 float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
                                 float* __restrict__ db, int N, int ps) {
-  stage2_backward_dense<true>(x, w, arg, dp, dx, part, dw, db, N, ps);
+  stage2_backward_dense<5>(x, w, arg, dp, dx, part, dw, db, N, ps);
 }
 #else
 extern "C" __global__ void __launch_bounds__(224, S2D_MIN_BLOCKS)
@@ -293,6 +415,6 @@ stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restric
                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
                              float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
                              float* __restrict__ db, int N, int ps) {
-  stage2_backward_dense<false>(x, w, arg, dp, dx, part, dw, db, N, ps);
+  stage2_backward_dense<4>(x, w, arg, dp, dx, part, dw, db, N, ps);
 }
 #endif

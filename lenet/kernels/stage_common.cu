@@ -3,7 +3,7 @@
 // Launchers and the engine around them: lenet/engines/ours.py and lenet/kernels/stages.py. This file is what the stage modules
 // share (each begins with it): stage1_forward.cu, stage2_forward.cu, stage2_forward_tiled.cu,
 // stage1_backward.cu, stage1_backward_dense.cu, stage2_backward.cu (three versions),
-// stage2_backward_dense.cu (two) and stage_reduce.cu hold one kernel each (a module a version), compiled as modules of their own
+// stage2_backward_dense.cu (three) and stage_reduce.cu hold one kernel each (a module a version), compiled as modules of their own
 // and in parallel (Note [first run] in descriptors/modules.py).
 //
 // Layouts: NCHW float32. An argmax byte q = 2 * dy + dx names the position of a pooling window's
