@@ -1,6 +1,6 @@
-// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 define=S2D_VERSION=4 uses=stage_common
-// module stage2_backward_balanced: stage=conv2 direction=backward version=5 threads=256 define=S2D_VERSION=5 uses=stage_common
-// module stage2_backward_tensor: stage=conv2 direction=backward version=6 threads=256 define=S2D_VERSION=6 uses=stage_common
+// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 define=S2D_VERSION=4 uses=stage_common,tf32
+// module stage2_backward_balanced: stage=conv2 direction=backward version=5 threads=256 define=S2D_VERSION=5 uses=stage_common,tf32
+// module stage2_backward_tensor: stage=conv2 direction=backward version=6 threads=256 define=S2D_VERSION=6 uses=stage_common,tf32
 // Stage 2 backward in register tiles: the pooled gradient expanded once into the conv gradient
 // (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
 // it, whose operands sit in registers (Note [dense stage backward]). Same arguments, partial rows and
@@ -19,7 +19,7 @@
 //   taps r = 0..3 only; thread 96 + b, b < 24, owns row r = 4 of (k, c) = ((b & 3) * 4 + i, b >> 2) for
 //   i = 0..3; thread 120 + j, j < 8, the bias of channels 2 j and 2 j + 1; thread 128 + u the data
 //   gradient's unit u as above.
-//   Version 6 (256 threads, Note [three tf32 products]): version 5's data gradient; warps 0..3 the weight
+//   Version 6 (256 threads, Note [three tf32 products] in tf32.cu): version 5's data gradient; warps 0..3 the weight
 //   and bias gradients on the tensor cores. Its shared arrays: the image split (sxb: big, then small),
 //   its mask (smask), the conv gradient's A fragments (sa), the weights' taps s = 0..3 (swd) and 4 (swd4).
 // Shared: sx (6 x 144) the image; sd (16 x S2D_DS) the conv gradient, channel k's row y at
@@ -113,15 +113,12 @@ __device__ __forceinline__ void s2d_taps(float* acc, const float (&d)[8], const 
     for (int s = 0; s < 5; ++s) acc[s] = fmaf(d[xx], xr[xx + s], acc[s]);
 }
 
-// Note [three tf32 products]: version 6 runs the weight gradient on the tensor cores. Per image it is the
+// Version 6's weight gradient on the tensor cores (Note [three tf32 products] in tf32.cu): per image the
 // product dW[k, (c, r, s)] += sum over (y, x) of dconv[k, y, x] x[c, y + r, x + s]: M = 16 channels k,
 // K = 64 conv positions (one k-step of 8 a row y), N = 150 taps (c, r, s) and one column of ones, whose
-// sums are the bias gradient (columns 151..159 read zeros). A float32 operand v is split into
-// big = tf32(v) and small = tf32(v - big), and each product is three m16n8k8 TF32 products,
-// small * big + big * small + big * big (the small * small term, ~2^-22 of the product, dropped; as
-// CUTLASS's 3xTF32), accumulated in float32: within float32's accuracy of the exact sum, not TF32's.
-// The image is stored split once, as (big, small) pairs (sx2), so a B fragment is two 8-byte loads; a
-// warp loads and splits its A fragment (dconv) once per k-step for its five N tiles.
+// sums are the bias gradient (columns 151..159 read any image values: their sums are not kept). The image
+// is stored split once into two planes (sxb: big, then small), so a B fragment is four 4-byte loads,
+// and the conv gradient's A fragments are stored split by the expansion (sa), two 16-byte loads a k-step.
 //   Warp w < 4 owns N tiles w, w + 4, .. w + 16 (columns 8 tile .. 8 tile + 7), their C fragments in
 //   acc[0..19] across the images; lane (g, q) = (lane >> 2, lane & 3) holds, per tile, C[g, 2q],
 //   C[g, 2q + 1], C[g + 8, 2q], C[g + 8, 2q + 1] (PTX's m16n8k8 fragment layout).
@@ -130,27 +127,8 @@ __device__ __forceinline__ void s2d_taps(float* acc, const float (&d)[8], const 
 #define S2D_AY 284                  // sa's k-step stride (words); lane l's 8 words at y * S2D_AY + l * 8 + (l >> 2) * 4
                                     // (to 283): the expansion's stores meet a bank at most twice, the loads never
 
-// cvt.rna.tf32.f32 as its two integer steps, without the instruction's test for Inf and NaN (4 instructions
-// on sm_90): a NaN's big part may come out an Inf or a zero, but its small part, v - big, is a NaN, so the
-// products still carry it.
-__device__ __forceinline__ unsigned s2d_tf32(float v) { return (__float_as_uint(v) + 0x1000u) & 0xffffe000u; }
-
-// v as (big, small): big = tf32(v), small = tf32(v - big) (Note [three tf32 products]).
-__device__ __forceinline__ uint2 s2d_split(float v) {
-  const unsigned big = s2d_tf32(v);
-  return make_uint2(big, s2d_tf32(v - __uint_as_float(big)));
-}
-
-__device__ __forceinline__ void s2d_mma(float* c, const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // The three layouts (S2D_VERSION, set per module by lenet/kernels/__init__.py): version 4's and 5's
-// above, and version 6's (Note [three tf32 products]): version 5's with the weight gradient (and the
-// bias's) on warps 0..3.
+// above, and version 6's: version 5's with the weight gradient (and the bias's) on warps 0..3.
 template <int V>
 __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ x, const float* __restrict__ w,
                                                       const unsigned char* __restrict__ arg,
@@ -167,14 +145,14 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
   constexpr int D0 = V == 4 ? 96 : 128;          // the first data-gradient thread
   constexpr int NX = (S2_IMAGE + THREADS - 1) / THREADS, NG = (S2_POOLED + THREADS - 1) / THREADS;
   __shared__ __align__(16) float sx[TENSOR ? 1 : S2_IMAGE];
-  __shared__ unsigned char smask[TENSOR ? S2_IMAGE : 1];   // version 6: x > 0 (the rows' mask)
+  __shared__ __align__(4) unsigned char smask[TENSOR ? S2_IMAGE : 1];   // version 6: x > 0 (the rows' mask)
   __shared__ __align__(16) float sd[16 * S2D_DS];
   __shared__ float sg[TENSOR ? 1 : S2_POOLED];
   __shared__ __align__(16) float swd[TENSOR ? 16 * 30 * 4 : 16 * 30 * 8];   // version 6: taps s = 0..3 only
   __shared__ float swd4[TENSOR ? 16 * 30 : 1];                              // and s = 4 here
   __shared__ float sp[30 * S2D_PS];
   __shared__ __align__(16) unsigned sa[TENSOR ? 8 * S2D_AY : 1];   // version 6's A fragments (k-step, lane: big 4, small 4)
-  __shared__ unsigned sxb[TENSOR ? 2 * S2D_XP : 1];   // and the image, big (then small at + S2D_XP)
+  __shared__ __align__(16) unsigned sxb[TENSOR ? 2 * S2D_XP : 1];   // and the image, big (then small at + S2D_XP)
   unsigned* const sxs = sxb + S2D_XP;
   const int t = threadIdx.x;
   if (TENSOR) {
@@ -200,10 +178,17 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
   float nx[NX], ng[NG];
   int nq[NG];
   auto fetch = [&](int n) {
+    if (TENSOR) {   // thread t < 216: x[4 t .. 4 t + 3] (16-byte aligned: stage_backward checks x)
+      if (t < S2_IMAGE / 4) {
+        const float4 v = *reinterpret_cast<const float4*>(x + (size_t)n * S2_IMAGE + 4 * t);
+        nx[0] = v.x; nx[1] = v.y; nx[2] = v.z; nx[3] = v.w;
+      }
+    } else {
 #pragma unroll
-    for (int j = 0; j < NX; ++j) {
-      const int i = t + THREADS * j;
-      if (i < S2_IMAGE) nx[j] = x[(size_t)n * S2_IMAGE + i];
+      for (int j = 0; j < NX; ++j) {
+        const int i = t + THREADS * j;
+        if (i < S2_IMAGE) nx[j] = x[(size_t)n * S2_IMAGE + i];
+      }
     }
 #pragma unroll
     for (int j = 0; j < NG; ++j) {
@@ -214,18 +199,18 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
   if (blockIdx.x < N) fetch(blockIdx.x);
   for (int n = blockIdx.x; n < N; n += gridDim.x) {
     __syncthreads();   // every read of the previous image is done
+    if (TENSOR) {
+      if (t < S2_IMAGE / 4) {
+        const uint2 a = s2d_split(nx[0]), b = s2d_split(nx[1]), c = s2d_split(nx[2]), d = s2d_split(nx[3]);
+        *reinterpret_cast<uint4*>(sxb + 4 * t) = make_uint4(a.x, b.x, c.x, d.x);
+        *reinterpret_cast<uint4*>(sxs + 4 * t) = make_uint4(a.y, b.y, c.y, d.y);
+        *reinterpret_cast<uchar4*>(smask + 4 * t) = make_uchar4(nx[0] > 0.f, nx[1] > 0.f, nx[2] > 0.f, nx[3] > 0.f);
+      }
+    } else {
 #pragma unroll
-    for (int j = 0; j < NX; ++j) {
-      const int i = t + THREADS * j;
-      if (i < S2_IMAGE) {
-        if (TENSOR) {
-          const uint2 v = s2d_split(nx[j]);
-          sxb[i] = v.x;
-          sxs[i] = v.y;
-          smask[i] = nx[j] > 0.f;
-        } else {
-          sx[i] = nx[j];
-        }
+      for (int j = 0; j < NX; ++j) {
+        const int i = t + THREADS * j;
+        if (i < S2_IMAGE) sx[i] = nx[j];
       }
     }
 #pragma unroll

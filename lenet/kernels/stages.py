@@ -41,6 +41,11 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 #     v5 (balanced) g4   30.9   37.5   53.9   87.4  151.5   1068
 #   (v4 and v5 again on 2026-11-25, same machine: v4 g2 25.0, 34.7, 53.0, 94.5, 177.9, 1297; v4 g4 33.3, 41.7,
 #   57.4, 91.7, 159.7, 1144; at 1, 4 and 64 images v4 and v5 alike, 6.7 / 7.7 / 9.3 us.)
+#   Version 6 (the weight gradient on the tensor cores, Note [three tf32 products] in tf32.cu), 2026-11-25,
+#   the same probe, us, at 1 / 64 / 512 / 2048 / 8192 / 65536 images: g2 5.2, 6.5, 15.8, 41.3, 144.5, 1103;
+#   g4 5.2, 6.5, 17.6, 40.8, 135.8 (16.6 ns an image), 1021.5 (15.6 ns); v5 in the same run g2 6.6, 9.4, 23.3,
+#   47.7, 151.1, 1107; v5 g4 6.6, 10.4, 31.0, 53.9, 152.1, 1072.7; v3 g4 at 1 / 64 images 8.0 / 9.6. Version 6
+#   is the fastest at every batch: its g2 below 8 images per SM, its g4 from there.
 #   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
 #     75.2 / 55.8 at 8192, 557 / 396 at 65536.
 #   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
@@ -55,8 +60,7 @@ HEURISTIC = {
     ("conv2", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
                            (6, "fused-fwd-v1-i1-g8"), (INF, "fused-fwd-v2-i4-g8")),
     ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
-    ("conv2", "backward"): ((0.034, "fused-bwd-v4-g2"), (1, "fused-bwd-v3-g4"), (2, "fused-bwd-v2-g4"),
-                            (64, "fused-bwd-v5-g2"), (INF, "fused-bwd-v5-g4")),
+    ("conv2", "backward"): ((8, "fused-bwd-v6-g2"), (INF, "fused-bwd-v6-g4")),
 }
 # conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
 # lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.
@@ -243,6 +247,8 @@ def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w,
     model's weight gradients are summed over its grid's blocks, so a lone run's grid (1) sums them as the
     lone run does (Note [a pack and a lone run] in lenet/pack.py)."""
     m = ks.backward[cand.version]
+    if getattr(getattr(x, "data", None), "ptr", 0) % 16:   # conv2's version 6 reads it as float4s
+        raise ValueError("our stage backward reads its input as float4s: it must start on a 16-byte boundary")
     fn, grid = function(m, models), cand.grid(n, models if share is None else share)
     reduce = kernel(pack_module("stage_reduce", models), "stage_reduce_kernel")
     if part.shape[0] < grid * models:
