@@ -75,11 +75,11 @@ if [ -n "$tools$pack_tools" ]; then
 
 # racecheck (shared-memory hazards) and synccheck (barrier misuse) over a step of --engine ours (its
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
-# partial group, and at the batches where the heuristic takes each version (HEURISTIC in
-# lenet/kernels/stages.py on 132 SMs: stage 2's four-part split backward at 64, 7 and 128, with the
-# forwards' two images a block iteration at 128; its two-part split at 200; its balanced dense one
-# (version 5) at 2100, two or three images a block; stage 1's dense backward at all of them; at one image the forwards' two images
-# a block iteration and stage 2's dense backward, one block). The head: head_split.cu's kernels (its loss
+# partial group, and at the batches where the heuristic takes each shape (HEURISTIC in
+# lenet/kernels/stages.py on 132 SMs: stage 2's tensor-core backward (version 6) at all of them, one image
+# a block below 132 and up to 8 (g2) or 4 (g4) a block at 2100; the forwards' two images a block iteration
+# at 1 and 128; stage 1's dense backward at all of them). Every other version of every stage kernel runs
+# once under both tools below (scripts/probes/stage_kernels.py --once). The head: head_split.cu's kernels (its loss
 # total on the side stream's second lane) up to 256 images (1, 64, 7, 128, 200), the tail form above (cuBLASLt's fc1 products and head_tail.cu's
 # kernels, 263 blocks at 2100, beside stage 2's dense backward: lenet/kernels/head.py, shapes); head.cu's
 # forward in the deterministic pack of 300 below.
@@ -94,6 +94,16 @@ for tool in ${tools/initcheck/}; do
             grep -E "SUMMARY|^loss" "$log" | sed "s/^/$tool batch $batch${flag:+ graph}: /"
         done
     done
+done
+
+# Every launch shape of every stage kernel version (the ones no heuristic takes as well), once, at 7
+# images and at 300 (a g2 block takes two images in turn).
+for tool in ${tools/initcheck/}; do
+    log="$out/${tool}_stage_kernels.txt"
+    compute-sanitizer --tool $tool --error-exitcode 7 \
+        python3 scripts/probes/stage_kernels.py --once --batch 7 300 > "$log" 2>&1 || san_rc=1
+    grep -qE "(RACECHECK|ERROR) SUMMARY: 0 " "$log" || san_rc=1
+    echo "$tool every stage kernel version at 7 and 300: $(grep -cE 'fused-(fwd|bwd)' "$log") launch shapes, $(grep -E 'SUMMARY' "$log")"
 done
 
 # The same over a pack of 3 models (lenet sweep): our stage kernels take the model from blockIdx.y, and

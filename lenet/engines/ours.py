@@ -18,7 +18,7 @@
 Our kernels are float32 and deterministic: a fixed launch shape sums the gradients in a fixed order (Note
 [stage backward through the argmax] in stage_common.cu). FMA float32, but for conv2's backward version 6,
 whose weight gradient runs on the tensor cores as three TF32 products per float32 product, within float32's
-accuracy (Note [three tf32 products] in stage2_backward_dense.cu); it passes the same check.
+accuracy (Note [three tf32 products] in lenet/kernels/tf32.cu); it passes the same check.
 
 Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
 ``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both backward

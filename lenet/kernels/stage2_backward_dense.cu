@@ -122,6 +122,12 @@ __device__ __forceinline__ void s2d_taps(float* acc, const float (&d)[8], const 
 //   Warp w < 4 owns N tiles w, w + 4, .. w + 16 (columns 8 tile .. 8 tile + 7), their C fragments in
 //   acc[0..19] across the images; lane (g, q) = (lane >> 2, lane & 3) holds, per tile, C[g, 2q],
 //   C[g, 2q + 1], C[g + 8, 2q], C[g + 8, 2q + 1] (PTX's m16n8k8 fragment layout).
+// On an H100 (scripts/probes/stage_kernels.py, 2026-11-25): 16.6 / 15.6 ns an image at 8192 / 65536 (4
+// blocks per SM) against version 5's 18.6 / 16.4, 5.2 against 6.6 us at one image, 6.5 against 9.4 at 64.
+// ncu at 65536: 10,050 instructions an image (version 5: 13,460), 480 of them tensor products; the four
+// FFMA data-gradient warps (1,500 instructions an image each, against the tensor warps' 530) set its time.
+// Both gradients on the tensor cores was slower (19.0 / 18.2 ns: scripts/probes/README.md has it, and the
+// steps on the way here).
 #define S2D_ONES S2_IMAGE           // the planes' region of ones (big 1, small 0): the bias column reads it
 #define S2D_XP (S2_IMAGE + 96)      // words a plane
 #define S2D_AY 284                  // sa's k-step stride (words); lane l's 8 words at y * S2D_AY + l * 8 + (l >> 2) * 4

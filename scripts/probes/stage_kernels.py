@@ -5,7 +5,8 @@ shapes, ns per image at several batch sizes, CUDA-event timed inside a CUDA grap
 
 Each variant is the same source compiled with other -D options (a register budget, say); every
 launch shape the engine offers is timed for each direction. Prints one line per (variant, kernel,
-shape, batch) and writes JSON with --out.
+shape, batch) and writes JSON with --out. With --once each launch shape runs once, untimed: every
+version of every stage kernel under a sanitizer (scripts/gpu_check.sh).
 """
 
 from __future__ import annotations
@@ -18,12 +19,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
+def once(run, stream) -> float:
+    """One untimed launch (0 ms reported)."""
+    run()
+    stream.synchronize()
+    return 0.0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 8192, 65536])
     ap.add_argument("--define", nargs="+", default=["none"],
                     help="one variant per value: none, or macros NAME[=VALUE] joined by commas (S2B_MIN_BLOCKS=6)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--once", action="store_true", help="run each launch shape once, untimed (for compute-sanitizer)")
     args = ap.parse_args()
     import cupy
 
@@ -57,12 +66,12 @@ def main() -> int:
                     start = len(rows)
                     for cand in ks.forward_candidates():
                         run = ours.stage_forward(ks, cand, n, stream, x, w, b, y, arg)
-                        ms = time_launcher(run, stream)
+                        ms = once(run, stream) if args.once else time_launcher(run, stream)
                         rows.append({"define": define, "kernel": ks.forward[cand.version].name, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
                     for cand in ks.backward_candidates():
                         run = ours.stage_backward(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
-                        ms = time_launcher(run, stream)
+                        ms = once(run, stream) if args.once else time_launcher(run, stream)
                         rows.append({"define": define, "kernel": ks.backward[cand.version].name, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
                     for r in rows[start:]:
