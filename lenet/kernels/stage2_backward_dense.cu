@@ -19,8 +19,11 @@
 //   taps r = 0..3 only; thread 96 + b, b < 24, owns row r = 4 of (k, c) = ((b & 3) * 4 + i, b >> 2) for
 //   i = 0..3; thread 120 + j, j < 8, the bias of channels 2 j and 2 j + 1; thread 128 + u the data
 //   gradient's unit u as above.
-//   Version 6 (256 threads, Note [three tf32 products] in tf32.cu): version 5's data gradient; warps 0..3 the weight
-//   and bias gradients on the tensor cores. Its shared arrays: the image split (sxb: big, then small),
+//   Version 6 (256 threads, Note [three tf32 products] in tf32.cu): version 5's data gradient (thread 128 + u
+//   its unit u) and sum of the rows (thread t < 144); warp w < 4 the weight and bias gradients' N tiles w,
+//   w + 4, .. w + 16 on the tensor cores, lane (g, q) their C fragments' rows g, g + 8 and columns 2q, 2q + 1.
+//   Thread t < 216 loads and stores, split, x[4 t .. 4 t + 3] and its mask; thread t expands window t into
+//   sd and into its A fragment words of sa. Its shared arrays: the image split (sxb: big, then small),
 //   its mask (smask), the conv gradient's A fragments (sa), the weights' taps s = 0..3 (swd) and 4 (swd4).
 // Shared: sx (6 x 144) the image; sd (16 x S2D_DS) the conv gradient, channel k's row y at
 // k * S2D_DS + y * S2D_RS; sg (256) the pooled gradients (bias); swd the weights as w[k, c, r, 0..4] at
@@ -384,28 +387,18 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
   }
 }
 
+// One kernel a module (S2D_VERSION): its name, threads and layout.
+#define S2D_KERNEL(NAME, THREADS, V)                                                                          \
+  extern "C" __global__ void __launch_bounds__(THREADS, S2D_MIN_BLOCKS)                                       \
+  NAME(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,       \
+       const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw, \
+       float* __restrict__ db, int N, int ps) {                                                                \
+    stage2_backward_dense<V>(x, w, arg, dp, dx, part, dw, db, N, ps);                                          \
+  }
 #if S2D_VERSION == 6
-extern "C" __global__ void __launch_bounds__(256, S2D_MIN_BLOCKS)
-stage2_backward_tensor_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
-                              float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
-                              float* __restrict__ db, int N, int ps) {
-  stage2_backward_dense<6>(x, w, arg, dp, dx, part, dw, db, N, ps);
-}
+S2D_KERNEL(stage2_backward_tensor_kernel, 256, 6)
 #elif S2D_VERSION == 5
-extern "C" __global__ void __launch_bounds__(256, S2D_MIN_BLOCKS)
-stage2_backward_balanced_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                const unsigned char* __restrict__ arg, const float* __restrict__ dp,
-                                float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
-                                float* __restrict__ db, int N, int ps) {
-  stage2_backward_dense<5>(x, w, arg, dp, dx, part, dw, db, N, ps);
-}
+S2D_KERNEL(stage2_backward_balanced_kernel, 256, 5)
 #else
-extern "C" __global__ void __launch_bounds__(224, S2D_MIN_BLOCKS)
-stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
-                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
-                             float* __restrict__ db, int N, int ps) {
-  stage2_backward_dense<4>(x, w, arg, dp, dx, part, dw, db, N, ps);
-}
+S2D_KERNEL(stage2_backward_dense_kernel, 224, 4)
 #endif
