@@ -387,18 +387,30 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
   }
 }
 
-// One kernel a module (S2D_VERSION): its name, threads and layout.
-#define S2D_KERNEL(NAME, THREADS, V)                                                                          \
-  extern "C" __global__ void __launch_bounds__(THREADS, S2D_MIN_BLOCKS)                                       \
-  NAME(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,       \
-       const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw, \
-       float* __restrict__ db, int N, int ps) {                                                                \
-    stage2_backward_dense<V>(x, w, arg, dp, dx, part, dw, db, N, ps);                                          \
-  }
+// One kernel a module (S2D_VERSION), written out: tests/test_engines_cpu.py reads each kernel's first
+// statement from this text (Note [programmatic launch] in lenet/kernels/launch.py).
 #if S2D_VERSION == 6
-S2D_KERNEL(stage2_backward_tensor_kernel, 256, 6)
+extern "C" __global__ void __launch_bounds__(256, S2D_MIN_BLOCKS)
+stage2_backward_tensor_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                              float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                              float* __restrict__ db, int N, int ps) {
+  stage2_backward_dense<6>(x, w, arg, dp, dx, part, dw, db, N, ps);
+}
 #elif S2D_VERSION == 5
-S2D_KERNEL(stage2_backward_balanced_kernel, 256, 5)
+extern "C" __global__ void __launch_bounds__(256, S2D_MIN_BLOCKS)
+stage2_backward_balanced_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                                float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                                float* __restrict__ db, int N, int ps) {
+  stage2_backward_dense<5>(x, w, arg, dp, dx, part, dw, db, N, ps);
+}
 #else
-S2D_KERNEL(stage2_backward_dense_kernel, 224, 4)
+extern "C" __global__ void __launch_bounds__(224, S2D_MIN_BLOCKS)
+stage2_backward_dense_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                             float* __restrict__ db, int N, int ps) {
+  stage2_backward_dense<4>(x, w, arg, dp, dx, part, dw, db, N, ps);
+}
 #endif
