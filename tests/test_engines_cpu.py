@@ -88,9 +88,12 @@ def test_a_kernel_version_is_declared_once_where_its_code_is():
     assert kernels.options("stage2_backward_split") == ("-std=c++17", "-DS2B_KS=2")
     assert kernels.source("head").index("sce_row") < kernels.source("head").index("head_forward_kernel")
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4, 5, 6]
+    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4, 5, 6, 7]
     assert d["stage2_backward_balanced"].file == "stage2_backward_dense" and d["stage2_backward_balanced"].threads == 256
     assert d["stage2_backward_tensor"].file == "stage2_backward_dense" and d["stage2_backward_tensor"].defines == ("S2D_VERSION=6",)
+    roles = d["stage2_backward_roles"]   # version 7: its shared memory is dynamic (smem=A, no images)
+    assert roles.version == 7 and roles.smem == (14056, 0) and roles.smem_bytes(0) == 56224
+    assert roles.uses == ("stage_common", "tf32", "stage2_tiles") and "s2d_column" in kernels.source("stage2_backward_roles")
     assert (ks.mw, ks.mb) == (2400, 16)
     names = {c.name for c in ks.forward_candidates() + ks.backward_candidates()}
     assert {"fused-fwd-v2-i8-g4", "fused-bwd-v3-g16"} <= names and "fused-fwd-v1-i4-g8" not in names
@@ -401,15 +404,16 @@ def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkey
 
 
 def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
-    """HEURISTIC in lenet/kernels/stages.py, on 132 SMs: stage 2's tensor-core backward (version 6) at every
-    batch, 2 blocks per SM below 8 images per SM, 4 from there; stage 1's dense backward at every batch. The
+    """HEURISTIC in lenet/kernels/stages.py, on 132 SMs: stage 2's tensor-core backward, version 6 with 2 blocks
+    per SM below 8 images per SM, version 7 (its two warp roles) with 4 from there; stage 1's dense backward at
+    every batch. The
     first run compiles the modules of the batches it runs; the other versions are in no heuristic's modules:
     only a search times them."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
     first = {n: ks.backward_candidates(n)[0].name for n in (1, 64, 132, 1055, 1056, 65536)}
     assert first == {1: "fused-bwd-v6-g2", 64: "fused-bwd-v6-g2", 132: "fused-bwd-v6-g2", 1055: "fused-bwd-v6-g2",
-                     1056: "fused-bwd-v6-g4", 65536: "fused-bwd-v6-g4"}
+                     1056: "fused-bwd-v7-g4", 65536: "fused-bwd-v7-g4"}
     one = kstages.kernels()[(CONV1.x, CONV1.w, False)]
     assert {one.backward_candidates(n)[0].name for n in (1, 128, 8192, 65536)} == {"fused-bwd-v2-g2"}
     assert ks.backward_candidates()[0] == kstages.Backward(4, 0)   # no batch: the versions in order
@@ -422,9 +426,11 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
     assert "stage1_backward_dense" in kstages.heuristic_modules([128]) and "stage1_backward" not in kstages.heuristic_modules([128])
     others = {"stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage2_backward_dense",
               "stage2_backward_balanced"}
-    for batches in ([1], [64, 128, 200, 1000], [8192], None):
+    for batches, want in (([1], {"stage2_backward_tensor"}), ([64, 128, 200, 1000], {"stage2_backward_tensor"}),
+                          ([8192], {"stage2_backward_roles"}), ([128, 8192], {"stage2_backward_tensor", "stage2_backward_roles"}),
+                          (None, {"stage2_backward_tensor", "stage2_backward_roles"})):
         mods = set(kstages.heuristic_modules(batches))
-        assert "stage2_backward_tensor" in mods and not others & mods, batches
+        assert want <= mods and not (others | {"stage2_backward_tensor", "stage2_backward_roles"}) - want & mods, batches
 
 
 def test_the_heads_heuristic_splits_small_batches_and_makes_one_forward_block_per_sm_above(monkeypatch):
@@ -580,7 +586,7 @@ def test_the_relu_bit_is_one_constant_and_the_heads_key_names_an_unmasked_dx():
         if "forward" in f:
             assert "arg_byte(" in own and "(unsigned char)q" not in own, f
         elif "backward" in f:
-            assert re.search(r"arg_g\(nq(\[j\])?, ng(\[j\])?\)", own) and re.search(r"arg_q\(nq(\[j\])?\)", own), f
+            assert re.search(r"arg_g\(\w+(\[\w+\])?, \w+(\[\w+\])?\)", own) and re.search(r"arg_q\(\w+(\[\w+\])?\)", own), f
     assert {f for f in files if "forward" in f} == {"stage1_forward", "stage2_forward", "stage2_forward_tiled"}
     w = {"fc1.weight": np.zeros((120, 256), np.float32), "fc2.weight": np.zeros((10, 120), np.float32)}
     head = Head(types.SimpleNamespace(w=w), None, 64)
@@ -589,11 +595,18 @@ def test_the_relu_bit_is_one_constant_and_the_heads_key_names_an_unmasked_dx():
 
 
 def test_a_stage_backward_refuses_an_input_off_a_16_byte_boundary():
-    """Stage 2's backward version 6 reads its input as float4s: an input that does not start on a 16-byte
-    boundary is refused in one line before any launch (the forwards refuse it too)."""
+    """Stage 2's backward versions 6 and 7 move their input (and version 7 its input gradient, argmax bytes and
+    output gradient) 16 bytes at a time: an array that does not start on a 16-byte boundary is refused in one
+    line before any launch (the forwards refuse it too)."""
     from types import SimpleNamespace
 
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
     x = SimpleNamespace(data=SimpleNamespace(ptr=4))
-    with pytest.raises(ValueError, match="must start on a 16-byte boundary"):
+    with pytest.raises(ValueError, match="its input 16 bytes at a time: it must start on a 16-byte boundary"):
         kstages.stage_backward(ks, kstages.Backward(4, 5), 8, None, None, x, None, None, None, None, None, None)
+    ok, off = SimpleNamespace(data=SimpleNamespace(ptr=256)), SimpleNamespace(data=SimpleNamespace(ptr=264))
+    for name, args in (("input gradient", (ok, None, ok, ok, None, None, off)),   # version 7 also copies arg and
+                       ("argmax bytes", (ok, None, off, ok, None, None, ok)),     # dp 16 bytes at a time, and
+                       ("output gradient", (ok, None, ok, off, None, None, ok))):  # stores dx as float4s
+        with pytest.raises(ValueError, match=f"its {name} 16 bytes at a time"):
+            kstages.stage_backward(ks, kstages.Backward(4, 6), 8, None, None, *args)

@@ -7,7 +7,7 @@ declared once, in the .cu file its kernel is written in, by a line
 
 uses=A,B      the files compiled before it, in order (shared device functions, shapes)
 define=M=V    a macro it is compiled with (one file, several versions: stage2_backward.cu)
-stage=S direction=forward|backward version=V threads=T [images=1,2 smem=A+B*images]
+stage=S direction=forward|backward version=V threads=T [images=1,2 smem=A+B*images | smem=A]
               a version of a stage kernel (lenet/engines/ours.py makes its candidates from these):
               T threads per image (forward) or per block (backward), the images a block takes at a
               time, and its dynamic shared memory in floats (the heuristic's choice among them:
@@ -76,10 +76,10 @@ def _parse(name: str, file: str, fields: str) -> Module:
         elif key == "images":
             kw["images"] = tuple(int(v) for v in value.split(","))
         elif key == "smem":
-            m = re.fullmatch(r"(?:(\d+)\+)?(\d+)\*images", value)
+            m = re.fullmatch(r"(?:(\d+)\+)?(\d+)\*images|(\d+)", value)
             if m is None:
-                raise ValueError(f"{file}: module {name}: smem={value} is not A+B*images")
-            kw["smem"] = (int(m.group(1) or 0), int(m.group(2)))
+                raise ValueError(f"{file}: module {name}: smem={value} is not A+B*images or A")
+            kw["smem"] = (int(m.group(3)), 0) if m.group(3) else (int(m.group(1) or 0), int(m.group(2)))
         else:
             raise ValueError(f"{file}: module {name}: unknown key {key!r}")
     return Module(name, file[:-3], **kw)

@@ -119,8 +119,12 @@ class Launch:
     def __init__(self, fn, grid, block, args, stream, shared_mem: int = 0):
         import cupy
 
-        if shared_mem > 48 * 1024:
-            raise ValueError(f"{shared_mem} bytes of dynamic shared memory: at most 48 KiB without an opt-in")
+        if shared_mem > 48 * 1024:   # beyond 48 KiB a kernel opts in, up to the device's limit
+            limit = int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+            if shared_mem > limit:
+                raise ValueError(f"{shared_mem} bytes of dynamic shared memory: this GPU allows at most {limit}")
+            if fn.max_dynamic_shared_size_bytes < shared_mem:
+                fn.max_dynamic_shared_size_bytes = int(shared_mem)
         grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
         block = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         attrs = (_Attribute * 1)()

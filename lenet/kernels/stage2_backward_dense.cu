@@ -1,6 +1,6 @@
-// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 define=S2D_VERSION=4 uses=stage_common,tf32
-// module stage2_backward_balanced: stage=conv2 direction=backward version=5 threads=256 define=S2D_VERSION=5 uses=stage_common,tf32
-// module stage2_backward_tensor: stage=conv2 direction=backward version=6 threads=256 define=S2D_VERSION=6 uses=stage_common,tf32
+// module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 define=S2D_VERSION=4 uses=stage_common,tf32,stage2_tiles
+// module stage2_backward_balanced: stage=conv2 direction=backward version=5 threads=256 define=S2D_VERSION=5 uses=stage_common,tf32,stage2_tiles
+// module stage2_backward_tensor: stage=conv2 direction=backward version=6 threads=256 define=S2D_VERSION=6 uses=stage_common,tf32,stage2_tiles
 // Stage 2 backward in register tiles: the pooled gradient expanded once into the conv gradient
 // (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
 // it, whose operands sit in registers (Note [dense stage backward]). Same arguments, partial rows and
@@ -89,16 +89,7 @@
 #define S2D_T_UNROLL 1     // version 6's k-steps y per unrolled step (the same probe)
 #endif
 constexpr int s2d_y_unroll = S2D_Y_UNROLL, s2d_k_unroll = S2D_K_UNROLL, s2d_t_unroll = S2D_T_UNROLL;   // #pragma unroll takes a constant
-#ifndef S2D_RS
-#define S2D_RS 12          // sd's row stride: 8 + 4, so a data-gradient warp's 4 row pairs lie in 4 distinct bank quads
-#endif
-#define S2D_DS (8 * S2D_RS + 4)   // sd's channel stride: 8 channels' rows in 8 distinct bank quads
 #define S2D_PS 97          // sp's (c, r) stride: odd, so the 32 lanes' stores of one (y, X) meet no bank twice
-
-__device__ __forceinline__ void s2d_row8(float (&d)[8], const float* p) {
-  const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4);
-  d[0] = a.x; d[1] = a.y; d[2] = a.z; d[3] = a.w; d[4] = b.x; d[5] = b.y; d[6] = b.z; d[7] = b.w;
-}
 
 __device__ __forceinline__ void s2d_row12(float (&v)[12], const float* p) {
   const float4 a = *reinterpret_cast<const float4*>(p), b = *reinterpret_cast<const float4*>(p + 4),
@@ -131,8 +122,6 @@ __device__ __forceinline__ void s2d_taps(float* acc, const float (&d)[8], const 
 // FFMA data-gradient warps (1,500 instructions an image each, against the tensor warps' 530) set its time.
 // Both gradients on the tensor cores was slower (19.0 / 18.2 ns: scripts/probes/README.md has it, and the
 // steps on the way here).
-#define S2D_ONES S2_IMAGE           // the planes' region of ones (big 1, small 0): the bias column reads it
-#define S2D_XP (S2_IMAGE + 96)      // words a plane
 #define S2D_AY 284                  // sa's k-step stride (words); lane l's 8 words at y * S2D_AY + l * 8 + (l >> 2) * 4
                                     // (to 283): the expansion's stores meet a bank at most twice, the loads never
 

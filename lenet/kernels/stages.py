@@ -46,6 +46,10 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 #   g4 5.2, 6.5, 17.6, 40.8, 135.8 (16.6 ns an image), 1021.5 (15.6 ns); v5 in the same run g2 6.6, 9.4, 23.3,
 #   47.7, 151.1, 1107; v5 g4 6.6, 10.4, 31.0, 53.9, 152.1, 1072.7; v3 g4 at 1 / 64 images 8.0 / 9.6. Version 6
 #   is the fastest at every batch: its g2 below 8 images per SM, its g4 from there.
+#   Version 7 (version 6's sums in two warp roles, Note [two roles] in stage2_backward_roles.cu), 2026-11-25,
+#   three runs on three machines, g4 against version 6's g4 in the same runs: 135.8-138.2 against 138.0-140.5
+#   at 8192, 1006.9-1030.4 against 1023.6-1057.9 at 65536; at 1024 g2 23.6-23.9 against 23.8-24.4, at 64 6.7-6.8
+#   against 6.5-6.6. Its g4 from 8 images per SM.
 #   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
 #     75.2 / 55.8 at 8192, 557 / 396 at 65536.
 #   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
@@ -60,7 +64,7 @@ HEURISTIC = {
     ("conv2", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
                            (6, "fused-fwd-v1-i1-g8"), (INF, "fused-fwd-v2-i4-g8")),
     ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
-    ("conv2", "backward"): ((8, "fused-bwd-v6-g2"), (INF, "fused-bwd-v6-g4")),
+    ("conv2", "backward"): ((8, "fused-bwd-v6-g2"), (INF, "fused-bwd-v7-g4")),
 }
 # conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
 # lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.
@@ -247,8 +251,10 @@ def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w,
     model's weight gradients are summed over its grid's blocks, so a lone run's grid (1) sums them as the
     lone run does (Note [a pack and a lone run] in lenet/pack.py)."""
     m = ks.backward[cand.version]
-    if getattr(getattr(x, "data", None), "ptr", 0) % 16:   # conv2's version 6 reads it as float4s
-        raise ValueError("our stage backward reads its input as float4s: it must start on a 16-byte boundary")
+    for name, a in (("input", x), ("input gradient", dx), ("argmax bytes", arg), ("output gradient", dy)):
+        if getattr(getattr(a, "data", None), "ptr", 0) % 16:   # conv2's versions 6 and 7 move 16 bytes at a time
+            raise ValueError(f"our stage backward moves its {name} 16 bytes at a time: it must start on a 16-byte "
+                             "boundary")
     fn, grid = function(m, models), cand.grid(n, models if share is None else share)
     reduce = kernel(pack_module("stage_reduce", models), "stage_reduce_kernel")
     if part.shape[0] < grid * models:
@@ -256,7 +262,7 @@ def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w,
     args = ((x, arg, dy, part, dw, db, np.int32(n), np.int32(ps)) if dx is None else
             (x, w, arg, dy, dx, part, dw, db, np.int32(n), np.int32(ps)))
     red = (part, dw, db, np.int32(grid), np.int32(ks.mw), np.int32(ks.mb), np.int32(ps))
-    backward = Launch(fn, (grid, models), (m.threads,), args, stream)
+    backward = Launch(fn, (grid, models), (m.threads,), args, stream, m.smem_bytes(0))
     if grid == 1:
         return backward
     summed = Launch(reduce, (-(-ks.width // 32), models), (256,), red, stream if side is None else side.stream)

@@ -31,6 +31,11 @@ def main() -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[64, 8192, 65536])
     ap.add_argument("--define", nargs="+", default=["none"],
                     help="one variant per value: none, or macros NAME[=VALUE] joined by commas (S2B_MIN_BLOCKS=6)")
+    ap.add_argument("--kernel", nargs="+", default=None,
+                    help="time only the kernels whose names hold one of these (stage2_backward_even)")
+    ap.add_argument("--same", action="store_true",
+                    help="say whether each variant's backward outputs (dw, db, dx) are bit-identical to the first "
+                         "variant's on the same inputs")
     ap.add_argument("--out", default=None)
     ap.add_argument("--once", action="store_true", help="run each launch shape once, untimed (for compute-sanitizer)")
     args = ap.parse_args()
@@ -42,13 +47,19 @@ def main() -> int:
     from lenet import kernels
 
     stream = cupy.cuda.Stream(non_blocking=True)
-    rng = cupy.random.default_rng(0)
-    rows = []
+    rows, first_out = [], {}
     for define in args.define:
+        rng = cupy.random.default_rng(0)   # the same inputs for every variant (--same)
         extra = tuple(f"-D{d}" for d in define.split(",") if define != "none")
-        mods = {m: cupy.RawModule(code=kernels.source(m), options=kernels.options(m) + extra) for m in ours.modules()}
+        mods: dict = {}   # this variant's modules, each compiled when first launched
         orig = ours.kernel
-        ours.kernel = lambda module, name: mods[module].get_function(name)   # this variant's kernels
+
+        def variant_kernel(module, name, mods=mods, extra=extra):
+            if module not in mods:
+                mods[module] = cupy.RawModule(code=kernels.source(module), options=kernels.options(module) + extra)
+            return mods[module].get_function(name)
+
+        ours.kernel = variant_kernel
         try:
             for n in args.batch:
                 for ks in ours.kernels().values():
@@ -64,19 +75,35 @@ def main() -> int:
                     dw, db = cupy.empty(ks.mw, cupy.float32), cupy.empty(ks.mb, cupy.float32)
                     part = cupy.empty((max(ours.BACKWARD_BLOCKS_PER_SM) * ours.sm_count(), ks.width), cupy.float32)
                     start = len(rows)
+
+                    def wanted(name: str) -> bool:
+                        return args.kernel is None or any(k in name for k in args.kernel)
+
                     for cand in ks.forward_candidates():
+                        if not wanted(ks.forward[cand.version].name):
+                            continue
                         run = ours.stage_forward(ks, cand, n, stream, x, w, b, y, arg)
                         ms = once(run, stream) if args.once else time_launcher(run, stream)
                         rows.append({"define": define, "kernel": ks.forward[cand.version].name, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
+                    cupy.cuda.runtime.deviceSynchronize()   # the inputs (made on the null stream) are ready
+                    # the backward's argmax bytes from a forward, whichever forwards were timed
+                    ours.stage_forward(ks, ks.forward_candidates()[0], n, stream, x, w, b, y, arg)()
                     for cand in ks.backward_candidates():
+                        if not wanted(ks.backward[cand.version].name):
+                            continue
                         run = ours.stage_backward(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
                         ms = once(run, stream) if args.once else time_launcher(run, stream)
                         rows.append({"define": define, "kernel": ks.backward[cand.version].name, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
+                        if args.same:
+                            got = [cupy.asnumpy(a) for a in (dw, db, dx) if a is not None]
+                            ref = first_out.setdefault((rows[-1]["kernel"], cand.name, n), got)
+                            rows[-1]["same"] = all((a == b).all() for a, b in zip(got, ref))
                     for r in rows[start:]:
                         print(f"{r['define'] or '-':<22} {r['kernel']:<24} {r['shape']:<20} n={r['n']:<6} "
-                              f"{r['us']:9.1f} us {r['ns_per_image']:8.2f} ns/img", flush=True)
+                              f"{r['us']:9.1f} us {r['ns_per_image']:8.2f} ns/img"
+                              + ("" if "same" not in r else " bits same" if r["same"] else " bits DIFFER"), flush=True)
         finally:
             ours.kernel = orig
     if args.out:

@@ -1,0 +1,257 @@
+// module stage2_backward_roles: stage=conv2 direction=backward version=7 threads=256 uses=stage_common,tf32,stage2_tiles smem=14056
+// Stage 2's dense backward, version 7 (Note [two roles]): version 6's sums (the same products in the same
+// order: every output bit-identical to version 6's), its warps in two roles that hand each image over
+// through two buffers at named barriers. Same arguments, partial rows and determinism as
+// stage2_backward_dense.cu; its shared memory (56,224 bytes) is dynamic, beyond the 48 KiB a kernel
+// gets without asking (lenet/kernels/launch.py asks).
+//   A block owns images blockIdx.x, blockIdx.x + gridDim.x, ... of its model (image j of the block in
+//   buffer j & 1), their dx, and row blockIdx.x of part.
+//   Tensor warps (threads 0..127): the weight and bias gradients of image j as version 6's products, warp w
+//   its N tiles w, w + 4, .. w + 16 (lane (g, q) their C fragments' rows g, g + 8 and columns 2q, 2q + 1),
+//   the three products of a k-step a kind at a time over the five tiles; the A fragments split from the
+//   buffer's sd as they are loaded.
+//   Data warps (threads 128..255, u = t - 128): version 6's data gradient of image j (unit u < 120:
+//   (c, r, quarter) = (u / 20, u / 4 % 5, u & 3)) into sp, the rows' sums of input quads u and u + 128
+//   (< 216) into dx, masked; then image j + 1 into the other buffer: its pieces u, u + 128, u + 256 (of
+//   296) copied from global memory into the stage (cp.async) an image ahead, the image split into the
+//   buffer's planes and mask (quads u, u + 128) and its pooled gradient expanded into the buffer's sd
+//   (windows u, u + 128).
+//
+// Note [two roles]: version 6's eight warps meet at three block barriers an image, and the four tensor
+// warps, whom the schedulers select less often than the FFMA warps, finished last: in ncu's samples at
+// 65536 images 18% of the warps' time was the data warps waiting at the barrier after the products. Here
+// the roles wait only for a buffer: the data warps fill buffer b ^ 1 with image j + 1 while the tensor
+// warps run image j's products from buffer b, and a buffer is filled again once the tensor warps have
+// arrived at S2R_EMPTY + b. Barriers (bar.sync / bar.arrive with a thread count): S2R_D among the data
+// warps (128), S2R_FULL + b (the data warps arrive, the tensor warps wait: 256), S2R_EMPTY + b (the
+// tensor warps arrive, the data warps wait: 256), each arrival matched by a wait.
+// On an H100 (scripts/probes/stage_kernels.py, 2026-11-25, three runs on three machines, g4): 135.8-138.2
+// us at 8192 images against version 6's 138.0-140.5 in the same runs, 1006.9-1030.4 at 65536 against
+// 1023.6-1057.9; 6.7-6.8 us at 64 against 6.5-6.6. ncu at 65536: 10,025 instructions an image, issue 68%
+// of the cycles (version 6: 10,050, 68%), the barrier stall 1.0 cycle an instruction (2.3), now "not
+// selected" 3.3 and "dispatch" 1.6: the schedulers and the shared-memory pipe (2,340 wavefronts an image,
+// ~70% of its cycles) bound it, as version 6. Scripts/probes/README.md has the steps on the way.
+#define S2R_PS 100                        // sp's (c, r) stride: rows of 12 on 16-byte boundaries
+#define S2R_SD (16 * S2D_DS)              // one buffer's conv gradient (floats)
+#define S2R_PLANES (2 * S2D_XP)           // one buffer's image planes, big then small (words)
+#define S2R_SWD 0                         // the dynamic shared memory's arrays (words): the weights' taps 0..3,
+#define S2R_SWD4 (S2R_SWD + 16 * 30 * 4)  // tap 4,
+#define S2R_SP (S2R_SWD4 + 16 * 30)       // the data gradient's partial rows,
+#define S2R_SDB (S2R_SP + 30 * S2R_PS)    // the buffers' conv gradients,
+#define S2R_X (S2R_SDB + 2 * S2R_SD)      // their image planes,
+#define S2R_MASK (S2R_X + 2 * S2R_PLANES) // their masks (bytes),
+#define S2R_STAGE (S2R_MASK + 2 * S2_IMAGE / 4)   // the next image's x, arg (bytes) and dp, as copied
+#define S2R_WORDS (S2R_STAGE + S2_IMAGE + S2_POOLED / 4 + S2_POOLED)   // 14056: the module's smem
+#define S2R_D 2
+#define S2R_FULL 3
+#define S2R_EMPTY 5
+
+__device__ __forceinline__ void s2r_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void s2r_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// 16 bytes from global memory into shared memory without registers (cp.async, sm_80 and later); the
+// copies a thread sent complete at its s2r_copies_done().
+__device__ __forceinline__ void s2r_copy16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void s2r_copies_sent() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void s2r_copies_done() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Tile ``tile``'s C fragment (c[2 h + e] is C[g + 8 h, 2 q + e]) into the weight gradient's row (columns
+// < 150) and the bias (column 150).
+__device__ __forceinline__ void s2r_store_tile(float* mine, float* bias, int tile, const float* c, int lane) {
+  const int lg = lane >> 2, lq = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * tile + 2 * lq + e, k = lg + 8 * h;
+      if (col < 150) mine[k * 150 + col] = c[2 * h + e];
+      else if (col == 150) bias[k] = c[2 * h + e];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 4)
+stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
+                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+                             float* __restrict__ db, int N, int ps) {
+  griddep_entry();
+  PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(arg, (size_t)N * S2_POOLED);   // Note [model from the grid]
+  PACK_MODEL(dp, (size_t)N * S2_POOLED); PACK_MODEL(dx, (size_t)N * S2_IMAGE);
+  PACK_MODEL(part, (size_t)gridDim.x * (S2_WEIGHTS + 16)); PACK_MODEL(dw, ps); PACK_MODEL(db, ps);
+  extern __shared__ __align__(16) float s2r_smem[];
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  if (smem_bytes < 4 * S2R_WORDS) __trap();   // launched with less than the module declares
+  float* const swd = s2r_smem + S2R_SWD;
+  float* const swd4 = s2r_smem + S2R_SWD4;
+  float* const sp = s2r_smem + S2R_SP;
+  unsigned* const planes = reinterpret_cast<unsigned*>(s2r_smem + S2R_X);
+  unsigned char* const smask = reinterpret_cast<unsigned char*>(s2r_smem + S2R_MASK);
+  const int t = threadIdx.x;
+  for (int i = t; i < 16 * 30 * 4; i += 256) swd[i] = w[(i >> 2) * 5 + (i & 3)];
+  for (int i = t; i < 16 * 30; i += 256) swd4[i] = w[i * 5 + 4];
+  for (int i = t; i < 2 * (S2D_XP - S2D_ONES); i += 256) {   // each buffer's region of ones
+    unsigned* xb = planes + (i >= S2D_XP - S2D_ONES) * S2R_PLANES + S2D_ONES + i % (S2D_XP - S2D_ONES);
+    xb[0] = 0x3f800000u;
+    xb[S2D_XP] = 0u;
+  }
+  __syncthreads();
+  const int count = blockIdx.x < N ? (N - 1 - blockIdx.x) / gridDim.x + 1 : 0;   // the block's images
+  const bool direct = gridDim.x == 1;   // the block's sums are the gradients
+  float* mine = direct ? dw : part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
+  float* bias = direct ? db : mine + S2_WEIGHTS;
+  float* const stx = s2r_smem + S2R_STAGE;   // the next image as copied: x, arg, dp
+  const unsigned char* const starg = reinterpret_cast<const unsigned char*>(stx + S2_IMAGE);
+  const float* const stdp = stx + S2_IMAGE + S2_POOLED / 4;
+  if (t < 128) {   // the tensor warps: image j's products from buffer j & 1
+    const int lane = t & 31, lg = lane >> 2, lq = lane & 3;
+    float acc[20];
+#pragma unroll
+    for (int i = 0; i < 20; ++i) acc[i] = 0.f;
+    int toff[5];   // the planes' offset of column 8 tile + g, tile = (t >> 5) + 4 i (s2d_column)
+#pragma unroll
+    for (int i = 0; i < 5; ++i) {
+      const int col = 8 * ((t >> 5) + 4 * i) + lg;
+      toff[i] = s2d_column(col) + lq;
+    }
+    for (int j = 0; j < count; ++j) {
+      const int b = j & 1;
+      s2r_sync(S2R_FULL + b, 256);   // buffer b holds image j
+      const unsigned* const xb = planes + b * S2R_PLANES;
+      const unsigned* const xs = xb + S2D_XP;
+      const float* const sd = s2r_smem + S2R_SDB + b * S2R_SD;
+#pragma unroll 1
+      for (int y = 0; y < 8; ++y) {   // A[k, x] = dconv[k, y, x]: lane (g, q) k = g, g + 8 and x = q, q + 4
+        const float* a = sd + lg * S2D_DS + y * S2D_RS + lq;
+        const uint2 a0 = s2d_split(a[0]), a1 = s2d_split(a[8 * S2D_DS]), a2 = s2d_split(a[4]),
+                    a3 = s2d_split(a[8 * S2D_DS + 4]);
+        const unsigned ab[4] = {a0.x, a1.x, a2.x, a3.x}, as[4] = {a0.y, a1.y, a2.y, a3.y};
+        unsigned bb[5][2];   // each tile's three products in version 6's order, the tiles side by side
+#pragma unroll
+        for (int i = 0; i < 5; ++i) {
+          bb[i][0] = xb[toff[i] + y * 12];
+          bb[i][1] = xb[toff[i] + y * 12 + 4];
+        }
+#pragma unroll
+        for (int i = 0; i < 5; ++i) s2d_mma(acc + 4 * i, as, bb[i][0], bb[i][1]);
+#pragma unroll
+        for (int i = 0; i < 5; ++i) s2d_mma(acc + 4 * i, ab, xs[toff[i] + y * 12], xs[toff[i] + y * 12 + 4]);
+#pragma unroll
+        for (int i = 0; i < 5; ++i) s2d_mma(acc + 4 * i, ab, bb[i][0], bb[i][1]);
+      }
+      if (j + 2 < count) s2r_arrive(S2R_EMPTY + b, 256);   // buffer b is free for image j + 2
+    }
+#pragma unroll
+    for (int i = 0; i < 5; ++i) s2r_store_tile(mine, bias, (t >> 5) + 4 * i, acc + 4 * i, lane);
+  } else {   // the data warps: image j's data gradient from buffer j & 1, then image j + 1 into the other
+    const int du = t - 128, dcr = du >> 2, dq = du & 3;   // unit (c, r, quarter) as version 6's
+    auto fetch = [&](int j) {   // image j's 16-byte pieces du, du + 128, du + 256 (of 296) into the stage
+      const size_t n = blockIdx.x + (size_t)j * gridDim.x;
+#pragma unroll
+      for (int h = 0; h < 3; ++h) {
+        const int c = du + 128 * h;
+        if (c < S2_IMAGE / 4) s2r_copy16(stx + 4 * c, x + n * S2_IMAGE + 4 * c);
+        else if (c < S2_IMAGE / 4 + S2_POOLED / 16)
+          s2r_copy16(stx + 4 * c, arg + n * S2_POOLED + 16 * (c - S2_IMAGE / 4));
+        else if (c < S2_IMAGE / 4 + S2_POOLED / 16 + S2_POOLED / 4)
+          s2r_copy16(stx + 4 * c, dp + n * S2_POOLED + 4 * (c - S2_IMAGE / 4 - S2_POOLED / 16));
+      }
+      s2r_copies_sent();
+    };
+    auto fill = [&](int b) {   // the staged image split into buffer b's planes and mask, its conv gradient into sd
+      s2r_copies_done();
+      s2r_sync(S2R_D, 128);   // the stage is complete
+      unsigned* const xb = planes + b * S2R_PLANES;
+      float* const sd = s2r_smem + S2R_SDB + b * S2R_SD;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = du + 128 * h;
+        if (i < S2_IMAGE / 4) {
+          const float4 v = *reinterpret_cast<const float4*>(stx + 4 * i);
+          const uint2 p0 = s2d_split(v.x), p1 = s2d_split(v.y), p2 = s2d_split(v.z), p3 = s2d_split(v.w);
+          *reinterpret_cast<uint4*>(xb + 4 * i) = make_uint4(p0.x, p1.x, p2.x, p3.x);
+          *reinterpret_cast<uint4*>(xb + S2D_XP + 4 * i) = make_uint4(p0.y, p1.y, p2.y, p3.y);
+          *reinterpret_cast<uchar4*>(smask + b * S2_IMAGE + 4 * i) =
+              make_uchar4(v.x > 0.f, v.y > 0.f, v.z > 0.f, v.w > 0.f);
+        }
+        // window (k, pi, pj) = (i / 16, i / 4 % 4, i % 4): its 2 x 2 conv gradient
+        const int q = arg_q(starg[i]);
+        const float g = arg_g(starg[i], stdp[i]);
+        float* d = sd + (i >> 4) * S2D_DS + ((i >> 2) & 3) * 2 * S2D_RS + (i & 3) * 2;
+        *reinterpret_cast<float2*>(d) = make_float2(q == 0 ? g : 0.f, q == 1 ? g : 0.f);
+        *reinterpret_cast<float2*>(d + S2D_RS) = make_float2(q == 2 ? g : 0.f, q == 3 ? g : 0.f);
+      }
+      s2r_sync(S2R_D, 128);            // buffer b is complete, the stage read
+      s2r_arrive(S2R_FULL + b, 256);   // and the tensor warps' to read
+    };
+    if (count > 0) {
+      fetch(0);
+      fill(0);
+      if (count > 1) fetch(1);
+    }
+    for (int j = 0; j < count; ++j) {
+      const int b = j & 1;
+      const size_t n = blockIdx.x + (size_t)j * gridDim.x;
+      if (du < 120) {
+        const float* const sd = s2r_smem + S2R_SDB + b * S2R_SD;
+        float a[2][12];
+#pragma unroll
+        for (int y = 0; y < 2; ++y)
+#pragma unroll
+          for (int X = 0; X < 12; ++X) a[y][X] = 0.f;
+        const float* wd = swd + dcr * 4;
+        const float* dr = sd + dq * 2 * S2D_RS;   // rows 2 dq, 2 dq + 1
+#pragma unroll 1
+        for (int k = 0; k < 16; ++k) {
+          const float4 w4 = *reinterpret_cast<const float4*>(wd + k * 120);
+          const float ws[5] = {w4.x, w4.y, w4.z, w4.w, swd4[k * 30 + dcr]};
+#pragma unroll
+          for (int y = 0; y < 2; ++y) {
+            float d[8];
+            s2d_row8(d, dr + k * S2D_DS + y * S2D_RS);
+#pragma unroll
+            for (int xx = 0; xx < 8; ++xx)
+#pragma unroll
+              for (int s = 0; s < 5; ++s) a[y][xx + s] = fmaf(d[xx], ws[s], a[y][xx + s]);
+          }
+        }
+        float* p = sp + dcr * S2R_PS + dq * 24;
+#pragma unroll
+        for (int y = 0; y < 2; ++y)
+#pragma unroll
+          for (int X = 0; X < 12; X += 4)
+            *reinterpret_cast<float4*>(p + y * 12 + X) = make_float4(a[y][X], a[y][X + 1], a[y][X + 2], a[y][X + 3]);
+      }
+      s2r_sync(S2R_D, 128);   // sp is complete
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {   // input positions (c, Y, X0 .. X0 + 3) of quad u
+        const int u = du + 128 * h;
+        if (u < S2_IMAGE / 4) {
+          const int c = u / 36, Y = u / 3 % 12, X0 = u % 3 * 4;
+          const int ra = max(0, Y - 7), rb = min(4, Y);   // the rows r whose y = Y - r is in 0..7
+          const float* q = sp + c * 5 * S2R_PS + Y * 12 + X0;
+          float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+          for (int r = 0; r < 5; ++r)
+            if (r >= ra && r <= rb) {
+              const float4 e = *reinterpret_cast<const float4*>(q + r * (S2R_PS - 12));
+              v.x += e.x; v.y += e.y; v.z += e.z; v.w += e.w;
+            }
+          const uchar4 m = *reinterpret_cast<const uchar4*>(smask + b * S2_IMAGE + 4 * u);
+          *reinterpret_cast<float4*>(dx + n * S2_IMAGE + 4 * u) =
+              make_float4(m.x ? v.x : 0.f, m.y ? v.y : 0.f, m.z ? v.z : 0.f, m.w ? v.w : 0.f);
+        }
+      }
+      if (j + 1 < count) {   // image j + 1 into the other buffer, once the tensor warps are done with image j - 1
+        if (j >= 1) s2r_sync(S2R_EMPTY + (b ^ 1), 256);
+        fill(b ^ 1);   // (its first barrier also keeps sp's and the mask's reads of image j before what follows)
+        if (j + 2 < count) fetch(j + 2);
+      } else {
+        s2r_sync(S2R_D, 128);
+      }
+    }
+  }
+}
