@@ -243,7 +243,7 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
 #pragma unroll
       for (int i = 0; i < 5; ++i) {   // (per image: kept across the loop, they cost the data threads a spill)
         const int col = 8 * ((t >> 5) + 4 * i) + lg;
-        toff[i] = (col < 150 ? col / 25 * 144 + col / 5 % 5 * 12 + col % 5 : col == 150 ? S2D_ONES : 0) + lq;
+        toff[i] = s2d_column(col) + lq;
       }
 #pragma unroll s2d_t_unroll
       for (int y = 0; y < 8; ++y) {
@@ -304,26 +304,9 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
       bacc1 += b;
     } else if (t >= D0 && du < 120) {
       float (&a)[2][12] = *reinterpret_cast<float (*)[2][12]>(acc);   // Note [one set of sums]
-#pragma unroll
-      for (int y = 0; y < 2; ++y)
-#pragma unroll
-        for (int X = 0; X < 12; ++X) a[y][X] = 0.f;
       const float* wd = swd + dcr * (TENSOR ? 4 : 8);
-      const float* dr = sd + dq * 2 * S2D_RS;   // rows 2 dq, 2 dq + 1
-#pragma unroll s2d_k_unroll
-      for (int k = 0; k < 16; ++k) {
-        const float4 w4 = *reinterpret_cast<const float4*>(wd + k * (TENSOR ? 120 : 240));
-        const float ws[5] = {w4.x, w4.y, w4.z, w4.w, TENSOR ? swd4[k * 30 + dcr] : wd[k * 240 + 4]};
-#pragma unroll
-        for (int y = 0; y < 2; ++y) {
-          float d[8];
-          s2d_row8(d, dr + k * S2D_DS + y * S2D_RS);
-#pragma unroll
-          for (int xx = 0; xx < 8; ++xx)
-#pragma unroll
-            for (int s = 0; s < 5; ++s) a[y][xx + s] = fmaf(d[xx], ws[s], a[y][xx + s]);
-        }
-      }
+      s2d_data_rows<TENSOR ? 120 : 240, TENSOR ? 30 : 240, s2d_k_unroll>(a, wd, TENSOR ? swd4 + dcr : wd + 4,
+                                                                         sd + dq * 2 * S2D_RS);
       float* p = sp + dcr * S2D_PS + dq * 24;
 #pragma unroll
       for (int y = 0; y < 2; ++y)
@@ -347,17 +330,8 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
   float* mine = direct ? dw : part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
   float* bias = direct ? db : mine + S2_WEIGHTS;
   if (TENSOR && t < 128) {   // tile (t >> 5) + 4 i's C[g + 8 h, 2 q + e] is acc[4 i + 2 h + e]
-    const int lg = (t & 31) >> 2, lq = t & 3;
 #pragma unroll
-    for (int i = 0; i < 5; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * ((t >> 5) + 4 * i) + 2 * lq + e, k = lg + 8 * h;
-          if (col < 150) mine[k * 150 + col] = acc[4 * i + 2 * h + e];
-          else if (col == 150) bias[k] = acc[4 * i + 2 * h + e];
-        }
+    for (int i = 0; i < 5; ++i) s2d_store_tile(mine, bias, (t >> 5) + 4 * i, acc + 4 * i, t & 31);
   }
   if (!TENSOR && t < 96) {
 #pragma unroll

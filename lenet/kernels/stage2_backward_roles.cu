@@ -58,20 +58,6 @@ __device__ __forceinline__ void s2r_copy16(void* dst, const void* src) {
 __device__ __forceinline__ void s2r_copies_sent() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void s2r_copies_done() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Tile ``tile``'s C fragment (c[2 h + e] is C[g + 8 h, 2 q + e]) into the weight gradient's row (columns
-// < 150) and the bias (column 150).
-__device__ __forceinline__ void s2r_store_tile(float* mine, float* bias, int tile, const float* c, int lane) {
-  const int lg = lane >> 2, lq = lane & 3;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = 8 * tile + 2 * lq + e, k = lg + 8 * h;
-      if (col < 150) mine[k * 150 + col] = c[2 * h + e];
-      else if (col == 150) bias[k] = c[2 * h + e];
-    }
-}
-
 extern "C" __global__ void __launch_bounds__(256, 4)
 stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restrict__ w,
                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
@@ -145,7 +131,7 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
       if (j + 2 < count) s2r_arrive(S2R_EMPTY + b, 256);   // buffer b is free for image j + 2
     }
 #pragma unroll
-    for (int i = 0; i < 5; ++i) s2r_store_tile(mine, bias, (t >> 5) + 4 * i, acc + 4 * i, lane);
+    for (int i = 0; i < 5; ++i) s2d_store_tile(mine, bias, (t >> 5) + 4 * i, acc + 4 * i, lane);
   } else {   // the data warps: image j's data gradient from buffer j & 1, then image j + 1 into the other
     const int du = t - 128, dcr = du >> 2, dq = du & 3;   // unit (c, r, quarter) as version 6's
     auto fetch = [&](int j) {   // image j's 16-byte pieces du, du + 128, du + 256 (of 296) into the stage
@@ -198,26 +184,7 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
       if (du < 120) {
         const float* const sd = s2r_smem + S2R_SDB + b * S2R_SD;
         float a[2][12];
-#pragma unroll
-        for (int y = 0; y < 2; ++y)
-#pragma unroll
-          for (int X = 0; X < 12; ++X) a[y][X] = 0.f;
-        const float* wd = swd + dcr * 4;
-        const float* dr = sd + dq * 2 * S2D_RS;   // rows 2 dq, 2 dq + 1
-#pragma unroll 1
-        for (int k = 0; k < 16; ++k) {
-          const float4 w4 = *reinterpret_cast<const float4*>(wd + k * 120);
-          const float ws[5] = {w4.x, w4.y, w4.z, w4.w, swd4[k * 30 + dcr]};
-#pragma unroll
-          for (int y = 0; y < 2; ++y) {
-            float d[8];
-            s2d_row8(d, dr + k * S2D_DS + y * S2D_RS);
-#pragma unroll
-            for (int xx = 0; xx < 8; ++xx)
-#pragma unroll
-              for (int s = 0; s < 5; ++s) a[y][xx + s] = fmaf(d[xx], ws[s], a[y][xx + s]);
-          }
-        }
+        s2d_data_rows<120, 30, 1>(a, swd + dcr * 4, swd4 + dcr, sd + dq * 2 * S2D_RS);
         float* p = sp + dcr * S2R_PS + dq * 24;
 #pragma unroll
         for (int y = 0; y < 2; ++y)

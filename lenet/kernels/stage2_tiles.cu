@@ -20,3 +20,43 @@ __device__ __forceinline__ void s2d_row8(float (&d)[8], const float* p) {
 __device__ __forceinline__ int s2d_column(int col) {
   return col < 150 ? col / 25 * 144 + col / 5 % 5 * 12 + col % 5 : S2D_ONES;
 }
+
+// A data-gradient unit's sums (versions 4 to 7): a[y][x + s] = the sum over channels k and taps s of
+// dconv[k, 2 dq + y, x] w[k, c, r, s], for the unit's two conv-gradient rows dr (sd + 2 dq * S2D_RS) and the
+// weights of its (c, r): taps 0..3 a float4 at wd + k * KS, tap 4 at w4 + k * K4; the channel loop unrolled
+// by UNROLL. The operands are registers loaded once a row: 80 multiply-adds per six loads.
+template <int KS, int K4, int UNROLL>
+__device__ __forceinline__ void s2d_data_rows(float (&a)[2][12], const float* wd, const float* w4, const float* dr) {
+#pragma unroll
+  for (int y = 0; y < 2; ++y)
+#pragma unroll
+    for (int X = 0; X < 12; ++X) a[y][X] = 0.f;
+#pragma unroll UNROLL
+  for (int k = 0; k < 16; ++k) {
+    const float4 q = *reinterpret_cast<const float4*>(wd + k * KS);
+    const float ws[5] = {q.x, q.y, q.z, q.w, w4[k * K4]};
+#pragma unroll
+    for (int y = 0; y < 2; ++y) {
+      float d[8];
+      s2d_row8(d, dr + k * S2D_DS + y * S2D_RS);
+#pragma unroll
+      for (int xx = 0; xx < 8; ++xx)
+#pragma unroll
+        for (int s = 0; s < 5; ++s) a[y][xx + s] = fmaf(d[xx], ws[s], a[y][xx + s]);
+    }
+  }
+}
+
+// Tile ``tile``'s C fragment (c[2 h + e] is C[g + 8 h, 2 q + e]) into the weight gradient's row (columns
+// < 150) and the bias (column 150).
+__device__ __forceinline__ void s2d_store_tile(float* mine, float* bias, int tile, const float* c, int lane) {
+  const int lg = lane >> 2, lq = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * tile + 2 * lq + e, k = lg + 8 * h;
+      if (col < 150) mine[k * 150 + col] = c[2 * h + e];
+      else if (col == 150) bias[k] = c[2 * h + e];
+    }
+}
