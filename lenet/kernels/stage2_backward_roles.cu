@@ -25,9 +25,10 @@
 // arrived at S2R_EMPTY + b. Barriers (bar.sync / bar.arrive with a thread count): S2R_D among the data
 // warps (128), S2R_FULL + b (the data warps arrive, the tensor warps wait: 256), S2R_EMPTY + b (the
 // tensor warps arrive, the data warps wait: 256), each arrival matched by a wait.
-// On an H100 (scripts/probes/stage_kernels.py, 2026-11-25, three runs on three machines, g4): 135.8-138.2
-// us at 8192 images against version 6's 138.0-140.5 in the same runs, 1006.9-1030.4 at 65536 against
-// 1023.6-1057.9; 6.7-6.8 us at 64 against 6.5-6.6. ncu at 65536: 10,025 instructions an image, issue 68%
+// On an H100 (scripts/probes/stage_kernels.py, 2026-11-25, g4, version 6's g4 in the same run in brackets):
+// one machine, two rounds, 135.8 / 138.2 us at 8192 images (138.0 / 140.5) and 1006.9 / 1018.4 at 65536
+// (1023.6 / 1057.9); another, 137.5 (134.8) and 1017.5 (1016.4); 6.7-6.9 us at 64 (6.5-6.6): level with
+// version 6 within the runs' spread. ncu at 65536: 10,025 instructions an image, issue 68%
 // of the cycles (version 6: 10,050, 68%), the barrier stall 1.0 cycle an instruction (2.3), now "not
 // selected" 3.3 and "dispatch" 1.6: the schedulers and the shared-memory pipe (2,340 wavefronts an image,
 // ~70% of its cycles) bound it, as version 6. Scripts/probes/README.md has the steps on the way.

@@ -47,9 +47,11 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 #   47.7, 151.1, 1107; v5 g4 6.6, 10.4, 31.0, 53.9, 152.1, 1072.7; v3 g4 at 1 / 64 images 8.0 / 9.6. Version 6
 #   is the fastest at every batch: its g2 below 8 images per SM, its g4 from there.
 #   Version 7 (version 6's sums in two warp roles, Note [two roles] in stage2_backward_roles.cu), 2026-11-25,
-#   three runs on three machines, g4 against version 6's g4 in the same runs: 135.8-138.2 against 138.0-140.5
-#   at 8192, 1006.9-1030.4 against 1023.6-1057.9 at 65536; at 1024 g2 23.6-23.9 against 23.8-24.4, at 64 6.7-6.8
-#   against 6.5-6.6. Its g4 from 8 images per SM.
+#   g4 against version 6's g4 in the same run: one machine, two rounds, 135.8 / 138.2 against 138.0 / 140.5 at
+#   8192 and 1006.9 / 1018.4 against 1023.6 / 1057.9 at 65536; another, 137.5 against 134.8 and 1017.5 against
+#   1016.4; its g2 at 65536 1045.8 against 1091.9; at 1024 g2 23.6-23.9 against 23.8-24.4; at 64 6.7-6.9
+#   against 6.5-6.6. Level with version 6 within the runs' spread at 8 images per SM and above, where the
+#   heuristic takes its g4 (its gain not established: a search times both).
 #   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
 #     75.2 / 55.8 at 8192, 557 / 396 at 65536.
 #   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
