@@ -25,13 +25,41 @@
 // arrived at S2R_EMPTY + b. Barriers (bar.sync / bar.arrive with a thread count): S2R_D among the data
 // warps (128), S2R_FULL + b (the data warps arrive, the tensor warps wait: 256), S2R_EMPTY + b (the
 // tensor warps arrive, the data warps wait: 256), each arrival matched by a wait.
-// On an H100 (scripts/probes/stage_kernels.py, 2026-11-25, g4, version 6's g4 in the same run in brackets):
-// one machine, two rounds, 135.8 / 138.2 us at 8192 images (138.0 / 140.5) and 1006.9 / 1018.4 at 65536
-// (1023.6 / 1057.9); another, 137.5 (134.8) and 1017.5 (1016.4); 6.7-6.9 us at 64 (6.5-6.6): level with
-// version 6 within the runs' spread. ncu at 65536: 10,025 instructions an image, issue 68%
-// of the cycles (version 6: 10,050, 68%), the barrier stall 1.0 cycle an instruction (2.3), now "not
-// selected" 3.3 and "dispatch" 1.6: the schedulers and the shared-memory pipe (2,340 wavefronts an image,
-// ~70% of its cycles) bound it, as version 6. Scripts/probes/README.md has the steps on the way.
+// On an H100 (scripts/probes/stage_kernels.py, 2026-11-25, g4, version 6's g4 in the same run in brackets),
+// as first written: 135.8-138.2 us at 8192 images (134.8-140.5), 1006.9-1018.4 at 65536 (1016.4-1057.9):
+// level with version 6. ncu at 65536: 10,025 instructions an image, issue 68% of the cycles, the barrier
+// stall 1.0 cycle an instruction (version 6: 2.3), "not selected" 3.3 and "dispatch" 1.6: issue-bound,
+// with the shared-memory pipe (2,340 wavefronts an image) at ~70%. Note [fewer instructions] has what
+// made it faster; scripts/probes/README.md has the steps on the way.
+//
+// Note [fewer instructions]: what an image costs tracks the instructions issued for it (removing the FFMA
+// data gradient, 5,120 of ~10,000, took 8.5 of 15.5 ns an image; removing the products, ~2,000, took 5.4),
+// so three changes cut instructions that did no arithmetic, each keeping every output bit-identical:
+//   - the tensor warps' eight k-steps unrolled whole (S2R_Y_UNROLL): a step's loads take their offsets as
+//     immediates, 60 instructions a step where the loop took 76 (a few tile offsets spill, reloaded once an
+//     image);
+//   - the data gradient's channel loop advances its three pointers (s2d_data_rows) and runs two channels a
+//     step (S2R_K_UNROLL): 3 instructions of loop a channel where there were 9 (44 bytes spilled, reloaded
+//     once an image);
+//   - the prologue's copies, the weights' (4 bytes each) and the first image's, all in flight at once
+//     (Note [one round trip]).
+// On an H100 (stage_kernels.py, 2026-11-25, g4, two rounds): 128.4-128.6 us at 8192 (15.7 ns an image;
+// before, 134.8-136.2 in the same runs) and 954.0-955.0 at 65536 (14.6 ns; 989.1-1022.4); version 6 in the
+// same runs 133.4-136.9 and 1006-1025. The k-steps unrolled by 2 alone: 130.1-131.1 / 982.9-985.7.
+//
+// Note [one round trip]: a block's prologue copied the weights through registers (loads, then stores, a
+// loop of 7.5 rounds that the compiler unrolled by four: three round trips to L2), and only then sent
+// the first image's copies: four round trips before the first fill. Now every copy of the prologue is a
+// cp.async sent before any is waited for: the prologue is one round trip, 1.4-2.9 us (scripts/probes/
+// stage2_timeline.py, 8192 and 65536 images).
+//
+// Where the rest of a launch at 8192 images goes (stage2_timeline.py, one launch, g4): each SM's four
+// blocks end in the order of their blockIdx, the first at 80-88 us and the last at 123-128: the warp
+// schedulers favour the oldest block's warps, so for the last ~12 us each SM runs one block alone, at 2.53
+// us an image (a grid of one block an SM, g1) against the SM's 1.91 with two or more: about 3 us of the
+// 128. Balancing that needs images moved between blocks at run time: the weight gradient's products cannot
+// move (a block's partial row sums its own images in a fixed order: deterministic sums), its data gradient
+// could (dx is per image); not tried.
 #define S2R_PS 100                        // sp's (c, r) stride: rows of 12 on 16-byte boundaries
 #define S2R_SD (16 * S2D_DS)              // one buffer's conv gradient (floats)
 #define S2R_PLANES (2 * S2D_XP)           // one buffer's image planes, big then small (words)
@@ -44,6 +72,12 @@
 #define S2R_STAGE (S2R_MASK + 2 * S2_IMAGE / 4)   // the next image's x, arg (bytes) and dp, as copied
 #define S2R_WORDS (S2R_STAGE + S2_IMAGE + S2_POOLED / 4 + S2_POOLED)   // 14056: the module's smem
 #define S2R_D 2
+#ifndef S2R_K_UNROLL
+#define S2R_K_UNROLL 2
+#endif
+#ifndef S2R_Y_UNROLL
+#define S2R_Y_UNROLL 8
+#endif
 #define S2R_FULL 3
 #define S2R_EMPTY 5
 
@@ -58,6 +92,12 @@ __device__ __forceinline__ void s2r_copy16(void* dst, const void* src) {
 }
 __device__ __forceinline__ void s2r_copies_sent() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void s2r_copies_done() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// 4 bytes from global memory into shared memory (cp.async .ca: 4-byte pieces go through L1).
+__device__ __forceinline__ void s2r_copy4(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
+}
 
 extern "C" __global__ void __launch_bounds__(256, 4)
 stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restrict__ w,
@@ -78,21 +118,39 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
   unsigned* const planes = reinterpret_cast<unsigned*>(s2r_smem + S2R_X);
   unsigned char* const smask = reinterpret_cast<unsigned char*>(s2r_smem + S2R_MASK);
   const int t = threadIdx.x;
-  for (int i = t; i < 16 * 30 * 4; i += 256) swd[i] = w[(i >> 2) * 5 + (i & 3)];
-  for (int i = t; i < 16 * 30; i += 256) swd4[i] = w[i * 5 + 4];
+  const int count = blockIdx.x < N ? (N - 1 - blockIdx.x) / gridDim.x + 1 : 0;   // the block's images
+  float* const stx = s2r_smem + S2R_STAGE;   // the next image as copied: x, arg, dp
+  const unsigned char* const starg = reinterpret_cast<const unsigned char*>(stx + S2_IMAGE);
+  const float* const stdp = stx + S2_IMAGE + S2_POOLED / 4;
+  const int du = t - 128, dcr = du >> 2, dq = du & 3;   // a data thread's u and unit (c, r, quarter) as version 6's
+  auto fetch = [&](int j) {   // image j's 16-byte pieces du, du + 128, du + 256 (of 296) into the stage
+    const size_t n = blockIdx.x + (size_t)j * gridDim.x;
+#pragma unroll
+    for (int h = 0; h < 3; ++h) {
+      const int c = du + 128 * h;
+      if (c < S2_IMAGE / 4) s2r_copy16(stx + 4 * c, x + n * S2_IMAGE + 4 * c);
+      else if (c < S2_IMAGE / 4 + S2_POOLED / 16)
+        s2r_copy16(stx + 4 * c, arg + n * S2_POOLED + 16 * (c - S2_IMAGE / 4));
+      else if (c < S2_IMAGE / 4 + S2_POOLED / 16 + S2_POOLED / 4)
+        s2r_copy16(stx + 4 * c, dp + n * S2_POOLED + 4 * (c - S2_IMAGE / 4 - S2_POOLED / 16));
+    }
+    s2r_copies_sent();
+  };
+  // The first image's copies and the weights' all in flight at once (Note [one round trip]).
+  if (t >= 128 && count > 0) fetch(0);
+  for (int i = t; i < 16 * 30 * 4; i += 256) s2r_copy4(swd + i, w + (i >> 2) * 5 + (i & 3));
+  for (int i = t; i < 16 * 30; i += 256) s2r_copy4(swd4 + i, w + i * 5 + 4);
+  s2r_copies_sent();
   for (int i = t; i < 2 * (S2D_XP - S2D_ONES); i += 256) {   // each buffer's region of ones
     unsigned* xb = planes + (i >= S2D_XP - S2D_ONES) * S2R_PLANES + S2D_ONES + i % (S2D_XP - S2D_ONES);
     xb[0] = 0x3f800000u;
     xb[S2D_XP] = 0u;
   }
+  s2r_copies_done();
   __syncthreads();
-  const int count = blockIdx.x < N ? (N - 1 - blockIdx.x) / gridDim.x + 1 : 0;   // the block's images
   const bool direct = gridDim.x == 1;   // the block's sums are the gradients
   float* mine = direct ? dw : part + (size_t)blockIdx.x * (S2_WEIGHTS + 16);
   float* bias = direct ? db : mine + S2_WEIGHTS;
-  float* const stx = s2r_smem + S2R_STAGE;   // the next image as copied: x, arg, dp
-  const unsigned char* const starg = reinterpret_cast<const unsigned char*>(stx + S2_IMAGE);
-  const float* const stdp = stx + S2_IMAGE + S2_POOLED / 4;
   if (t < 128) {   // the tensor warps: image j's products from buffer j & 1
     const int lane = t & 31, lg = lane >> 2, lq = lane & 3;
     float acc[20];
@@ -110,7 +168,7 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
       const unsigned* const xb = planes + b * S2R_PLANES;
       const unsigned* const xs = xb + S2D_XP;
       const float* const sd = s2r_smem + S2R_SDB + b * S2R_SD;
-#pragma unroll 1
+#pragma unroll S2R_Y_UNROLL
       for (int y = 0; y < 8; ++y) {   // A[k, x] = dconv[k, y, x]: lane (g, q) k = g, g + 8 and x = q, q + 4
         const float* a = sd + lg * S2D_DS + y * S2D_RS + lq;
         const uint2 a0 = s2d_split(a[0]), a1 = s2d_split(a[8 * S2D_DS]), a2 = s2d_split(a[4]),
@@ -134,20 +192,6 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
 #pragma unroll
     for (int i = 0; i < 5; ++i) s2d_store_tile(mine, bias, (t >> 5) + 4 * i, acc + 4 * i, lane);
   } else {   // the data warps: image j's data gradient from buffer j & 1, then image j + 1 into the other
-    const int du = t - 128, dcr = du >> 2, dq = du & 3;   // unit (c, r, quarter) as version 6's
-    auto fetch = [&](int j) {   // image j's 16-byte pieces du, du + 128, du + 256 (of 296) into the stage
-      const size_t n = blockIdx.x + (size_t)j * gridDim.x;
-#pragma unroll
-      for (int h = 0; h < 3; ++h) {
-        const int c = du + 128 * h;
-        if (c < S2_IMAGE / 4) s2r_copy16(stx + 4 * c, x + n * S2_IMAGE + 4 * c);
-        else if (c < S2_IMAGE / 4 + S2_POOLED / 16)
-          s2r_copy16(stx + 4 * c, arg + n * S2_POOLED + 16 * (c - S2_IMAGE / 4));
-        else if (c < S2_IMAGE / 4 + S2_POOLED / 16 + S2_POOLED / 4)
-          s2r_copy16(stx + 4 * c, dp + n * S2_POOLED + 4 * (c - S2_IMAGE / 4 - S2_POOLED / 16));
-      }
-      s2r_copies_sent();
-    };
     auto fill = [&](int b) {   // the staged image split into buffer b's planes and mask, its conv gradient into sd
       s2r_copies_done();
       s2r_sync(S2R_D, 128);   // the stage is complete
@@ -175,7 +219,6 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
       s2r_arrive(S2R_FULL + b, 256);   // and the tensor warps' to read
     };
     if (count > 0) {
-      fetch(0);
       fill(0);
       if (count > 1) fetch(1);
     }
@@ -185,7 +228,7 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
       if (du < 120) {
         const float* const sd = s2r_smem + S2R_SDB + b * S2R_SD;
         float a[2][12];
-        s2d_data_rows<120, 30, 1>(a, swd + dcr * 4, swd4 + dcr, sd + dq * 2 * S2D_RS);
+        s2d_data_rows<120, 30, S2R_K_UNROLL>(a, swd + dcr * 4, swd4 + dcr, sd + dq * 2 * S2D_RS);
         float* p = sp + dcr * S2R_PS + dq * 24;
 #pragma unroll
         for (int y = 0; y < 2; ++y)

@@ -34,8 +34,9 @@ def main() -> int:
     ap.add_argument("--kernel", nargs="+", default=None,
                     help="time only the kernels whose names hold one of these (stage2_backward_even)")
     ap.add_argument("--same", action="store_true",
-                    help="say whether each variant's backward outputs (dw, db, dx) are bit-identical to the first "
-                         "variant's on the same inputs")
+                    help="say whether each backward's outputs (dw, db, dx) are bit-identical to those of the first "
+                         "backward timed on the same inputs at the same grid (blocks per SM): across variants, and "
+                         "across versions that keep the same sums")
     ap.add_argument("--out", default=None)
     ap.add_argument("--once", action="store_true", help="run each launch shape once, untimed (for compute-sanitizer)")
     args = ap.parse_args()
@@ -98,7 +99,7 @@ def main() -> int:
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
                         if args.same:
                             got = [cupy.asnumpy(a) for a in (dw, db, dx) if a is not None]
-                            ref = first_out.setdefault((rows[-1]["kernel"], cand.name, n), got)
+                            ref = first_out.setdefault((ks.stage, cand.per_sm, n), got)
                             rows[-1]["same"] = all((a == b).all() for a, b in zip(got, ref))
                     for r in rows[start:]:
                         print(f"{r['define'] or '-':<22} {r['kernel']:<24} {r['shape']:<20} n={r['n']:<6} "
