@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 FORWARDS = ("fused-fwd-v1-i1-g8", "fused-fwd-v1-i2-g8")
-STAGE1_BACKWARDS = ("fused-bwd-v1-g4", "fused-bwd-v2-g2")
-STAGE2_BACKWARDS = ("fused-bwd-v3-g4", "fused-bwd-v4-g2", "fused-bwd-v2-g4")
+STAGE1_BACKWARDS = ("fused-bwd-v2-g2",)
+STAGE2_BACKWARDS = ("fused-bwd-v6-g2", "fused-bwd-v7-g2", "fused-bwd-v7-g4")
 
 
 def time_steps(model, x, y, steps: int) -> tuple[float, list[float], float]:
@@ -56,6 +56,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 64, 128])
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--forward", nargs="+", default=FORWARDS, help="both forwards' launch shapes tried")
+    ap.add_argument("--conv1-backward", nargs="+", default=STAGE1_BACKWARDS, help="stage 1's backward shapes tried")
+    ap.add_argument("--conv2-backward", nargs="+", default=STAGE2_BACKWARDS, help="stage 2's backward shapes tried")
     args = ap.parse_args()
     import numpy as np
 
@@ -69,7 +72,7 @@ def main() -> int:
         x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, n).astype(np.int32)
         rows = []
-        for fwd, b1, b2 in itertools.product(FORWARDS, STAGE1_BACKWARDS, STAGE2_BACKWARDS):
+        for fwd, b1, b2 in itertools.product(args.forward, args.conv1_backward, args.conv2_backward):
             stages.HEURISTIC.update({("conv1", "forward"): ((inf, fwd),), ("conv2", "forward"): ((inf, fwd),),
                                      ("conv1", "backward"): ((inf, b1),), ("conv2", "backward"): ((inf, b2),)})
             model = LeNet(max_batch=n, policy=Policy(engine="ours"), cuda_graph=True)
