@@ -52,6 +52,13 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 #   1016.4; its g2 at 65536 1045.8 against 1091.9; at 1024 g2 23.6-23.9 against 23.8-24.4; at 64 6.7-6.9
 #   against 6.5-6.6. Level with version 6 within the runs' spread at 8 images per SM and above, where the
 #   heuristic takes its g4 (its gain not established: a search times both).
+#   Version 7 with fewer instructions (Note [fewer instructions] in stage2_backward_roles.cu), 2026-11-25, against
+#   version 6 in the same run, us: g2 / g4 at 1 image 4.2 / 4.3 (v6 5.1 / 5.1), at 64 5.9 / 5.9 (6.5 / 6.5),
+#   256 10.7 / 10.7 (11.5 / 11.5), 1024 22.1 / 24.4 (23.7 / 24.4), 2048 38.6 / 40.1 (41.6 / 41.3); its g4 at
+#   8192 128.4-128.6 and 65536 954.0-955.0 (v6 133.4-136.9, 1006-1025). On whole steps (heuristic_rows.py,
+#   us back to back, the best forward of each): n = 1 v7 g4 20.0, v7 g2 20.0, v6 g2 20.7; 64: 28.6, 29.3, 28.8;
+#   128: 40.8, 41.8, 41.0; 256: 60.5, 60.3, 60.2; 1024: 90.4, 86.7, 88.7. Version 7 at every batch: g4 below 2
+#   images per SM and from 32 on, g2 between.
 #   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
 #     75.2 / 55.8 at 8192, 557 / 396 at 65536.
 #   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
@@ -66,7 +73,7 @@ HEURISTIC = {
     ("conv2", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
                            (6, "fused-fwd-v1-i1-g8"), (INF, "fused-fwd-v2-i4-g8")),
     ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
-    ("conv2", "backward"): ((8, "fused-bwd-v6-g2"), (INF, "fused-bwd-v7-g4")),
+    ("conv2", "backward"): ((2, "fused-bwd-v7-g4"), (32, "fused-bwd-v7-g2"), (INF, "fused-bwd-v7-g4")),
 }
 # conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
 # lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.
