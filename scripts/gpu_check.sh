@@ -76,8 +76,8 @@ if [ -n "$tools$pack_tools" ]; then
 # racecheck (shared-memory hazards) and synccheck (barrier misuse) over a step of --engine ours (its
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
 # partial group, and at the batches where the heuristic takes each shape (HEURISTIC in
-# lenet/kernels/stages.py on 132 SMs: stage 2's tensor-core backward, version 6 (g2) up to 200, one image a
-# block below 132, and version 7 (g4, its two warp roles and named barriers) at 2100; the forwards' two images a block iteration
+# lenet/kernels/stages.py on 132 SMs: stage 2's tensor-core backward in two warp roles and named barriers,
+# version 7, with 4 blocks an SM up to 200, one image a block below 132, and with 2 at 2100); the forwards' two images a block iteration
 # at 1 and 128; stage 1's dense backward at all of them). Every other version of every stage kernel runs
 # once under both tools below (scripts/probes/stage_kernels.py --once). The head: head_split.cu's kernels (its loss
 # total on the side stream's second lane) up to 256 images (1, 64, 7, 128, 200), the tail form above (cuBLASLt's fc1 products and head_tail.cu's
