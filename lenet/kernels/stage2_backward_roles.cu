@@ -43,9 +43,11 @@
 //     once an image);
 //   - the prologue's copies, the weights' (4 bytes each) and the first image's, all in flight at once
 //     (Note [one round trip]).
-// On an H100 (stage_kernels.py, 2026-11-25, g4, two rounds): 128.4-128.6 us at 8192 (15.7 ns an image;
-// before, 134.8-136.2 in the same runs) and 954.0-955.0 at 65536 (14.6 ns; 989.1-1022.4); version 6 in the
-// same runs 133.4-136.9 and 1006-1025. The k-steps unrolled by 2 alone: 130.1-131.1 / 982.9-985.7.
+// On H100s (stage_kernels.py, 2026-11-25, g4, two rounds a machine): all three, 128.4-128.6 us at 8192 (15.7
+// ns an image) and 954.0-955.0 at 65536 (14.6 ns); the prologue's alone, 136.1-136.2 / 1021.4-1022.4 (version
+// 6 in the same runs 133.4-133.7 / 1006.3-1006.7); with the channel loop's pointers too, 133.1-134.8 /
+// 989.1-992.1 (version 6 135.8-136.9 / 1016.2-1024.8), and the k-steps unrolled by 2 130.1-131.1 / 982.9-985.7.
+// ncu, the kernel alone in a step: 128.0 / 955.6 us.
 //
 // Note [one round trip]: a block's prologue copied the weights through registers (loads, then stores, a
 // loop of 7.5 rounds that the compiler unrolled by four: three round trips to L2), and only then sent
