@@ -94,6 +94,14 @@ def programmatic_grid_limit(device_id: int) -> int:
     return int(d.attributes["MultiProcessorCount"]) if int(d.compute_capability) >= 90 else 0
 
 
+@functools.lru_cache(maxsize=None)
+def shared_memory_limit(device_id: int) -> int:
+    """The most dynamic shared memory a block of GPU ``device_id`` may opt in to (bytes)."""
+    import cupy
+
+    return int(cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
+
+
 def _packed(args) -> tuple[list, object]:
     """The arguments as ctypes values and the void* array cuLaunchKernelEx reads them through."""
     values = []
@@ -120,7 +128,7 @@ class Launch:
         import cupy
 
         if shared_mem > 48 * 1024:   # beyond 48 KiB a kernel opts in, up to the device's limit
-            limit = int(cupy.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+            limit = shared_memory_limit(cupy.cuda.Device().id)
             if shared_mem > limit:
                 raise ValueError(f"{shared_mem} bytes of dynamic shared memory: this GPU allows at most {limit}")
             if fn.max_dynamic_shared_size_bytes < shared_mem:

@@ -5,7 +5,9 @@
 // stage2_backward_dense.cu; its shared memory (56,224 bytes) is dynamic, beyond the 48 KiB a kernel
 // gets without asking (lenet/kernels/launch.py asks).
 //   A block owns images blockIdx.x, blockIdx.x + gridDim.x, ... of its model (image j of the block in
-//   buffer j & 1), their dx, and row blockIdx.x of part.
+//   buffer j & 1), their dx, and row blockIdx.x of part. In its prologue thread t copies the weights' words
+//   t, t + 256, ... (taps 0..3, then tap 4) and writes the planes' ones t, t + 256, ...; data thread u its
+//   first image's pieces (as below).
 //   Tensor warps (threads 0..127): the weight and bias gradients of image j as version 6's products, warp w
 //   its N tiles w, w + 4, .. w + 16 (lane (g, q) their C fragments' rows g, g + 8 and columns 2q, 2q + 1),
 //   the three products of a k-step a kind at a time over the five tiles; the A fragments split from the
