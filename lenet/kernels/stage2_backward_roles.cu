@@ -77,7 +77,7 @@
 #define S2R_WORDS (S2R_STAGE + S2_IMAGE + S2_POOLED / 4 + S2_POOLED)   // 14056: the module's smem
 #define S2R_D 2
 #ifndef S2R_K_UNROLL
-#define S2R_K_UNROLL 2
+#define S2R_K_UNROLL 4
 #endif
 #ifndef S2R_Y_UNROLL
 #define S2R_Y_UNROLL 8
@@ -87,6 +87,17 @@
 
 __device__ __forceinline__ void s2r_sync(int id, int n) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void s2r_arrive(int id, int n) { asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(n) : "memory"); }
+
+// v, computed once: the compiler neither folds it nor computes it again where it is used.
+__device__ __forceinline__ int s2r_kept(int v) { asm volatile("mov.b32 %0, %0;" : "+r"(v)); return v; }
+
+// v where mask byte sel & 3 of m is 0xff, 0 where it is 0: prmt's sel (0x8888 for byte 0, 0x9999 for byte 1,
+// ..) spreads that byte's top bit over a word, which masks v's bits.
+__device__ __forceinline__ float s2r_masked(float v, unsigned m, unsigned sel) {
+  unsigned w;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(w) : "r"(m), "r"(sel));
+  return __uint_as_float(__float_as_uint(v) & w);
+}
 
 // 16 bytes from global memory into shared memory without registers (cp.async, sm_80 and later); the
 // copies a thread sent complete at its s2r_copies_done().
@@ -127,17 +138,23 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
   const unsigned char* const starg = reinterpret_cast<const unsigned char*>(stx + S2_IMAGE);
   const float* const stdp = stx + S2_IMAGE + S2_POOLED / 4;
   const int du = t - 128, dcr = du >> 2, dq = du & 3;   // a data thread's u and unit (c, r, quarter) as version 6's
-  auto fetch = [&](int j) {   // image j's 16-byte pieces du, du + 128, du + 256 (of 296) into the stage
-    const size_t n = blockIdx.x + (size_t)j * gridDim.x;
-#pragma unroll
-    for (int h = 0; h < 3; ++h) {
-      const int c = du + 128 * h;
-      if (c < S2_IMAGE / 4) s2r_copy16(stx + 4 * c, x + n * S2_IMAGE + 4 * c);
-      else if (c < S2_IMAGE / 4 + S2_POOLED / 16)
-        s2r_copy16(stx + 4 * c, arg + n * S2_POOLED + 16 * (c - S2_IMAGE / 4));
-      else if (c < S2_IMAGE / 4 + S2_POOLED / 16 + S2_POOLED / 4)
-        s2r_copy16(stx + 4 * c, dp + n * S2_POOLED + 4 * (c - S2_IMAGE / 4 - S2_POOLED / 16));
-    }
+  // A data thread's pieces du, du + 128, du + 256 (of 296) of image 0: x's, then arg's, then dp's, and the
+  // bytes from one image's piece to the next's: fetch's addresses are one multiply-add each (Note [fewer
+  // instructions]).
+  const int c1 = du + 128, c2 = du + 256;
+  const char* const src0 = reinterpret_cast<const char*>(x + 4 * du);
+  const char* const src1 = c1 < S2_IMAGE / 4 ? reinterpret_cast<const char*>(x + 4 * c1)
+                           : c1 < S2_IMAGE / 4 + S2_POOLED / 16
+                               ? reinterpret_cast<const char*>(arg + 16 * (c1 - S2_IMAGE / 4))
+                               : reinterpret_cast<const char*>(dp + 4 * (c1 - S2_IMAGE / 4 - S2_POOLED / 16));
+  const unsigned step1 = c1 < S2_IMAGE / 4 ? 4 * S2_IMAGE : c1 < S2_IMAGE / 4 + S2_POOLED / 16 ? S2_POOLED : 4 * S2_POOLED;
+  const char* const src2 = reinterpret_cast<const char*>(dp + 4 * (c2 - S2_IMAGE / 4 - S2_POOLED / 16));
+  const bool has2 = c2 < S2_IMAGE / 4 + S2_POOLED / 16 + S2_POOLED / 4;   // (c2 >= S2_IMAGE / 4 + S2_POOLED / 16)
+  auto fetch = [&](int j) {   // image j's 16-byte pieces du, du + 128, du + 256 into the stage
+    const unsigned n = blockIdx.x + j * gridDim.x;
+    s2r_copy16(stx + 4 * du, src0 + (size_t)n * (4 * S2_IMAGE));
+    s2r_copy16(stx + 4 * c1, src1 + (size_t)n * step1);
+    if (has2) s2r_copy16(stx + 4 * c2, src2 + (size_t)n * (4 * S2_POOLED));
     s2r_copies_sent();
   };
   // The first image's copies and the weights' all in flight at once (Note [one round trip]).
@@ -196,6 +213,8 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
 #pragma unroll
     for (int i = 0; i < 5; ++i) s2d_store_tile(mine, bias, (t >> 5) + 4 * i, acc + 4 * i, lane);
   } else {   // the data warps: image j's data gradient from buffer j & 1, then image j + 1 into the other
+    // window du's offset in sd: (k, pi, pj) = (du / 16, du / 4 % 4, du % 4); window du + 128's, 8 channels on
+    const int wofs = s2r_kept((du >> 4) * S2D_DS + ((du >> 2) & 3) * 2 * S2D_RS + (du & 3) * 2);
     auto fill = [&](int b) {   // the staged image split into buffer b's planes and mask, its conv gradient into sd
       s2r_copies_done();
       s2r_sync(S2R_D, 128);   // the stage is complete
@@ -210,12 +229,12 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
           *reinterpret_cast<uint4*>(xb + 4 * i) = make_uint4(p0.x, p1.x, p2.x, p3.x);
           *reinterpret_cast<uint4*>(xb + S2D_XP + 4 * i) = make_uint4(p0.y, p1.y, p2.y, p3.y);
           *reinterpret_cast<uchar4*>(smask + b * S2_IMAGE + 4 * i) =
-              make_uchar4(v.x > 0.f, v.y > 0.f, v.z > 0.f, v.w > 0.f);
+              make_uchar4(v.x > 0.f ? 0xff : 0, v.y > 0.f ? 0xff : 0, v.z > 0.f ? 0xff : 0, v.w > 0.f ? 0xff : 0);
         }
         // window (k, pi, pj) = (i / 16, i / 4 % 4, i % 4): its 2 x 2 conv gradient
         const int q = arg_q(starg[i]);
         const float g = arg_g(starg[i], stdp[i]);
-        float* d = sd + (i >> 4) * S2D_DS + ((i >> 2) & 3) * 2 * S2D_RS + (i & 3) * 2;
+        float* d = sd + wofs + h * 8 * S2D_DS;
         *reinterpret_cast<float2*>(d) = make_float2(q == 0 ? g : 0.f, q == 1 ? g : 0.f);
         *reinterpret_cast<float2*>(d + S2D_RS) = make_float2(q == 2 ? g : 0.f, q == 3 ? g : 0.f);
       }
@@ -248,16 +267,17 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
           const int c = u / 36, Y = u / 3 % 12, X0 = u % 3 * 4;
           const int ra = max(0, Y - 7), rb = min(4, Y);   // the rows r whose y = Y - r is in 0..7
           const float* q = sp + c * 5 * S2R_PS + Y * 12 + X0;
-          float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+          float4 v = *reinterpret_cast<const float4*>(q + ra * (S2R_PS - 12));   // the sum from row ra on
 #pragma unroll
-          for (int r = 0; r < 5; ++r)
-            if (r >= ra && r <= rb) {
+          for (int r = 1; r < 5; ++r)
+            if (r > ra && r <= rb) {
               const float4 e = *reinterpret_cast<const float4*>(q + r * (S2R_PS - 12));
               v.x += e.x; v.y += e.y; v.z += e.z; v.w += e.w;
             }
-          const uchar4 m = *reinterpret_cast<const uchar4*>(smask + b * S2_IMAGE + 4 * u);
+          const unsigned m = *reinterpret_cast<const unsigned*>(smask + b * S2_IMAGE + 4 * u);   // bytes 0 or 0xff
           *reinterpret_cast<float4*>(dx + n * S2_IMAGE + 4 * u) =
-              make_float4(m.x ? v.x : 0.f, m.y ? v.y : 0.f, m.z ? v.z : 0.f, m.w ? v.w : 0.f);
+              make_float4(s2r_masked(v.x, m, 0x8888), s2r_masked(v.y, m, 0x9999), s2r_masked(v.z, m, 0xaaaa),
+                          s2r_masked(v.w, m, 0xbbbb));
         }
       }
       if (j + 1 < count) {   // image j + 1 into the other buffer, once the tensor warps are done with image j - 1

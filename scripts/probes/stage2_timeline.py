@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[2112, 8192, 65536])
     ap.add_argument("--per-sm", type=int, nargs="+", default=[4],
                     help="blocks per SM of the grids launched (any count: 1 shows a block alone on its SM)")
+    ap.add_argument("--define", default="", help="macros NAME[=VALUE] joined by commas, the module compiled with them")
     args = ap.parse_args()
     import cupy
     import numpy as np
@@ -66,7 +67,8 @@ def main() -> int:
 
     def patched(module, name):
         if module not in mods:
-            mods[module] = cupy.RawModule(code=stamped(kernels.source(module)), options=kernels.options(module))
+            mods[module] = cupy.RawModule(code=stamped(kernels.source(module)), options=kernels.options(module)
+                                         + tuple(f"-D{d}" for d in args.define.split(",") if d))
         return mods[module].get_function(name)
 
     name = "stage2_backward_roles"
