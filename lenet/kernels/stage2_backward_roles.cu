@@ -41,8 +41,8 @@
 //     immediates, 60 instructions a step where the loop took 76 (a few tile offsets spill, reloaded once an
 //     image);
 //   - the data gradient's channel loop advances its three pointers (s2d_data_rows) and runs two channels a
-//     step (S2R_K_UNROLL): 3 instructions of loop a channel where there were 9 (44 bytes spilled, reloaded
-//     once an image);
+//     step (S2R_K_UNROLL, four since): 3 instructions of loop a channel where there were 9 (44 bytes spilled,
+//     reloaded once an image);
 //   - the prologue's copies, the weights' (4 bytes each) and the first image's, all in flight at once
 //     (Note [one round trip]).
 // On H100s (stage_kernels.py, 2026-11-25, g4, two rounds a machine): all three, 128.4-128.6 us at 8192 (15.7
@@ -50,6 +50,25 @@
 // 6 in the same runs 133.4-133.7 / 1006.3-1006.7); with the channel loop's pointers too, 133.1-134.8 /
 // 989.1-992.1 (version 6 135.8-136.9 / 1016.2-1024.8), and the k-steps unrolled by 2 130.1-131.1 / 982.9-985.7.
 // ncu, the kernel alone in a step: 128.0 / 955.6 us.
+// Then the data warps' other work, counted in SASS (a data thread's instructions an image, the FFMA loop
+// apart): 457 of them besides the loop, of which ~110 made fetch's addresses. Now (every output still
+// bit-identical, stage_kernels.py --same compares bits):
+//   - fetch: a data thread's three sources (x's, arg's or dp's piece for image 0) and their step an image
+//     worked out once; an image's address is one multiply-add (IMAD.WIDE) each;
+//   - constants a thread keeps (s2r_kept: the window offset, the sources), where the compiler had worked
+//     them out again every image;
+//   - dx's rows summed from the first that counts (ra) rather than added to zeros, and masked by prmt's sign
+//     spread and an AND where a byte was extracted, compared and selected;
+//   - the channel loop four channels a step (S2R_K_UNROLL), its first four apart so that a's zeros fold into
+//     their multiply-adds (s2d_data_rows: no 24 registers cleared an image; 32 bytes spilled).
+// A data thread 1,881 -> 1,706 instructions an image, a tensor warp 483 -> 473: 9,456 -> 8,716 warp
+// instructions an image (-7.8%). On H100s (stage_kernels.py with the reduction, g4, 2026-11-25; version 7
+// before this, in the same runs, in brackets): 122.9-124.1 us at 8192 (15.0-15.15 ns) [126.2-130.5], 910.5-
+// 925.2 at 65536 (13.9-14.1) [937.1-966.8].
+// Tried and dropped: the mask kept in registers (the thread that fills a quad also writes its dx): spills
+// grew to 48 bytes and 65536 took 944.5 us against 910-921; the blocks' images weighted by wave (the older
+// blocks, which the schedulers favour, given more): blocks do not share an SM by blockIdx modulo the SM
+// count, so some SMs got the heavy ones together: 143 us at 8192 against 121 (stage2_timeline.py --define).
 //
 // Note [one round trip]: a block's prologue copied the weights through registers (loads, then stores, a
 // loop of 7.5 rounds that the compiler unrolled by four: three round trips to L2), and only then sent
@@ -90,6 +109,10 @@ __device__ __forceinline__ void s2r_arrive(int id, int n) { asm volatile("bar.ar
 
 // v, computed once: the compiler neither folds it nor computes it again where it is used.
 __device__ __forceinline__ int s2r_kept(int v) { asm volatile("mov.b32 %0, %0;" : "+r"(v)); return v; }
+__device__ __forceinline__ const char* s2r_kept(const char* p) {
+  asm volatile("mov.b64 %0, %0;" : "+l"(p));
+  return p;
+}
 
 // v where mask byte sel & 3 of m is 0xff, 0 where it is 0: prmt's sel (0x8888 for byte 0, 0x9999 for byte 1,
 // ..) spreads that byte's top bit over a word, which masks v's bits.
@@ -142,13 +165,13 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
   // bytes from one image's piece to the next's: fetch's addresses are one multiply-add each (Note [fewer
   // instructions]).
   const int c1 = du + 128, c2 = du + 256;
-  const char* const src0 = reinterpret_cast<const char*>(x + 4 * du);
-  const char* const src1 = c1 < S2_IMAGE / 4 ? reinterpret_cast<const char*>(x + 4 * c1)
-                           : c1 < S2_IMAGE / 4 + S2_POOLED / 16
-                               ? reinterpret_cast<const char*>(arg + 16 * (c1 - S2_IMAGE / 4))
-                               : reinterpret_cast<const char*>(dp + 4 * (c1 - S2_IMAGE / 4 - S2_POOLED / 16));
-  const unsigned step1 = c1 < S2_IMAGE / 4 ? 4 * S2_IMAGE : c1 < S2_IMAGE / 4 + S2_POOLED / 16 ? S2_POOLED : 4 * S2_POOLED;
-  const char* const src2 = reinterpret_cast<const char*>(dp + 4 * (c2 - S2_IMAGE / 4 - S2_POOLED / 16));
+  const char* const src0 = s2r_kept(reinterpret_cast<const char*>(x + 4 * du));
+  const char* const src1 = s2r_kept(c1 < S2_IMAGE / 4 ? reinterpret_cast<const char*>(x + 4 * c1)
+                                    : c1 < S2_IMAGE / 4 + S2_POOLED / 16
+                                        ? reinterpret_cast<const char*>(arg + 16 * (c1 - S2_IMAGE / 4))
+                                        : reinterpret_cast<const char*>(dp + 4 * (c1 - S2_IMAGE / 4 - S2_POOLED / 16)));
+  const unsigned step1 = s2r_kept(c1 < S2_IMAGE / 4 ? 4 * S2_IMAGE : c1 < S2_IMAGE / 4 + S2_POOLED / 16 ? S2_POOLED : 4 * S2_POOLED);
+  const char* const src2 = s2r_kept(reinterpret_cast<const char*>(dp + 4 * (c2 - S2_IMAGE / 4 - S2_POOLED / 16)));
   const bool has2 = c2 < S2_IMAGE / 4 + S2_POOLED / 16 + S2_POOLED / 4;   // (c2 >= S2_IMAGE / 4 + S2_POOLED / 16)
   auto fetch = [&](int j) {   // image j's 16-byte pieces du, du + 128, du + 256 into the stage
     const unsigned n = blockIdx.x + j * gridDim.x;
