@@ -172,7 +172,7 @@ stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restric
                                         : reinterpret_cast<const char*>(dp + 4 * (c1 - S2_IMAGE / 4 - S2_POOLED / 16)));
   const unsigned step1 = s2r_kept(c1 < S2_IMAGE / 4 ? 4 * S2_IMAGE : c1 < S2_IMAGE / 4 + S2_POOLED / 16 ? S2_POOLED : 4 * S2_POOLED);
   const char* const src2 = s2r_kept(reinterpret_cast<const char*>(dp + 4 * (c2 - S2_IMAGE / 4 - S2_POOLED / 16)));
-  const bool has2 = c2 < S2_IMAGE / 4 + S2_POOLED / 16 + S2_POOLED / 4;   // (c2 >= S2_IMAGE / 4 + S2_POOLED / 16)
+  const bool has2 = c2 < S2_IMAGE / 4 + S2_POOLED / 16 + S2_POOLED / 4;   // c2 >= 256 is always one of dp's, if any
   auto fetch = [&](int j) {   // image j's 16-byte pieces du, du + 128, du + 256 into the stage
     const unsigned n = blockIdx.x + j * gridDim.x;
     s2r_copy16(stx + 4 * du, src0 + (size_t)n * (4 * S2_IMAGE));
