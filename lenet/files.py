@@ -17,7 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import interrupt
+from . import _early, interrupt
 
 _temporaries: set = set()        # temporary files being written now (Note [atomic writes])
 _temporary_names: set = set()    # (folder, prefix, suffix) of each: a signal between mkstemp and its record
@@ -89,12 +89,20 @@ _root: dict = {}
 
 def cache_root() -> Path | None:
     """The folder our caches live in, made if need be (Note [cache folders]); None: there is none."""
+    with _root_lock:   # start-up threads ask too: one decision, one warning
+        return _cache_root()
+
+
+_root_lock = threading.Lock()
+
+
+def _cache_root() -> Path | None:
     xdg = os.environ.get("XDG_CACHE_HOME") or ""
     home = os.environ.get("HOME") or ""
     if (xdg, home) in _root:   # decided once a run (a folder made meanwhile by another program changes nothing)
         return _root[(xdg, home)]
-    base = Path(xdg) if os.path.isabs(xdg) else Path(home) / ".cache" if os.path.isabs(home) and \
-        os.path.isdir(home) else None
+    base = _early.cache_base()
+    base = None if base is None else Path(base)
     root, why = None, f"HOME={home or '(unset)'} is not a folder that exists"
     if base is not None:
         try:

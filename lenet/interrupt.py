@@ -111,13 +111,3 @@ def _program_name() -> str:
     if base.endswith(".py") and os.path.basename(parent) == "lenet":
         return f"python -m lenet.{base[:-3]}"
     return base if base.startswith("lenet") else "lenet"
-
-
-def is_program_start() -> bool:
-    """Whether this process was started as one of our programs (python -m lenet..., or a lenet command):
-    what lenet/__init__.py asks before guarding a process from its first line."""
-    argv0 = sys.argv[0] if sys.argv else ""
-    if argv0 == "-m":   # python -m lenet.PROGRAM, while its module is being found
-        return True
-    return os.path.basename(argv0).split(".")[0] in ("lenet", "lenet-train", "lenet-train-step", "lenet-export",
-                                                     "lenet-predict")

@@ -88,10 +88,27 @@ def keep_bytecode() -> str | None:
     the same thing for the programs' own process, like the plan and dataset caches beside it.
     Python checks each cached file against its source's size and modification time, writes it
     atomically, and skips a folder it cannot write."""
-    if not sys.dont_write_bytecode or sys.pycache_prefix is not None:
+    from ._early import KEPT, bytecode_setting
+
+    if KEPT and sys.pycache_prefix == KEPT[0]:   # set on the program's first line (Note [bytecode from the first line])
+        folder = KEPT[0]
+    elif not sys.dont_write_bytecode or sys.pycache_prefix is not None:
         return None
-    where = os.environ.get("LENET_BYTECODE_CACHE")
-    if where is not None and where.strip().lower() in ("", "0", "off", "no", "false"):
+    else:
+        folder = _bytecode_folder(bytecode_setting())
+        if folder is None:
+            return None
+        sys.pycache_prefix, sys.dont_write_bytecode = folder, False
+    from .files import write_later
+
+    if _prune_due(folder):
+        write_later(prune_bytecode, folder)
+    return folder
+
+
+def _bytecode_folder(setting) -> str | None:
+    keep, where = setting
+    if not keep:
         return None
     if not where:
         from .files import cache_path
@@ -100,13 +117,7 @@ def keep_bytecode() -> str | None:
         if folder is None:
             return None
         where = str(folder)
-    folder = where
-    sys.pycache_prefix, sys.dont_write_bytecode = folder, False
-    from .files import write_later
-
-    if _prune_due(folder):
-        write_later(prune_bytecode, folder)
-    return folder
+    return where
 
 
 BYTECODE_LIMIT = 128 << 20   # the bytecode cache keeps its most recently written files up to this size
@@ -304,6 +315,7 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
         pass
     finally:
         _cudnn_found.set()
+    recorded = open_recorded_libraries()   # Note [opening cuBLASLt without the GIL]
     import cupy
 
     from . import blas
@@ -311,6 +323,7 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     blas.binding("cublas")
     blas.binding("cublasLt")
     mark("preload thread: CuPy, cuBLAS bindings imported")
+    record_libraries(recorded)
     if driver is not None:
         _context_up.wait()
         try:
@@ -360,6 +373,100 @@ def _cudnn_stored() -> bool:
     except Exception:   # noqa: BLE001 (the program reads the store itself, and says what is wrong)
         return True
     return engines is None or cudnn_stages(engines)
+
+
+# Note [opening cuBLASLt without the GIL]: CuPy's import opens libcublasLt (cuda.pathfinder loads it as
+# a dependency of cuTENSOR, which CuPy tries to preload), 67-80 ms of dlopen on an H100 machine (its 4,500
+# static constructors), through ctypes, which holds the GIL through dlopen: every other thread's Python
+# stopped meanwhile. dlopen called as a foreign function (libc's, through ctypes) lets go of the GIL, so
+# the preload thread opens the library that way before CuPy's import, and the main thread's imports go
+# on; CuPy's then finds it loaded. Only the file cuda.pathfinder chose in an earlier run in the same
+# environment (recorded in the cache folder: libraries.json, with the file's size and modification
+# time, the interpreter, its path and the variables the search reads), RTLD_LOCAL, so that a record
+# the search would no longer choose puts no symbols into the process's global scope. The fast recipe
+# (python -m lenet.train to its exit, five runs each, alternating, one H100 machine): 1.13-1.24 s against
+# 1.18-1.26 (medians 1.164 and 1.193 s). Other threads' dlopen waits for this one (the loader's lock),
+# holding the GIL: it gains where the others run Python meanwhile. Skipping cuDNN's one-time set-up on the
+# driver's thread (where the stored choices run no cuDNN stage) lost: 1.20-1.32 s (its libraries load
+# later, on the way to the model).
+LIBRARIES = ("cublasLt",)   # opened this way, in this order
+
+
+def _library_environment() -> list:
+    """What decides which files cuda.pathfinder finds: the interpreter, its search path, and the variables it reads."""
+    return [sys.executable, sys.prefix, *sys.path,
+            *(f"{k}={os.environ.get(k, '')}" for k in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CONDA_PREFIX"))]
+
+
+def _libraries_file(make: bool = False):
+    """<cache root>/libraries.json; reading it makes no folder (``make``: files.cache_root's, which may)."""
+    if make:
+        from .files import cache_root
+
+        root = cache_root()
+        return None if root is None else root / "libraries.json"
+    from ._early import cache_base
+
+    base = cache_base()
+    return None if base is None else os.path.join(base, "lenet", "libraries.json")
+
+
+def open_recorded_libraries() -> dict:
+    """Open the libraries an earlier run recorded (Note [opening cuBLASLt without the GIL]) through libc's
+    dlopen, which lets go of the GIL; returns the record as read ({} when there is none or it does not
+    apply here)."""
+    import ctypes
+    import json
+
+    try:
+        with open(_libraries_file()) as f:
+            record = json.load(f)
+        if record.get("environment") != _library_environment():
+            return {}
+        libc = ctypes.CDLL(None)
+        dlopen = libc.dlopen
+        dlopen.restype, dlopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_int]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+    for name in LIBRARIES:
+        path, size, mtime = (record.get(name) or [None, None, None])[:3]
+        try:
+            st = os.stat(path)
+        except (OSError, TypeError):
+            continue
+        if (st.st_size, st.st_mtime_ns) == (size, mtime) and dlopen(os.fsencode(path), os.RTLD_NOW | os.RTLD_LOCAL):
+            mark(f"preload thread: lib{name} opened")
+    return record
+
+
+def record_libraries(recorded: dict) -> None:
+    """Record where cuda.pathfinder found LIBRARIES in this run, for the next (unless recorded already)."""
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        record = {"environment": _library_environment()}
+        for name in LIBRARIES:
+            path = load_nvidia_dynamic_lib(name).abs_path   # loaded already: the search's own memory
+            st = os.stat(path)
+            record[name] = [path, st.st_size, st.st_mtime_ns]
+        where = _libraries_file(make=True)
+    except Exception:   # noqa: BLE001 (a run without the record is only slower)
+        return
+    if where is not None and record != recorded:
+        import json
+
+        from .files import write_later
+
+        write_later(_write_record, where, json.dumps(record).encode())
+
+
+def _write_record(where, data: bytes) -> None:
+    from .files import OutputError, write_atomic
+
+    try:
+        write_atomic(where, data)
+    except OutputError:
+        pass
 
 
 class _Preload:

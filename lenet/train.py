@@ -491,9 +491,11 @@ class Trainer:
         line, out = json.dumps(rec), self.out
         self.writer.submit(f"metrics {rec['epoch']}", lambda: files.append_line(out / "metrics.jsonl", line))
         self.written.add("metrics.jsonl")
-        if self.plotter is not None and (last or time.perf_counter() - self.last_plot >= PLOT_SECONDS):
-            self.plotter.draw(self.history)
-            self.last_plot = time.perf_counter()
+        if self.plotter is not None:   # every epoch, written at most every PLOT_SECONDS (Note [the last drawing])
+            write = last or time.perf_counter() - self.last_plot >= PLOT_SECONDS
+            self.plotter.draw(self.history, epochs=self.args.epochs, write=write)
+            if write:
+                self.last_plot = time.perf_counter()
         self.clock["writing"] += time.perf_counter() - t
 
     def close_outputs(self) -> str | None:

@@ -142,6 +142,68 @@ def test_bytecode_folder_from_the_environment(tmp_path):
     assert any("probe_module" in f for f in got["found"]), got
 
 
+def test_a_programs_own_module_read_as_bytecode_from_its_first_line(tmp_path):
+    """Note [bytecode from the first line] in lenet/_early.py: once a run made the bytecode folder, the
+    next python -m lenet.train finds it from lenet/__init__ on, so runpy reads lenet/train.py's bytecode
+    there (a first run compiles train.py, interrupt.py ... from source: the folder is not there yet)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPYCACHEPREFIX", "LENET_BYTECODE_CACHE")}
+    env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "xdg"), PYTHONDONTWRITEBYTECODE="1")
+    folder = tmp_path / "xdg" / "lenet" / "bytecode"
+
+    def cached(stem):
+        return sorted(p.name for p in folder.rglob(f"{stem}.*.pyc") if p.parent.name == "lenet")
+
+    for run, early in ((1, False), (2, True)):
+        out = subprocess.run([sys.executable, "-m", "lenet.train", "--help"], env=env, capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 0 and "usage" in out.stdout, out.stderr
+        assert folder.is_dir() and bool(cached("train")) == early and bool(cached("interrupt")) == early, (
+            run, sorted(str(p.relative_to(folder)) for p in folder.rglob("*.pyc"))[:20])
+
+
+_LIBRARIES = """
+import json, sys
+from lenet import files, startup
+record = startup.open_recorded_libraries()
+mapped = [line.split()[-1] for line in open("/proc/self/maps") if "libcublasLt" in line]
+if sys.argv[1] == "record":
+    import cupy
+    from lenet import blas
+    blas.binding("cublasLt")
+    startup.record_libraries(record)
+    files.wait_for_writes()
+print(json.dumps({"record": bool(record), "opened": sorted(set(mapped)), "marks": [m for m, _ in startup.MARKS]}))
+"""
+
+
+def test_cublaslt_opened_from_an_earlier_runs_record(tmp_path):
+    """Note [opening cuBLASLt without the GIL] in lenet/startup.py: a run records where cuda.pathfinder found
+    libcublasLt; the next, in the same environment, opens that file before CuPy's import; a record from
+    another environment, or of a file that changed since, opens nothing."""
+    pytest.importorskip("cupy")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "xdg"), CUDA_HOME="")
+
+    def run(mode, **more):
+        out = subprocess.run([sys.executable, "-c", _LIBRARIES, mode], env={**env, **more}, capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.splitlines()[-1])
+
+    first = run("record")
+    assert not first["record"] and first["opened"] == [], first   # nothing recorded yet, nothing opened early
+    saved = json.loads((tmp_path / "xdg" / "lenet" / "libraries.json").read_text())
+    assert "libcublasLt.so." in saved["cublasLt"][0], saved
+    second = run("look")
+    assert second["record"] and second["opened"] == [saved["cublasLt"][0]], second
+    assert "preload thread: libcublasLt opened" in second["marks"]
+    other = run("look", CUDA_HOME="/elsewhere")   # another environment: the record does not apply
+    assert not other["record"] and other["opened"] == [], other
+    saved["cublasLt"][1] += 1   # the file is not the one recorded
+    (tmp_path / "xdg" / "lenet" / "libraries.json").write_text(json.dumps(saved))
+    changed = run("look")
+    assert changed["record"] and changed["opened"] == [], changed
+
+
 @pytest.mark.parametrize("env", [
     {"PYTHONDONTWRITEBYTECODE": "1", "LENET_BYTECODE_CACHE": "off"},   # switched off
     {},                                                                # Python writes beside the sources

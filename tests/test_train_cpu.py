@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
@@ -142,10 +144,18 @@ def test_plotter_draws_in_a_child(tmp_path):
 
     history = [{"epoch": e, "train_loss": 1 / e, "test_loss": 1 / e + 0.1, "test_accuracy": 0.8 + e / 100}
                for e in range(1, 4)]
+    ready = Plotter(tmp_path / "ready.png")
+    ready.draw(history[:2], epochs=3, write=False)   # made ready, not written (Note [the last drawing])
+    assert ready.close() is None and not (tmp_path / "ready.png").exists()
     p = Plotter(tmp_path / "curves.png")
-    p.draw(history[:2])
-    p.draw(history)
+    p.draw(history[:2], epochs=3, write=False)
+    p.draw(history, epochs=3)   # sends the third record only
     assert p.close() is None
+    from PIL import Image
+
+    from lenet.plot import Curves
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "curves.png")),
+                          np.asarray(Image.open(io.BytesIO(Curves().png(history, 3)))))
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [f.name for f in tmp_path.iterdir()] == ["curves.png"]   # no temporary file left
 
@@ -161,6 +171,49 @@ def test_plotter_draws_in_a_child(tmp_path):
     unused = Plotter()
     unused.discard()
     assert unused._proc.wait(10) is not None
+
+
+def test_a_drawing_over_its_static_layer_has_a_full_drawings_pixels():
+    """Note [the last drawing] in lenet/plot.py: the lines and spines drawn over the kept static layer
+    give the pixels a whole new drawing (savefig) gives, whether the layer was ready (limits
+    unchanged) or made again (the accuracy crossed a tick), and the x axis follows the run's epochs."""
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    from lenet.plot import Curves
+
+    history = [{"epoch": e, "train_loss": 1 / e ** 0.3, "test_loss": 1.1 / e ** 0.3, "test_accuracy": 0.8 + e / 150}
+               for e in range(1, 17)]
+
+    def pixels(png):
+        return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+
+    curves = Curves()
+    for n, ready in ((15, True), (16, True), (9, False)):   # 9 after 16: the limits shrink, a new layer
+        curves.prepare(history[:n - 1] if ready else history[:3], 16)
+        before = curves.static
+        got = curves.png(history[:n], 16)
+        assert (curves.static is before) == (curves.static[0] == before[0])
+        whole = Curves()
+        whole._set(history[:n], 16)
+        buf = io.BytesIO()
+        whole.fig.savefig(buf, format="png", dpi=100)
+        assert np.array_equal(pixels(got), pixels(buf.getvalue())), n
+        assert whole.axes[0].get_xlim() == (0.5, 16.5)
+
+
+def test_the_plotting_child_reads_what_waits_at_once():
+    """The child reads every ask that arrived while it drew before it draws again (lenet.plot._asks):
+    one drawing for all of them (lenet.plot.main)."""
+    from lenet.plot import _asks
+
+    r, w = os.pipe()
+    lines = [{"from": 0, "records": [1]}, {"from": 1, "records": [2]}, {"sweep": [], "split": "test"}]
+    os.write(w, "".join(json.dumps(x) + "\n" for x in lines).encode())
+    os.close(w)
+    got = list(_asks(r))
+    os.close(r)
+    assert got == [lines]
 
 
 def test_train_starts_its_plotting_child_before_its_imports(tmp_path):

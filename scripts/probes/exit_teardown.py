@@ -9,11 +9,14 @@ about as much device memory as a training run (the dataset's upload), runs a few
     release   the primary context released first (cuDevicePrimaryCtxReset), timed, then os._exit
     thread    the release on a thread while the main thread sleeps --overlap seconds (a stand-in for the
               wait on the plotting child), then os._exit once both are done
+    nocuda    (for scale) CuPy and NumPy imported, no CUDA context, then os._exit
+    context   only GPU 0's primary context (cuInit, the CUDA runtime), then os._exit
+    nomem     the LeNet and its steps without the 220 MB, then os._exit
 
 The parent reports, per variant and repeat, the child's own clock for the release (where there is one)
 and the time from the child's last timestamp to the process gone (its exit, measured by the parent).
 
-    python3 scripts/probes/exit_teardown.py [--repeats 3] [--overlap 0.1]
+    python3 scripts/probes/exit_teardown.py [--repeats 3] [--overlap 0.1] [--variants exit nocuda context nomem]
 """
 
 from __future__ import annotations
@@ -35,14 +38,20 @@ def child(variant: str, overlap: float) -> None:
     import cupy
     import numpy as np
 
+    if variant in ("nocuda", "context"):
+        if variant == "context":
+            cupy.cuda.runtime.free(0)
+        print(f"last {time.time():.6f} release None", flush=True)
+        os._exit(0)
     from lenet.model import LeNet
     from lenet.engines import Policy
 
     rng = np.random.default_rng(0)
     m = LeNet(max_batch=128, policy=Policy.parse("heuristic", engine="ours"), cuda_graph=True)
     m.load_batch(rng.standard_normal((128, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, 128).astype(np.int32))
-    data = cupy.empty((70000, 784), cupy.float32)   # the dataset's upload: 220 MB
-    data.fill(0)
+    if variant != "nomem":
+        data = cupy.empty((70000, 784), cupy.float32)   # the dataset's upload: 220 MB
+        data.fill(0)
     for _ in range(20):
         m.step(128, 0.01)
     m.stream.synchronize()
@@ -74,13 +83,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--overlap", type=float, default=0.1)
+    ap.add_argument("--variants", nargs="+", default=["exit", "release", "thread"],
+                    choices=["exit", "release", "thread", "nocuda", "context", "nomem"])
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child(args.child, args.overlap)
         return 0
     for r in range(args.repeats):
-        for variant in ("exit", "release", "thread"):
+        for variant in args.variants:
             p = subprocess.run([sys.executable, __file__, "--child", variant, "--overlap", str(args.overlap)],
                                capture_output=True, text=True)
             gone = time.time()
