@@ -259,14 +259,22 @@ def write_later(fn, *args) -> None:
     waits for it, and a program that leaves through os._exit (cli.leave) calls wait_for_writes
     first, so a write is never cut short and no temporary file is left behind."""
     t = threading.Thread(target=fn, args=args, name="lenet-cache-write")
-    _writes.append(t)
-    t.start()
+    with _writes_lock:   # started and listed at once: start-up threads write too (a join met one unstarted)
+        t.start()
+        _writes.append(t)
+
+
+_writes_lock = threading.Lock()
 
 
 def wait_for_writes() -> None:
     """Wait for every write_later write of this process to end."""
-    while _writes:
-        _writes.pop().join()
+    while True:
+        with _writes_lock:
+            if not _writes:
+                return
+            t = _writes.pop()
+        t.join()
 
 
 def save_npz(path, arrays: dict) -> None:

@@ -37,11 +37,14 @@ def test_the_gather_kernel_augments_as_the_host_reference(shift, flip):
     mean, std = data.pixel_stats(x)
     m = LeNet(max_batch=128)
     ds = data.GpuDataset(x, y, mean, std, m.stream)
-    order = data.epoch_order(5, 3, len(x))
-    for start, n in ((0, 128), (128, 128), (256, 44)):
-        m.load_from(ds, __import__("cupy").asarray(order), start, n, augment=Augment(shift, flip, seed=5), epoch=3)
+    for start, n, epoch in ((0, 128, 3), (128, 128, 4), (256, 44, 3)):   # the prepared launch's numbers move
+        order = data.epoch_order(5, epoch, len(x))
+        lr = 0.5 / (1 + start)
+        m.load_from(ds, __import__("cupy").asarray(order), start, n, lr=lr, augment=Augment(shift, flip, seed=5),
+                    epoch=epoch)
         m.stream.synchronize()
-        dy, dx, mir = data.augment_params(5, 3, np.arange(start, start + n), shift, flip)
+        assert m.lr_dev.get()[0] == np.float32(lr)   # the rate, written by the gather's first thread
+        dy, dx, mir = data.augment_params(5, epoch, np.arange(start, start + n), shift, flip)
         ref = data.augment_images(x[order[start:start + n]], dy, dx, mir)
         want = (ref.astype(np.float32) / np.float32(255) - np.float32(mean)) / np.float32(std)
         got = m.buf["x"][:n].get().reshape(n, 28, 28)

@@ -181,7 +181,8 @@ def test_cublaslt_opened_from_an_earlier_runs_record(tmp_path):
     libcublasLt; the next, in the same environment, opens that file before CuPy's import; a record from
     another environment, or of a file that changed since, opens nothing."""
     pytest.importorskip("cupy")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(tmp_path / "xdg"), CUDA_HOME="")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"), CUDA_HOME="")
 
     def run(mode, **more):
         out = subprocess.run([sys.executable, "-c", _LIBRARIES, mode], env={**env, **more}, capture_output=True,
@@ -194,7 +195,7 @@ def test_cublaslt_opened_from_an_earlier_runs_record(tmp_path):
     saved = json.loads((tmp_path / "xdg" / "lenet" / "libraries.json").read_text())
     assert "libcublasLt.so." in saved["cublasLt"][0], saved
     second = run("look")
-    assert second["record"] and second["opened"] == [saved["cublasLt"][0]], second
+    assert second["record"] and second["opened"] == [os.path.realpath(saved["cublasLt"][0])], (second, saved)
     assert "preload thread: libcublasLt opened" in second["marks"]
     other = run("look", CUDA_HOME="/elsewhere")   # another environment: the record does not apply
     assert not other["record"] and other["opened"] == [], other

@@ -269,15 +269,46 @@ MIRROR = Augment(mirror=True)
 def gather_batch(images, labels, order, start: int, n: int, mean: float, std: float, x, y,
                  lr: float | None = None, lr_out=None, augment: Augment | None = None, epoch: int = 0) -> None:
     """x[:n], y[:n] = normalized (augmented) images[order[start:start+n]], labels[...];
-    lr_out[0] = lr if given."""
-    threads = 256
-    blocks = max(1, min(4096, (n * 784 + threads - 1) // threads))
+    lr_out[0] = lr if given. On CuPy's current stream.
+
+    Note [the gather's launch]: a training loop launches this once a step, beside the step's graph.
+    Through CuPy's kernel call it took about 22 us of host time (scripts/probes/loop_step.py, an H100
+    machine: the gathers alone 24.5 us a step, the loop's Python without them 2 us), more than a small
+    batch's whole step on the GPU. The launch is prepared once for the arrays, the stream and the
+    constants (lenet.kernels.launch.Launch, through the driver) and kept; a call sets the numbers that
+    change (the order, its start, n and the grid, the rate, the epoch) and launches: the gathers
+    alone 16.2 us a step, load_from's checks and stream included. At batch 128 the loop was and is
+    bound by the GPU (43.7-44.0 us a step; the step's graph alone 39.9-40.2, the gather 3.9 more);
+    at 64: 32.7 us a step, the host's launches 14.9 of them."""
+    import cupy
+
+    from .launch import Launch
+
     a = augment or NO_AUGMENT
-    kernel("data", "gather_batch_kernel")((blocks,), (threads,), (
-        images, labels, order, np.int32(start), np.int32(n), np.float32(mean), np.float32(std), x, y,
-        np.float32(lr if lr is not None else 0.0), np.uint64(lr_out.data.ptr if lr_out is not None else 0),
-        np.int32(a.shift), np.int32(2 if a.mirror else int(bool(a.flip))), np.uint32(a.seed & 0xFFFFFFFF),
-        np.uint32(epoch & 0xFFFFFFFF)))
+    stream = cupy.cuda.get_current_stream()
+    key = (images.data.ptr, labels.data.ptr, x.data.ptr, y.data.ptr, stream.ptr, float(mean), float(std),
+           a.shift, 2 if a.mirror else int(bool(a.flip)), a.seed & 0xFFFFFFFF)
+    launch = _gathers.get(key)
+    if launch is None:
+        if len(_gathers) >= 32:
+            _gathers.pop(next(iter(_gathers)))
+        launch = _gathers[key] = Launch(
+            kernel("data", "gather_batch_kernel"), (1,), (GATHER_THREADS,),
+            (images, labels, np.uint64(0), np.int32(0), np.int32(0), np.float32(mean), np.float32(std), x, y,
+             np.float32(0), np.uint64(0), np.int32(key[7]), np.int32(key[8]), np.uint32(key[9]), np.uint32(0)),
+            stream, programmatic=False)   # the kernel has no griddep_entry(): Note [programmatic launch]
+    launch.set(2, order)
+    launch.set(3, start)
+    launch.set(4, n)
+    launch.set(9, lr if lr is not None else 0.0)
+    launch.set(10, lr_out.data.ptr if lr_out is not None else 0)
+    launch.set(14, epoch & 0xFFFFFFFF)
+    launch.set_grid(max(1, min(4096, (n * 784 + GATHER_THREADS - 1) // GATHER_THREADS)))
+    launch()
+
+
+GATHER_THREADS = 256
+_gathers: dict = {}   # the prepared launches of gather_batch (Note [the gather's launch]), the newest last
 
 
 def gather_pack(images, labels, orders, start: int, n: int, mean: float, std: float, x, y, aug, epochs,

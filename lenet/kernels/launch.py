@@ -124,7 +124,7 @@ class Launch:
 
     __slots__ = ("_launch", "_config", "_fn", "_params", "_keep", "name", "grid", "block", "shared_mem")
 
-    def __init__(self, fn, grid, block, args, stream, shared_mem: int = 0):
+    def __init__(self, fn, grid, block, args, stream, shared_mem: int = 0, programmatic: bool = True):
         import cupy
 
         if shared_mem > 48 * 1024:   # beyond 48 KiB a kernel opts in, up to the device's limit
@@ -137,7 +137,7 @@ class Launch:
         block = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         attrs = (_Attribute * 1)()
         attrs[0].id, attrs[0].value = _PROGRAMMATIC_STREAM_SERIALIZATION, 1
-        on = grid[0] * grid[1] * grid[2] <= programmatic_grid_limit(cupy.cuda.Device().id)   # the stream's device
+        on = programmatic and grid[0] * grid[1] * grid[2] <= programmatic_grid_limit(cupy.cuda.Device().id)
         config = _Config(*grid, *block, int(shared_mem), stream.ptr, attrs, 1 if on else 0)
         self._config = ctypes.byref(config)   # made once: a call allocates nothing
         self._fn = ctypes.c_void_p(fn.kernel.ptr)
@@ -146,6 +146,15 @@ class Launch:
         self._launch = _driver_launch()
         self._keep = (config, values, pointers, tuple(args), attrs)
         self.name, self.grid, self.block, self.shared_mem = getattr(fn, "name", "kernel"), grid, block, int(shared_mem)
+
+    def set(self, i: int, value) -> None:
+        """Argument ``i`` of the next launches: a number (of the type it was made with) or a CuPy array,
+        which the caller keeps alive while launches use it."""
+        self._keep[1][i].value = value.data.ptr if hasattr(value, "data") else value
+
+    def set_grid(self, x: int) -> None:
+        """The grid's first dimension for the next launches (a launch made with programmatic=False)."""
+        self._keep[0].gridDimX = int(x)
 
     def __call__(self) -> None:
         err = self._launch(self._config, self._fn, self._params, None)
