@@ -3,7 +3,8 @@
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
 #   bash scripts/gpu_check.sh tests      # only the GPU tests; `programs`: the programs and memcheck;
 #                                        # `racecheck`, `synccheck`, `initcheck`: that sanitizer over one
-#                                        # model's steps; `packs`: the three over a pack of three models;
+#                                        # model's steps; `packs`: the three over a pack of three models
+#                                        # (`packs-racecheck` ...: one of them);
 #                                        # `sanitizers`: all of these
 # (each part prints its own summary line, saying what it ran. On an H100 the three sanitizers over one model
 # and the pack ran past ten minutes once the tail form's pack version joined them: racecheck and synccheck
@@ -69,6 +70,7 @@ case "$part" in
     all|sanitizers) tools="racecheck synccheck initcheck" pack_tools=$tools ;;
     racecheck|synccheck|initcheck) tools=$part pack_tools="" ;;
     packs) tools="" pack_tools="racecheck synccheck initcheck" ;;
+    packs-racecheck|packs-synccheck|packs-initcheck) tools="" pack_tools=${part#packs-} ;;
     *) tools="" pack_tools="" ;;
 esac
 if [ -n "$tools$pack_tools" ]; then
@@ -167,7 +169,8 @@ tests = (f"{count('passed')} passed, {count('failed')} failed, {count('skipped')
 progs = part in ("all", "programs")
 tools = {"all": "memcheck + leak check, racecheck, synccheck, initcheck", "programs": "memcheck + leak check",
          "sanitizers": "racecheck, synccheck, initcheck",
-         "packs": "racecheck, synccheck, initcheck over a pack"}.get(part, part if part.endswith("check") else None)
+         "packs": "racecheck, synccheck, initcheck over a pack"}.get(
+    part, f"{part[len('packs-'):]} over a pack" if part.startswith("packs-") else part if part.endswith("check") else None)
 sanitized = f"{tools} {'clean' if san_rc == 0 else 'FAILED'}" if tools else "sanitizers not run in this part"
 print(f"gpu-check ({part}): {'PASS' if ok else 'FAIL'} | {tests} | programs {'ok' if prog_rc == 0 else 'FAILED'}"
       f"{'' if progs else ' (not run)'} | {sanitized} | GPU {g} | cuDNN {c}")
