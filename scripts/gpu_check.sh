@@ -79,7 +79,8 @@ if [ -n "$tools$pack_tools" ]; then
 # kernels are all ours but the plan-time check's), at a batch that fills whole groups and one that leaves a
 # partial group, and at the batches where the heuristic takes each shape (HEURISTIC in
 # lenet/kernels/stages.py on 132 SMs: stage 2's tensor-core backward in two warp roles and named barriers,
-# version 7, with 4 blocks an SM up to 200, one image a block below 132, and with 2 at 2100); the forwards' two images a block iteration
+# version 7, with 4 blocks an SM up to 200, one image a block below 132, and with 2 at 2100; version 8, three
+# blocks an SM, from 4224, past these batches: it runs in the stage kernels' lines below); the forwards' two images a block iteration
 # at 1 and 128; stage 1's dense backward at all of them). Every other version of every stage kernel runs
 # once under both tools below (scripts/probes/stage_kernels.py --once). The head: head_split.cu's kernels (its loss
 # total on the side stream's second lane) up to 256 images (1, 64, 7, 128, 200), the tail form above (cuBLASLt's fc1 products and head_tail.cu's
@@ -106,6 +107,14 @@ for tool in ${tools/initcheck/}; do
         python3 scripts/probes/stage_kernels.py --once --batch 7 300 > "$log" 2>&1 || san_rc=1
     grep -qE "(RACECHECK|ERROR) SUMMARY: 0 " "$log" || san_rc=1
     echo "$tool every stage kernel version at 7 and 300: $(grep -cE 'fused-(fwd|bwd)' "$log") launch shapes, $(grep -E 'SUMMARY' "$log")"
+    # stage 2's backward in two roles, versions 7 and 8, at 1200 images: 2 to 5 images a block (g4 to g2),
+    # a buffer filled again from the third (at 300 a block takes at most two)
+    log="$out/${tool}_stage2_roles.txt"
+    compute-sanitizer --tool $tool --error-exitcode 7 \
+        python3 scripts/probes/stage_kernels.py --once --kernel stage2_backward_roles --per-sm 2 3 4 --batch 1200 \
+        > "$log" 2>&1 || san_rc=1
+    grep -qE "(RACECHECK|ERROR) SUMMARY: 0 " "$log" || san_rc=1
+    echo "$tool stage 2's backward versions 7 and 8 at 1200: $(grep -cE 'fused-bwd' "$log") launch shapes, $(grep -E 'SUMMARY' "$log")"
 done
 
 # The same over a pack of 3 models (lenet sweep): our stage kernels take the model from blockIdx.y, and

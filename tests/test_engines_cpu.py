@@ -88,12 +88,15 @@ def test_a_kernel_version_is_declared_once_where_its_code_is():
     assert kernels.options("stage2_backward_split") == ("-std=c++17", "-DS2B_KS=2")
     assert kernels.source("head").index("sce_row") < kernels.source("head").index("head_forward_kernel")
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4, 5, 6, 7]
+    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4, 5, 6, 7, 8]
     assert d["stage2_backward_balanced"].file == "stage2_backward_dense" and d["stage2_backward_balanced"].threads == 256
     assert d["stage2_backward_tensor"].file == "stage2_backward_dense" and d["stage2_backward_tensor"].defines == ("S2D_VERSION=6",)
     roles = d["stage2_backward_roles"]   # version 7: its shared memory is dynamic (smem=A, no images)
     assert roles.version == 7 and roles.smem == (14056, 0) and roles.smem_bytes(0) == 56224
     assert roles.uses == ("stage_common", "tf32", "stage2_tiles") and "s2d_column" in kernels.source("stage2_backward_roles")
+    roles3 = d["stage2_backward_roles3"]   # version 8: version 7's source, budgeted for three blocks an SM
+    assert roles3.version == 8 and roles3.file == roles.file and roles3.smem == roles.smem and roles3.kernel == "stage2_backward_roles3_kernel"
+    assert kernels.options("stage2_backward_roles3") == ("-std=c++17", "-DS2R_VERSION=8") and kernels.options("stage2_backward_roles") == ("-std=c++17",)
     assert (ks.mw, ks.mb) == (2400, 16)
     names = {c.name for c in ks.forward_candidates() + ks.backward_candidates()}
     assert {"fused-fwd-v2-i8-g4", "fused-bwd-v3-g16"} <= names and "fused-fwd-v1-i4-g8" not in names
@@ -404,16 +407,16 @@ def test_every_module_of_ours_compiles_with_nvrtc_without_a_gpu(tmp_path, monkey
 
 
 def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
-    """HEURISTIC in lenet/kernels/stages.py, on 132 SMs: stage 2's tensor-core backward in two warp roles
-    (version 7) at every batch, 4 blocks per SM below 2 images per SM and from 32 on, 2 between; stage 1's
-    dense backward at every batch. The
+    """HEURISTIC in lenet/kernels/stages.py, on 132 SMs: stage 2's tensor-core backward in two warp roles,
+    version 7 with 4 blocks per SM below 2 images per SM and 2 up to 32, version 8 (three blocks an SM) from
+    32 on; stage 1's dense backward at every batch. The
     first run compiles the modules of the batches it runs; the other versions are in no heuristic's modules:
     only a search times them."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
     first = {n: ks.backward_candidates(n)[0].name for n in (1, 64, 263, 264, 4223, 4224, 65536)}
     assert first == {1: "fused-bwd-v7-g4", 64: "fused-bwd-v7-g4", 263: "fused-bwd-v7-g4", 264: "fused-bwd-v7-g2",
-                     4223: "fused-bwd-v7-g2", 4224: "fused-bwd-v7-g4", 65536: "fused-bwd-v7-g4"}
+                     4223: "fused-bwd-v7-g2", 4224: "fused-bwd-v8-g3", 65536: "fused-bwd-v8-g3"}
     one = kstages.kernels()[(CONV1.x, CONV1.w, False)]
     assert {one.backward_candidates(n)[0].name for n in (1, 128, 8192, 65536)} == {"fused-bwd-v2-g2"}
     assert ks.backward_candidates()[0] == kstages.Backward(4, 0)   # no batch: the versions in order
@@ -427,9 +430,11 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
     others = {"stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage2_backward_dense",
               "stage2_backward_balanced"}
     others |= {"stage2_backward_tensor"}
-    for batches in ([1], [64, 128, 200, 1000], [8192], [128, 8192], None):
+    for batches in ([1], [64, 128, 200, 1000], [128, 8192], None):
         mods = set(kstages.heuristic_modules(batches))
         assert "stage2_backward_roles" in mods and not others & mods, batches
+    assert set(kstages.heuristic_modules([128])) & {"stage2_backward_roles", "stage2_backward_roles3"} == {"stage2_backward_roles"}
+    assert set(kstages.heuristic_modules([8192])) & {"stage2_backward_roles", "stage2_backward_roles3"} == {"stage2_backward_roles3"}
 
 
 def test_the_heads_heuristic_splits_small_batches_and_makes_one_forward_block_per_sm_above(monkeypatch):

@@ -23,8 +23,8 @@ accuracy (Note [three tf32 products] in lenet/kernels/tf32.cu); it passes the sa
 Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
 ``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both backward
 directions of the policy). A pinned candidate still passes the check against cuDNN's exact result;
-one a stage does not offer (conv1 has one forward and two backward versions, conv2 two and seven:
-``fused-bwd-v3-...`` to ``fused-bwd-v7-...`` pin conv2's and are refused for conv1) is an error naming those
+one a stage does not offer (conv1 has one forward and two backward versions, conv2 two and eight:
+``fused-bwd-v3-...`` to ``fused-bwd-v8-...`` pin conv2's and are refused for conv1) is an error naming those
 it has.
 """
 

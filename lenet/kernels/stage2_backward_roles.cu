@@ -1,5 +1,7 @@
 // module stage2_backward_roles: stage=conv2 direction=backward version=7 threads=256 uses=stage_common,tf32,stage2_tiles smem=14056
-// Stage 2's dense backward, version 7 (Note [two roles]): version 6's sums (the same products in the same
+// module stage2_backward_roles3: stage=conv2 direction=backward version=8 threads=256 define=S2R_VERSION=8 uses=stage_common,tf32,stage2_tiles smem=14056
+// Stage 2's dense backward, versions 7 and 8 (Note [two roles]; version 8 is version 7 budgeted for three
+// blocks an SM, Note [three blocks an SM]): version 6's sums (the same products in the same
 // order: every output bit-identical to version 6's), its warps in two roles that hand each image over
 // through two buffers at named barriers. Same arguments, partial rows and determinism as
 // stage2_backward_dense.cu; its shared memory (56,224 bytes) is dynamic, beyond the 48 KiB a kernel
@@ -83,6 +85,26 @@
 // 128. Balancing that needs images moved between blocks at run time: the weight gradient's products cannot
 // move (a block's partial row sums its own images in a fixed order: deterministic sums), its data gradient
 // could (dx is per image); not tried.
+//
+// Note [three blocks an SM]: version 8 is this file compiled with S2R_VERSION=8: __launch_bounds__(256, 3)
+// in place of (256, 4), so ptxas has 80 registers a thread where it had 64 (version 7 spilled 32 bytes,
+// reloaded each image; version 8 spills none), and the data gradient's channel loop eight channels a step
+// (S2R_K_UNROLL) where the 64-register budget held four. Its sums are version 7's, in the same order:
+// every output bit-identical (stage_kernels.py --same, 1,024 to 65,536 images, every grid). Four blocks
+// no longer fit an SM's registers, so it runs three an SM (g3, 24 warps) or two (g2); its fill of an SM is
+// 168 of 228 KiB of shared memory. Per launch with its reduction (scripts/probes/stage_kernels.py, CUDA-
+// graph timed, us; version 7 in the same run in brackets):
+//   H100, 2026-11-27 (built from this file with -DS2R_MIN_BLOCKS=3 -DS2R_K_UNROLL=8, version 8's macros):
+//   g3 119.3 at 8192 images (14.56 ns an image) [g4 123.4, 15.07], 898.2 at 65536 (13.71) [926.0, 14.13];
+//   its g4 (a grid of 4 an SM, three resident: the fourth waits for the first block to end) 120.9 / 902.7;
+//   the 80-register build with version 7's four channels a step, g3, 121.8 / 910.1.
+//   H200, 2026-11-27 (the module): g2 / g3 / g4 at 1024 19.9 / 22.8 / 23.1 [20.9 / 23.3 / 23.4], 2048
+//   34.3 / 35.2 / 36.8 [36.3 / 36.8 / 37.7], 4224 63.8 / 65.5 / 66.2 [67.1 / 68.0 / 67.5], 8192 119.4 /
+//   120.3 / 121.1 [127.0 / 124.7 / 123.6], 65536 917.7 / 909.6 / 916.8 [954.4 / 937.2 / 925.4]; sixteen
+//   channels a step (S2R_K_UNROLL=16) within 0.5% of eight. ncu, the kernel alone in a step (H200): 119.45
+//   us at 8192 (14.58 ns), 904.97 at 65536 (13.81).
+// HEURISTIC (lenet/kernels/stages.py) takes its g3 from 32 images per SM; below that version 7 stays, whose
+// g2 ran beside the head's kernels of a whole step (heuristic_rows.py), which version 8 has not yet.
 #define S2R_PS 100                        // sp's (c, r) stride: rows of 12 on 16-byte boundaries
 #define S2R_SD (16 * S2D_DS)              // one buffer's conv gradient (floats)
 #define S2R_PLANES (2 * S2D_XP)           // one buffer's image planes, big then small (words)
@@ -95,11 +117,30 @@
 #define S2R_STAGE (S2R_MASK + 2 * S2_IMAGE / 4)   // the next image's x, arg (bytes) and dp, as copied
 #define S2R_WORDS (S2R_STAGE + S2_IMAGE + S2_POOLED / 4 + S2_POOLED)   // 14056: the module's smem
 #define S2R_D 2
+#ifndef S2R_VERSION
+#define S2R_VERSION 7
+#endif
+#if S2R_VERSION == 8                      // Note [three blocks an SM]
+#define S2R_KERNEL stage2_backward_roles3_kernel
+#ifndef S2R_MIN_BLOCKS
+#define S2R_MIN_BLOCKS 3
+#endif
+#ifndef S2R_K_UNROLL
+#define S2R_K_UNROLL 8
+#endif
+#elif S2R_VERSION == 7
+#define S2R_KERNEL stage2_backward_roles_kernel
+#else
+#error "S2R_VERSION must be 7 or 8"
+#endif
 #ifndef S2R_K_UNROLL
 #define S2R_K_UNROLL 4
 #endif
 #ifndef S2R_Y_UNROLL
 #define S2R_Y_UNROLL 8
+#endif
+#ifndef S2R_MIN_BLOCKS
+#define S2R_MIN_BLOCKS 4                  // blocks an SM the registers are budgeted for: 64 registers at 4, 80 at 3
 #endif
 #define S2R_FULL 3
 #define S2R_EMPTY 5
@@ -137,8 +178,8 @@ __device__ __forceinline__ void s2r_copy4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(src) : "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(256, 4)
-stage2_backward_roles_kernel(const float* __restrict__ x, const float* __restrict__ w,
+extern "C" __global__ void __launch_bounds__(256, S2R_MIN_BLOCKS)
+S2R_KERNEL(const float* __restrict__ x, const float* __restrict__ w,
                              const unsigned char* __restrict__ arg, const float* __restrict__ dp,
                              float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
                              float* __restrict__ db, int N, int ps) {

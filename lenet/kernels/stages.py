@@ -21,7 +21,7 @@ import numpy as np
 from . import declared, kernel, pack_module, sm_count
 from .launch import Launch
 
-BACKWARD_BLOCKS_PER_SM = (4, 2, 8, 16)   # the launch shapes a search times (scripts/probes/stage_kernels.py)
+BACKWARD_BLOCKS_PER_SM = (4, 3, 2, 8, 16)   # the launch shapes a search times (scripts/probes/stage_kernels.py)
 FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 # The heuristic's first candidate, per stage and direction: the first row whose bound the batch's images
 # per SM are below. Chosen on whole steps, not kernels alone (scripts/probes/heuristic_rows.py, an H100
@@ -57,8 +57,12 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 #   256 10.7 / 10.7 (11.5 / 11.5), 1024 22.1 / 24.4 (23.7 / 24.4), 2048 38.6 / 40.1 (41.6 / 41.3); its g4 at
 #   8192 128.4-128.6 and 65536 954.0-955.0 (v6 133.4-136.9, 1006-1025). On whole steps (heuristic_rows.py,
 #   us back to back, the best forward of each): n = 1 v7 g4 20.0, v7 g2 20.0, v6 g2 20.7; 64: 28.6, 29.3, 28.8;
-#   128: 40.8, 41.8, 41.0; 256: 60.5, 60.3, 60.2; 1024: 90.4, 86.7, 88.7. Version 7 at every batch: g4 below 2
-#   images per SM and from 32 on, g2 between.
+#   128: 40.8, 41.8, 41.0; 256: 60.5, 60.3, 60.2; 1024: 90.4, 86.7, 88.7. Version 7 g4 below 2 images per SM,
+#   g2 from there to 32.
+#   Version 8 (version 7 budgeted for three blocks an SM: Note [three blocks an SM] in stage2_backward_roles.cu),
+#   2026-11-27, H100: g3 119.3 at 8192 and 898.2 at 65536 against version 7's g4 123.4 and 926.0 in the same
+#   run; from 32 images per SM the heuristic takes its g3 (g3 is a launch shape every version offers: three
+#   blocks an SM fit version 8's registers, four do not).
 #   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
 #     75.2 / 55.8 at 8192, 557 / 396 at 65536.
 #   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
@@ -73,7 +77,7 @@ HEURISTIC = {
     ("conv2", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
                            (6, "fused-fwd-v1-i1-g8"), (INF, "fused-fwd-v2-i4-g8")),
     ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
-    ("conv2", "backward"): ((2, "fused-bwd-v7-g4"), (32, "fused-bwd-v7-g2"), (INF, "fused-bwd-v7-g4")),
+    ("conv2", "backward"): ((2, "fused-bwd-v7-g4"), (32, "fused-bwd-v7-g2"), (INF, "fused-bwd-v8-g3")),
 }
 # conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
 # lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.

@@ -37,6 +37,9 @@ def main() -> int:
                     help="say whether each backward's outputs (dw, db, dx) are bit-identical to those of the first "
                          "backward timed on the same inputs at the same grid (blocks per SM): across variants, and "
                          "across versions that keep the same sums")
+    ap.add_argument("--per-sm", type=int, nargs="+", default=None,
+                    help="the backward launch shapes' blocks per SM to time (default: those a search times, "
+                         "lenet.kernels.stages.BACKWARD_BLOCKS_PER_SM)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--once", action="store_true", help="run each launch shape once, untimed (for compute-sanitizer)")
     args = ap.parse_args()
@@ -47,6 +50,8 @@ def main() -> int:
 
     from lenet import kernels
 
+    if args.per_sm:
+        ours.BACKWARD_BLOCKS_PER_SM = tuple(args.per_sm)   # read by backward_candidates and the part's rows below
     stream = cupy.cuda.Stream(non_blocking=True)
     rows, first_out = [], {}
     for define in args.define:
