@@ -120,27 +120,25 @@
 #ifndef S2R_VERSION
 #define S2R_VERSION 7
 #endif
-#if S2R_VERSION == 8                      // Note [three blocks an SM]
-#define S2R_KERNEL stage2_backward_roles3_kernel
-#ifndef S2R_MIN_BLOCKS
-#define S2R_MIN_BLOCKS 3
-#endif
-#ifndef S2R_K_UNROLL
-#define S2R_K_UNROLL 8
-#endif
-#elif S2R_VERSION == 7
+#if S2R_VERSION == 7                      // four blocks an SM: 64 registers, four channels a step
 #define S2R_KERNEL stage2_backward_roles_kernel
+#define S2R_BLOCKS_AS_DECLARED 4
+#define S2R_K_AS_DECLARED 4
+#elif S2R_VERSION == 8                    // three blocks an SM: 80 registers, eight (Note [three blocks an SM])
+#define S2R_KERNEL stage2_backward_roles3_kernel
+#define S2R_BLOCKS_AS_DECLARED 3
+#define S2R_K_AS_DECLARED 8
 #else
 #error "S2R_VERSION must be 7 or 8"
 #endif
+#ifndef S2R_MIN_BLOCKS                    // blocks an SM the registers are budgeted for (a probe's -D may set it)
+#define S2R_MIN_BLOCKS S2R_BLOCKS_AS_DECLARED
+#endif
 #ifndef S2R_K_UNROLL
-#define S2R_K_UNROLL 4
+#define S2R_K_UNROLL S2R_K_AS_DECLARED
 #endif
 #ifndef S2R_Y_UNROLL
 #define S2R_Y_UNROLL 8
-#endif
-#ifndef S2R_MIN_BLOCKS
-#define S2R_MIN_BLOCKS 4                  // blocks an SM the registers are budgeted for: 64 registers at 4, 80 at 3
 #endif
 #define S2R_FULL 3
 #define S2R_EMPTY 5
@@ -179,10 +177,9 @@ __device__ __forceinline__ void s2r_copy4(void* dst, const void* src) {
 }
 
 extern "C" __global__ void __launch_bounds__(256, S2R_MIN_BLOCKS)
-S2R_KERNEL(const float* __restrict__ x, const float* __restrict__ w,
-                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
-                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
-                             float* __restrict__ db, int N, int ps) {
+S2R_KERNEL(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
+           const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
+           float* __restrict__ db, int N, int ps) {
   griddep_entry();
   PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(arg, (size_t)N * S2_POOLED);   // Note [model from the grid]
   PACK_MODEL(dp, (size_t)N * S2_POOLED); PACK_MODEL(dx, (size_t)N * S2_IMAGE);
