@@ -13,6 +13,14 @@ os._exit with 128 + the signal's number, once the writes in flight have ended or
 (lenet.train finishes its step and writes a checkpoint: Note [stopping] there) ``hand_over()``s the first
 signal to its own handler; the second still ends the process at once, from here. The thread imports
 nothing once started, so it cannot wait on an import lock itself.
+
+Note [a signal while guarding]: a SIGINT that came between set_wakeup_fd and the Python handler's
+replacement met Python's own handler: a KeyboardInterrupt traceback from guard() and exit status -2
+(tests/test_hostile_cpu.py, a SIGINT 0.1 s in, once in a CI run). So guard() blocks SIGINT and SIGTERM
+while it sets up (pthread_sigmask; the main thread is the process's only one then) and restores the mask
+once the pipe, the handlers and the thread are in place: a signal that came meanwhile is delivered then,
+to the pipe, and handled as any later one. Before guard() runs (the interpreter's start, runpy), Python's
+own handling stays.
 """
 
 from __future__ import annotations
@@ -40,18 +48,25 @@ def guard(prog: str = "") -> None:
         _state["prog"] = prog
     if _state["installed"] or threading.current_thread() is not threading.main_thread():
         return
-    r, w = os.pipe()
-    os.set_blocking(w, False)
+    # Held back while the handling is put in place (Note [a signal while guarding]): one that comes now
+    # is delivered when the mask is restored, to the pipe and the thread.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(NAMES)) if hasattr(signal, "pthread_sigmask") else None
     try:
-        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        for s in NAMES:
-            signal.signal(s, _ignore)
-    except (ValueError, OSError):   # not the main interpreter, or no signals here: Python's defaults stay
-        os.close(r)
-        os.close(w)
-        return
-    _state["installed"] = True
-    threading.Thread(target=_watch, args=(r,), name="lenet-signals", daemon=True).start()
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+            for s in NAMES:
+                signal.signal(s, _ignore)
+        except (ValueError, OSError):   # not the main interpreter, or no signals here: Python's defaults stay
+            os.close(r)
+            os.close(w)
+            return
+        _state["installed"] = True
+        threading.Thread(target=_watch, args=(r,), name="lenet-signals", daemon=True).start()
+    finally:
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def installed() -> bool:
