@@ -1,7 +1,8 @@
 """Every gradient of the step within 1e-5 in relative L2 norm of a float64 recomputation at the step's
-own pooling and ReLU decisions, for every engine, at batch 1, 64 and 8192 (Note [step numerics] in
-scripts/numerics.py; the script also reports the distance from float64's own decisions and the
-decisions that differ)."""
+own pooling and ReLU decisions, for every engine, at batch 1, 64 and 8192, and for ours at 65536, where
+a block of stage 2's backward sums 165 images (Note [an image's own sums] in
+lenet/kernels/stage2_backward_roles.cu) (Note [step numerics] in scripts/numerics.py; the script also
+reports the distance from float64's own decisions and the decisions that differ)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from lenet.engines import Policy
 pytestmark = pytest.mark.gpu
 
 CASES = [(n, e, "heuristic") for n in (1, 64, 8192) for e in ("auto", "ours", "legacy", "graph")]
-CASES += [(64, "auto", "exhaustive"), (8192, "auto", "exhaustive")]
+CASES += [(64, "auto", "exhaustive"), (8192, "auto", "exhaustive"), (65536, "ours", "heuristic")]
 
 
 @pytest.mark.parametrize("n,engine,algo", CASES, ids=[f"{n}-{e}-{a}" for n, e, a in CASES])

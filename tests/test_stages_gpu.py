@@ -34,6 +34,28 @@ def _float64_stage(torch, spec, x, w, b):
     return c, pooled.clamp_min(0), arg, tie
 
 
+def _float64_backward(torch, spec, x, w, b, dy, p64, arg64):
+    """(dw, db, dx or None, argmax bytes) of the stage's backward in float64 at float64's decisions: the
+    gradient masked by float64's ReLU, routed to its argmax. The kernels are given it unmasked: they mask
+    it by the argmax bytes' ReLU bits (float64's)."""
+    n, dev = x.shape[0], x.device
+    dym = dy * (p64 > 0)
+    xr = x.double().requires_grad_(spec.dx)
+    wr, br = w.double().requires_grad_(), b.double().requires_grad_()
+    out = torch.nn.functional.conv2d(xr, wr, br)
+    dc = torch.zeros_like(out)
+    h2, w2 = spec.y[1], spec.y[2]
+    q = arg64.long()
+    rows = torch.arange(h2, device=dev).view(1, 1, h2, 1) * 2 + q // 2
+    cols = torch.arange(w2, device=dev).view(1, 1, 1, w2) * 2 + q % 2
+    flat = (rows * out.shape[-1] + cols).reshape(n, spec.w[0], -1)
+    dc.view(n, spec.w[0], -1).scatter_(2, flat, dym.double().reshape(n, spec.w[0], -1))
+    grads = torch.autograd.grad(out, [t for t in (xr, wr, br) if t.requires_grad], dc)
+    gx = grads[0] * (x > 0) if spec.dx else None
+    bits = arg64 | ((p64 <= 0).to(torch.uint8) * ARG_OFF)
+    return grads[-2], grads[-1], gx, bits
+
+
 @pytest.mark.parametrize("n", [1, 7, 64, 1001, 8192])
 def test_kernels_against_float64(torch_ref, n):
     import cupy
@@ -66,23 +88,7 @@ def test_kernels_against_float64(torch_ref, n):
             off = cupy.asnumpy(~(y > 0))   # Note [the ReLU bit]: set exactly where the own pooled output is not > 0
             assert np.array_equal((a & ARG_OFF) != 0, off) and not (a & ~np.uint8(3 | ARG_OFF)).any(), \
                 f"{spec.name} n={n} {cand.name}: the argmax bytes' ReLU bits disagree with the pooled output"
-        # The backward on float64's decisions: the gradient masked by float64's ReLU, routed to its argmax.
-        # The kernels are given it unmasked: they mask it by the argmax bytes' ReLU bits (float64's).
-        dym = dy * (p64 > 0)
-        xr = x.double().requires_grad_(spec.dx)
-        wr, br = w.double().requires_grad_(), b.double().requires_grad_()
-        out = torch.nn.functional.conv2d(xr, wr, br)
-        dc = torch.zeros_like(c64)
-        h2, w2 = spec.y[1], spec.y[2]
-        q = arg64.long()
-        rows = torch.arange(h2, device=dev).view(1, 1, h2, 1) * 2 + q // 2
-        cols = torch.arange(w2, device=dev).view(1, 1, 1, w2) * 2 + q % 2
-        flat = (rows * c64.shape[-1] + cols).reshape(n, spec.w[0], -1)
-        dc.view(n, spec.w[0], -1).scatter_(2, flat, dym.double().reshape(n, spec.w[0], -1))
-        grads = torch.autograd.grad(out, [t for t in (xr, wr, br) if t.requires_grad], dc)
-        gx = grads[0] * (x > 0) if spec.dx else None
-        gw, gb = grads[-2], grads[-1]
-        bits = arg64 | ((p64 <= 0).to(torch.uint8) * ARG_OFF)
+        gw, gb, gx, bits = _float64_backward(torch, spec, x, w, b, dy, p64, arg64)
         cdy, carg = cupy.asarray(dy.contiguous()), cupy.asarray(bits.contiguous())
         for cand in ks.backward_candidates():
             part = cupy.empty((cand.grid(n), ks.width), cupy.float32)
@@ -97,6 +103,42 @@ def test_kernels_against_float64(torch_ref, n):
             again = dw.copy()
             ours.stage_backward(ks, cand, n, stream, part, cx, cw, carg, cdy, dw, db, dx)()
             assert cupy.array_equal(again, dw), f"{what}: a rerun is not bit-identical"
+
+
+def test_one_block_sums_many_images(torch_ref):
+    """Every backward summing 256 images in one block (the plan-time check's second run, Note [checking a
+    stage]) within STAGE_RTOL of float64: a sum carried across images in a rounding that is not to nearest
+    grows with the images a block sums (Note [an image's own sums] in stage2_backward_roles.cu: 5.9e-5 at
+    65536 images on 396 blocks), which a block an image never shows."""
+    import cupy
+    import torch
+
+    from lenet.kernels import stages as ours
+    n, dev = 256, "cuda"
+    stream = cupy.cuda.get_current_stream()
+    gen = torch.Generator(device=dev).manual_seed(5)
+    for spec in _specs():
+        ks = ours.kernels()[(spec.x, spec.w, spec.dx)]
+        x = torch.randn((n, *spec.x), device=dev, generator=gen)
+        x = x.clamp_min(0) if spec.dx else x
+        w = torch.randn(spec.w, device=dev, generator=gen) * 0.2
+        b = torch.randn(spec.w[0], device=dev, generator=gen) * 0.1
+        dy = torch.randn((n, *spec.y), device=dev, generator=gen)
+        _, p64, arg64, _ = _float64_stage(torch, spec, x, w, b)
+        gw, gb, gx, bits = _float64_backward(torch, spec, x, w, b, dy, p64, arg64)
+        cx, cw, cdy, carg = (cupy.asarray(t.contiguous()) for t in (x, w, dy, bits))
+        for cand in ks.backward_candidates():
+            one = cand.per_sm * ours.sm_count()   # models sharing the SMs: a grid of one block
+            assert cand.grid(n, one) == 1
+            part = cupy.empty((1, ks.width), cupy.float32)
+            dw, db = cupy.full(spec.w, cupy.nan, cupy.float32), cupy.full(spec.w[0], cupy.nan, cupy.float32)
+            dx = cupy.full((n, *spec.x), cupy.nan, cupy.float32) if spec.dx else None
+            ours.stage_backward(ks, cand, n, stream, part, cx, cw, carg, cdy, dw, db, dx, share=one)()
+            what = f"{spec.name} {cand.name} in one block of {n} images"
+            assert_close(cupy.asnumpy(dw), gw.cpu().numpy(), f"{what} dw", STAGE_RTOL)
+            assert_close(cupy.asnumpy(db), gb.cpu().numpy(), f"{what} db", STAGE_RTOL)
+            if spec.dx:
+                assert_close(cupy.asnumpy(dx), gx.cpu().numpy(), f"{what} dx", STAGE_RTOL)
 
 
 def test_the_check_passes_ours_and_catches_a_wrong_decision():

@@ -14,7 +14,11 @@ weight-gradient entry by a whole term. So a candidate is checked against the sam
   backward  given the reference's argmax bytes (their ReLU bits the reference's) and the gradient
             unmasked, its weight, bias and input gradients within EXACT_RTOL of the reference's (which
             masks by its ReLU), and its input gradient exactly 0 wherever the input is exactly 0 (the
-            previous ReLU's mask).
+            previous ReLU's mask). It runs twice: on its own grid (a block an image, and the reduction of
+            the blocks' rows), and on one block that sums all CHECK_BATCH images, the longest sums a
+            block of any batch up to CHECK_BATCH images a block does (Note [an image's own sums] in
+            lenet/kernels/stage2_backward_roles.cu: a rounding that grows with the images a block sums,
+            5.9e-5 off at 65536 images, passed a check that only ran the first).
 Note [real-data operands]: random normals never tie and are never exactly 0. Every Fashion-MNIST batch
 has both: a constant background (every window of it an exact tie, every conv output over it equal),
 pixels quantized to 256 levels, and after a ReLU, exact zeros. So half the check's images are

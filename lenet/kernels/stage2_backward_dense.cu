@@ -114,7 +114,9 @@ __device__ __forceinline__ void s2d_taps(float* acc, const float (&d)[8], const 
 // is stored split once into two planes (sxb: big, then small), so a B fragment is four 4-byte loads,
 // and the conv gradient's A fragments are stored split by the expansion (sa), two 16-byte loads a k-step.
 //   Warp w < 4 owns N tiles w, w + 4, .. w + 16 (columns 8 tile .. 8 tile + 7), their C fragments in
-//   acc[0..19] across the images; lane (g, q) = (lane >> 2, lane & 3) holds, per tile, C[g, 2q],
+//   acc[0..19] across the images, each image's summed on its own first (img[0..19], Note [an image's own
+//   sums] in stage2_backward_roles.cu; since 2026-11-27, when version 6 began to spill 76 bytes: its
+//   timings below are from before); lane (g, q) = (lane >> 2, lane & 3) holds, per tile, C[g, 2q],
 //   C[g, 2q + 1], C[g + 8, 2q], C[g + 8, 2q + 1] (PTX's m16n8k8 fragment layout).
 // On an H100 (scripts/probes/stage_kernels.py, 2026-11-25): 16.6 / 15.6 ns an image at 8192 / 65536 (4
 // blocks per SM) against version 5's 18.6 / 16.4, 5.2 against 6.6 us at one image, 6.5 against 9.4 at 64.
@@ -245,6 +247,9 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
         const int col = 8 * ((t >> 5) + 4 * i) + lg;
         toff[i] = s2d_column(col) + lq;
       }
+      float img[20];   // the image's sums, added to acc once its products are done (Note [an image's own sums])
+#pragma unroll
+      for (int i = 0; i < 20; ++i) img[i] = 0.f;
 #pragma unroll s2d_t_unroll
       for (int y = 0; y < 8; ++y) {
         const unsigned* fa = sa + y * S2D_AY + (t & 31) * 8 + ((t & 31) >> 2) * 4;
@@ -253,11 +258,13 @@ __device__ __forceinline__ void stage2_backward_dense(const float* __restrict__ 
 #pragma unroll
         for (int i = 0; i < 5; ++i) {
           const int b = toff[i] + y * 12;   // b0 = x[c, y + r, q + s], b1 = x[c, y + r, q + 4 + s]
-          s2d_mma(acc + 4 * i, as, sxb[b], sxb[b + 4]);
-          s2d_mma(acc + 4 * i, ab, sxs[b], sxs[b + 4]);
-          s2d_mma(acc + 4 * i, ab, sxb[b], sxb[b + 4]);
+          s2d_mma(img + 4 * i, as, sxb[b], sxb[b + 4]);
+          s2d_mma(img + 4 * i, ab, sxs[b], sxs[b + 4]);
+          s2d_mma(img + 4 * i, ab, sxb[b], sxb[b + 4]);
         }
       }
+#pragma unroll
+      for (int i = 0; i < 20; ++i) acc[i] += img[i];
     } else if (!TENSOR && t < 96) {
       const float* xc = sx + wc * 144;
       const float* dk = sd + wk * S2D_DS;

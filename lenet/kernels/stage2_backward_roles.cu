@@ -103,8 +103,26 @@
 //   120.3 / 121.1 [127.0 / 124.7 / 123.6], 65536 917.7 / 909.6 / 916.8 [954.4 / 937.2 / 925.4]; sixteen
 //   channels a step (S2R_K_UNROLL=16) within 0.5% of eight. ncu, the kernel alone in a step (H200): 119.45
 //   us at 8192 (14.58 ns), 904.97 at 65536 (13.81).
+// (Timed before Note [an image's own sums], which adds 1-2% to version 8 and 3% to version 7.)
 // HEURISTIC (lenet/kernels/stages.py) takes its g3 from 32 images per SM; below that version 7 stays, whose
 // g2 ran beside the head's kernels of a whole step (heuristic_rows.py), which version 8 has not yet.
+//
+// Note [an image's own sums]: the tensor cores' float32 accumulation (mma.sync, TF32 operands, float32
+// accumulators) does not round to nearest: the error of a sum carried across images grew linearly with
+// the images a block sums, as a directed rounding's does (round to nearest's grows as their square root).
+// With one accumulator per tile across all of a block's images, the step's conv2 weight gradient at its
+// own decisions was, in relative L2 from float64 (scripts/probes/bwd_numerics.py, H100, 2026-11-27),
+// at 8192 images 1.01e-5 on g2 (31 images a block), 6.71e-6 on g3, 4.98e-6 on g4, and at 65536
+// 8.78e-5 / 5.85e-5 / 4.37e-5 (248 / 165 / 124 images a block): over the tests' 1e-5 and the search's
+// 3e-5 (descriptors/exact.py), which the plan-time check, at 256 images and a block an image, never saw
+// (Note [checking a stage] in lenet/engines/reference.py now also runs one block over all 256). So the
+// tensor warps sum each image's products (24 mma a tile: 8 k-steps of three products) into registers of
+// their own, from zero, and add those to the block's sums in FADDs (round to nearest): 3.5e-7 to 3.9e-7
+// on every grid at 8192 and 65536, the conv2 bias 1.0e-7 to 2.0e-7 (it was up to 3.1e-5). Version 6
+// (stage2_backward_dense.cu) does the same, so versions 6 to 8 keep the same sums in the same order.
+// Cost (stage_kernels.py, H100, the same run): version 8 g3 121.5 against 119.1 us at 8192 images,
+// 910.6 against 901.1 at 65536 (79 registers, no spill); version 7 g4 128.5 against 124.3 at 8192 (its 64
+// registers now spill 120 bytes where they spilled 32).
 #define S2R_PS 100                        // sp's (c, r) stride: rows of 12 on 16-byte boundaries
 #define S2R_SD (16 * S2D_DS)              // one buffer's conv gradient (floats)
 #define S2R_PLANES (2 * S2D_XP)           // one buffer's image planes, big then small (words)
@@ -246,6 +264,9 @@ S2R_KERNEL(const float* __restrict__ x, const float* __restrict__ w, const unsig
     }
     for (int j = 0; j < count; ++j) {
       const int b = j & 1;
+      float img[20];   // image j's sums, added to acc once its products are done (Note [an image's own sums])
+#pragma unroll
+      for (int i = 0; i < 20; ++i) img[i] = 0.f;
       s2r_sync(S2R_FULL + b, 256);   // buffer b holds image j
       const unsigned* const xb = planes + b * S2R_PLANES;
       const unsigned* const xs = xb + S2D_XP;
@@ -263,13 +284,15 @@ S2R_KERNEL(const float* __restrict__ x, const float* __restrict__ w, const unsig
           bb[i][1] = xb[toff[i] + y * 12 + 4];
         }
 #pragma unroll
-        for (int i = 0; i < 5; ++i) s2d_mma(acc + 4 * i, as, bb[i][0], bb[i][1]);
+        for (int i = 0; i < 5; ++i) s2d_mma(img + 4 * i, as, bb[i][0], bb[i][1]);
 #pragma unroll
-        for (int i = 0; i < 5; ++i) s2d_mma(acc + 4 * i, ab, xs[toff[i] + y * 12], xs[toff[i] + y * 12 + 4]);
+        for (int i = 0; i < 5; ++i) s2d_mma(img + 4 * i, ab, xs[toff[i] + y * 12], xs[toff[i] + y * 12 + 4]);
 #pragma unroll
-        for (int i = 0; i < 5; ++i) s2d_mma(acc + 4 * i, ab, bb[i][0], bb[i][1]);
+        for (int i = 0; i < 5; ++i) s2d_mma(img + 4 * i, ab, bb[i][0], bb[i][1]);
       }
       if (j + 2 < count) s2r_arrive(S2R_EMPTY + b, 256);   // buffer b is free for image j + 2
+#pragma unroll
+      for (int i = 0; i < 20; ++i) acc[i] += img[i];
     }
 #pragma unroll
     for (int i = 0; i < 5; ++i) s2d_store_tile(mine, bias, (t >> 5) + 4 * i, acc + 4 * i, lane);
