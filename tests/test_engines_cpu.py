@@ -437,6 +437,15 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
     assert set(kstages.heuristic_modules([8192])) & {"stage2_backward_roles", "stage2_backward_roles3"} == {"stage2_backward_roles3"}
 
 
+def test_one_block_is_a_grid_of_one_at_every_batch(monkeypatch):
+    """Backward.one_block: the share that makes a launch one block summing every image (the plan-time
+    check's second run, Note [checking a stage])."""
+    monkeypatch.setattr(kstages, "sm_count", lambda: 132)
+    for cand in (kstages.Backward(2, 6), kstages.Backward(3, 7), kstages.Backward(16, 0)):
+        assert {cand.grid(n, cand.one_block()) for n in (1, 256, 65536)} == {1}
+        assert cand.grid(256) > 1
+
+
 def test_the_heads_heuristic_splits_small_batches_and_makes_one_forward_block_per_sm_above(monkeypatch):
     """lenet/kernels/head.py's shapes: up to 256 images the split forward in the smallest slices that make
     at most one slice per 4 SMs; above, head.cu's smallest group that makes at most one block per SM; from

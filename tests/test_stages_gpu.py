@@ -128,7 +128,7 @@ def test_one_block_sums_many_images(torch_ref):
         gw, gb, gx, bits = _float64_backward(torch, spec, x, w, b, dy, p64, arg64)
         cx, cw, cdy, carg = (cupy.asarray(t.contiguous()) for t in (x, w, dy, bits))
         for cand in ks.backward_candidates():
-            one = cand.per_sm * ours.sm_count()   # models sharing the SMs: a grid of one block
+            one = cand.one_block()
             assert cand.grid(n, one) == 1
             part = cupy.empty((1, ks.width), cupy.float32)
             dw, db = cupy.full(spec.w, cupy.nan, cupy.float32), cupy.full(spec.w[0], cupy.nan, cupy.float32)

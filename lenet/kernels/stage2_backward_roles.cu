@@ -11,7 +11,8 @@
 //   t, t + 256, ... (taps 0..3, then tap 4) and writes the planes' ones t, t + 256, ...; data thread u its
 //   first image's pieces (as below).
 //   Tensor warps (threads 0..127): the weight and bias gradients of image j as version 6's products, warp w
-//   its N tiles w, w + 4, .. w + 16 (lane (g, q) their C fragments' rows g, g + 8 and columns 2q, 2q + 1),
+//   its N tiles w, w + 4, .. w + 16 (lane (g, q) their C fragments' rows g, g + 8 and columns 2q, 2q + 1:
+//   image j's in img[0..19] from zero, added to the block's sums acc[0..19] once its products are done),
 //   the three products of a k-step a kind at a time over the five tiles; the A fragments split from the
 //   buffer's sd as they are loaded.
 //   Data warps (threads 128..255, u = t - 128): version 6's data gradient of image j (unit u < 120:

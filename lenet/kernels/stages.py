@@ -125,6 +125,11 @@ class Backward:
         (Note [one wave for a pack])."""
         return max(1, min(n, self.per_sm * sm_count() // models))
 
+    def one_block(self) -> int:
+        """The ``share`` (models sharing the SMs) whose grid is one block: one block sums every image (the
+        plan-time check's second run, Note [checking a stage] in lenet/engines/reference.py)."""
+        return self.per_sm * sm_count()
+
 
 @dataclass(frozen=True)
 class StageKernels:

@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "scripts" / "probes"))
 
 
 def row(name: str, r: dict) -> str:
@@ -41,23 +42,16 @@ def main() -> int:
     ap.add_argument("--searches", nargs="*", default=["auto:heuristic", "auto:exhaustive"],
                     help="ENGINE:ALGO runs after the pinned ones")
     args = ap.parse_args()
-    import cupy
     import numpy as np
     from numerics import measure
+    from stage_kernels import variant_kernel
 
-    from lenet import kernels
     from lenet.engines import Policy
     from lenet.kernels import stages
     from lenet.model import LeNet
     from lenet.params import init_host
 
     table, orig = dict(stages.HEURISTIC), stages.kernel
-
-    def variant(extra, mods, module, name):
-        if module not in mods:
-            mods[module] = cupy.RawModule(code=kernels.source(module), options=kernels.options(module) + extra)
-        return mods[module].get_function(name)
-
     for n in args.batch:
         rng = np.random.default_rng(n)   # the numerics test's batch
         x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
@@ -66,7 +60,7 @@ def main() -> int:
         for define, shape in itertools.product(args.define, args.shapes):
             stages.HEURISTIC[("conv2", "backward")] = ((stages.INF, shape),)
             extra = tuple(f"-D{d}" for d in define.split(",") if define != "none")
-            stages.kernel = functools.partial(variant, extra, {}) if extra else orig
+            stages.kernel = functools.partial(variant_kernel, extra, {}) if extra else orig
             model = LeNet(max_batch=n, policy=Policy(engine="ours"), seed=0)
             print(f"n={n:<6} " + row(f"{shape} {define}", measure(model, state, x, y)), flush=True)
             model.close()

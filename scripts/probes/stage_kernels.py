@@ -12,11 +12,23 @@ version of every stage kernel under a sanitizer (scripts/gpu_check.sh).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def variant_kernel(extra: tuple, mods: dict, module: str, name: str):
+    """lenet.kernels.kernel for a compile-time variant: ``module`` built with the -D options ``extra`` (once
+    per ``mods``, a variant's modules), its function ``name``. Stands in for lenet.kernels.stages.kernel."""
+    import cupy
+
+    from lenet import kernels
+    if module not in mods:
+        mods[module] = cupy.RawModule(code=kernels.source(module), options=kernels.options(module) + extra)
+    return mods[module].get_function(name)
 
 
 def once(run, stream) -> float:
@@ -48,8 +60,6 @@ def main() -> int:
     from lenet.timing import time_launcher
     from lenet.kernels import stages as ours
 
-    from lenet import kernels
-
     if args.per_sm:
         ours.BACKWARD_BLOCKS_PER_SM = tuple(args.per_sm)   # read by backward_candidates and the part's rows below
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -57,15 +67,8 @@ def main() -> int:
     for define in args.define:
         rng = cupy.random.default_rng(0)   # the same inputs for every variant (--same)
         extra = tuple(f"-D{d}" for d in define.split(",") if define != "none")
-        mods: dict = {}   # this variant's modules, each compiled when first launched
         orig = ours.kernel
-
-        def variant_kernel(module, name, mods=mods, extra=extra):
-            if module not in mods:
-                mods[module] = cupy.RawModule(code=kernels.source(module), options=kernels.options(module) + extra)
-            return mods[module].get_function(name)
-
-        ours.kernel = variant_kernel
+        ours.kernel = functools.partial(variant_kernel, extra, {})   # its modules, each compiled when first launched
         try:
             for n in args.batch:
                 for ks in ours.kernels().values():
