@@ -127,15 +127,20 @@ def cache_path(name: str) -> Path | None:
 def library_caches() -> None:
     """Give the libraries that make cache folders of their own a folder they can make: CuPy (its kernel
     cache, ~/.cupy/kernel_cache or $CUPY_CACHE_DIR, made as it is imported: an import that fails where it
-    cannot) and matplotlib in the plotting child (its font cache, in $XDG_CACHE_HOME/matplotlib or
+    cannot), the CUDA driver and NVRTC (their compute cache, ~/.nv/ComputeCache or $CUDA_CACHE_PATH, made
+    on the GPU as kernels are compiled: HOME that did not exist was made, with .nv in it, on an H100
+    machine) and matplotlib in the plotting child (its font cache, in $XDG_CACHE_HOME/matplotlib or
     ~/.cache/matplotlib, or $MPLCONFIGDIR: HOME=/nonexistent made /nonexistent/.cache, a relative
     XDG_CACHE_HOME a folder in the current one). Each keeps its own where that may be made (Note [cache
     folders]); else <cache_root()>/<library>; else a folder of this run's own, removed when it ends.
-    Called by every program before CuPy's import (lenet/startup.py, lenet.cli.run); our programs
-    compile no kernel through CuPy's cache."""
+    Called by every program before CuPy's import and the driver's start (lenet/startup.py,
+    lenet.cli.run); our programs compile no kernel through CuPy's cache."""
     home = os.environ.get("HOME") or ""
     xdg = os.environ.get("XDG_CACHE_HOME") or ""
     usable_home = os.path.isabs(home) and os.path.isdir(home)
+    nv = os.environ.get("CUDA_CACHE_PATH") or (os.path.join(home, ".nv", "ComputeCache") if usable_home else "")
+    if not os.environ.get("CUDA_CACHE_DISABLE") and not (nv and _can_make(Path(nv))):
+        os.environ["CUDA_CACHE_PATH"] = _own_folder("nv-compute-cache")
     cupy = os.environ.get("CUPY_CACHE_DIR") or (os.path.join(home, ".cupy", "kernel_cache") if usable_home else "")
     if not (cupy and _can_make(Path(cupy))):
         os.environ["CUPY_CACHE_DIR"] = _own_folder("cupy")

@@ -169,6 +169,7 @@ def begin(then=None) -> None:
     from . import files, interrupt
 
     interrupt.guard()   # Note [signals from the first line] in lenet/interrupt.py
+    one_blas_thread()
     keep_bytecode()
     files.library_caches()   # before CuPy's import (the preload thread's): Note [cache folders] in lenet/files.py
     args = sys.argv[1:]
@@ -178,6 +179,25 @@ def begin(then=None) -> None:
     if then is not None:
         then(args)
     start_gpu()
+
+
+# Note [one BLAS thread]: NumPy's import loads its OpenBLAS, which starts a thread for every CPU then and
+# there: on a 16-CPU H100 machine `import numpy` took 368 ms (182 with OPENBLAS_NUM_THREADS=1), on the main
+# thread, holding the GIL the start-up threads need. Our GPU programs do no BLAS on the host (the host's
+# products are predict's CPU path, which is not one of them), so they ask OpenBLAS for one thread unless the
+# user chose (OPENBLAS_NUM_THREADS, or GOTO_NUM_THREADS or OMP_NUM_THREADS, which OpenBLAS also reads). Fast
+# recipe, time_to_accuracy.py --warm, the same machine (2026-11-27): 0.98-1.10 s to exit with it against
+# 1.07-1.17 without (start-up 0.41-0.53 s against 0.50-0.60), two rounds of three seeds each.
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def one_blas_thread() -> bool:
+    """Note [one BLAS thread]: OPENBLAS_NUM_THREADS=1 in this process's environment (its children inherit it)
+    when no thread count was set and NumPy is not yet imported; True when it set it."""
+    if "numpy" in sys.modules or any(os.environ.get(v) for v in BLAS_THREAD_VARIABLES):
+        return False
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    return True
 
 
 # ---------------------------------------------------------------- the driver's thread

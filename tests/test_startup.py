@@ -292,3 +292,37 @@ def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path)
     assert len(first) == len(ours), sorted(first)
     assert (xdg / "lenet" / "plans.json").is_file() and any((xdg / "lenet" / "bytecode").rglob("*.pyc"))
     assert train_step() == (first, written), "a later run compiled again"
+
+
+# A program's start (startup.begin, as python -m lenet.train runs it; --help returns before the GPU's
+# threads), then NumPy's import: what OpenBLAS was told and how many threads the import started.
+_BLAS = """
+import json, os, sys
+sys.argv = ["lenet-train", "--help"]
+from lenet import startup
+startup.begin()
+before = len(os.listdir("/proc/self/task"))
+import numpy
+print(json.dumps([os.environ.get("OPENBLAS_NUM_THREADS"), len(os.listdir("/proc/self/task")) - before]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+@pytest.mark.parametrize("user", [None, ("OPENBLAS_NUM_THREADS", "2"), ("OMP_NUM_THREADS", "2")])
+def test_a_program_asks_openblas_for_one_thread_unless_the_user_chose(user):
+    # Note [one BLAS thread] in lenet/startup.py: NumPy's OpenBLAS starts a thread a CPU at import.
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                                                             "OMP_NUM_THREADS")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    if user:
+        env[user[0]] = user[1]
+    out = subprocess.run([sys.executable, "-c", _BLAS], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    told, started = json.loads(out.stdout.strip().splitlines()[-1])
+    if user is None:
+        assert (told, started) == ("1", 0)
+    else:   # left as the user set it
+        assert told == (user[1] if user[0] == "OPENBLAS_NUM_THREADS" else None)
+    if user and user[0] == "OMP_NUM_THREADS":   # what the count sees where OpenBLAS may take two CPUs
+        assert started == (1 if (os.cpu_count() or 1) >= 2 else 0)
