@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: run on a machine with an NVIDIA GPU, from the repository root.
 #   bash scripts/gpu_check.sh            # logs under $OUT (or out/gpu-check)
-#   bash scripts/gpu_check.sh tests      # only the GPU tests; `programs`: the programs and memcheck;
+#   bash scripts/gpu_check.sh tests      # only the GPU tests; `programs`: the programs, memcheck and the
+#                                        # hostile-environment and start-up tests (their GPU branches);
 #                                        # `racecheck`, `synccheck`, `initcheck`: that sanitizer over one
 #                                        # model's steps; `packs`: the three over a pack of three models
 #                                        # (`packs-racecheck` ...: one of them);
@@ -46,6 +47,12 @@ for engine in auto ours graph legacy; do
 done
 python3 -m lenet.train_step --algo exhaustive --steps 20 --no-cuda-graph --no-fused 2>&1 | tee "$out/train_step_eager.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || prog_rc=1
+# The programs in hostile environments and their start-up, where a GPU takes them further than CI's machine
+# does (these tests have a GPU's branch: on an H100 a HOME that did not exist was made by the CUDA driver's
+# compute cache, which no machine without a GPU reaches). About 80 s on an H100.
+python3 -m pytest -q -p no:cacheprovider tests/test_hostile_cpu.py tests/test_startup.py > "$out/hostile.txt" 2>&1 \
+    || prog_rc=1
+tail -1 "$out/hostile.txt" | sed "s/^/hostile and start-up tests: /"
 # compute-sanitizer memcheck over a few steps, eager and CUDA graph, with --leak-check full: an
 # invalid access or an allocation still held at exit fails the check (profile_step frees the
 # model, the caches and the pool before it exits). --show-backtrace no: saving a backtrace for
