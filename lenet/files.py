@@ -138,17 +138,20 @@ def library_caches() -> None:
     home = os.environ.get("HOME") or ""
     xdg = os.environ.get("XDG_CACHE_HOME") or ""
     usable_home = os.path.isabs(home) and os.path.isdir(home)
-    nv = os.environ.get("CUDA_CACHE_PATH") or (os.path.join(home, ".nv", "ComputeCache") if usable_home else "")
-    if not os.environ.get("CUDA_CACHE_DISABLE") and not (nv and _can_make(Path(nv))):
-        os.environ["CUDA_CACHE_PATH"] = _own_folder("nv-compute-cache")
-    cupy = os.environ.get("CUPY_CACHE_DIR") or (os.path.join(home, ".cupy", "kernel_cache") if usable_home else "")
-    if not (cupy and _can_make(Path(cupy))):
-        os.environ["CUPY_CACHE_DIR"] = _own_folder("cupy")
-    mpl = os.environ.get("MPLCONFIGDIR") or (os.path.join(xdg, "matplotlib") if os.path.isabs(xdg) else
-                                             os.path.join(home, ".cache", "matplotlib") if usable_home and not xdg
-                                             else "")
-    if not (mpl and _can_make(Path(mpl))):
-        os.environ["MPLCONFIGDIR"] = _own_folder("matplotlib")
+    if not os.environ.get("CUDA_CACHE_DISABLE"):
+        _keep_or_own("CUDA_CACHE_PATH", os.path.join(home, ".nv", "ComputeCache") if usable_home else "",
+                     "nv-compute-cache")
+    _keep_or_own("CUPY_CACHE_DIR", os.path.join(home, ".cupy", "kernel_cache") if usable_home else "", "cupy")
+    _keep_or_own("MPLCONFIGDIR", os.path.join(xdg, "matplotlib") if os.path.isabs(xdg) else
+                 os.path.join(home, ".cache", "matplotlib") if usable_home and not xdg else "", "matplotlib")
+
+
+def _keep_or_own(variable: str, default: str, name: str) -> None:
+    """A library's cache folder: $variable, else ``default`` (its own place; "": none), kept where it can be
+    made; else _own_folder(name), set in $variable."""
+    where = os.environ.get(variable) or default
+    if not (where and _can_make(Path(where))):
+        os.environ[variable] = _own_folder(name)
 
 
 def _own_folder(name: str) -> str:
