@@ -246,7 +246,9 @@ class LeNet:
             raise ValueError("the images' gradient is for one model (lenet.torch); a pack has models > 1")
         from descriptors import require_gpu
 
-        require_gpu()   # one line (NoGpuError) where there is none, not the CUDA runtime's error
+        from .kernels import require_arch
+
+        require_arch(require_gpu())   # one line (NoGpuError) where there is none or it is too old
         import cupy
 
         self.max_batch, self.policy, self.cuda_graph = int(max_batch), _policy(policy, fused), bool(cuda_graph)

@@ -19,6 +19,16 @@ CONV2 = StageSpec("conv2", (6, 12, 12), (16, 6, 5, 5), dx=True)
 OURS = BY_NAME["ours"]
 
 
+@pytest.fixture(autouse=True)
+def _an_h100s_kernels(monkeypatch):
+    """Our candidates follow the architecture our kernels are compiled for (Note [kernel architecture] in
+    lenet/kernels/nvrtc.py): these tests plan for an H100's (90), with or without a GPU here."""
+    from lenet.kernels import nvrtc
+
+    monkeypatch.setattr(nvrtc, "_arch", lambda: 90)
+    monkeypatch.delenv("LENET_KERNEL_ARCH", raising=False)
+
+
 def stage(spec=CONV2):
     return Stage(spec, None, 8)
 
@@ -421,11 +431,14 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
     assert {one.backward_candidates(n)[0].name for n in (1, 128, 8192, 65536)} == {"fused-bwd-v2-g2"}
     assert ks.backward_candidates()[0] == kstages.Backward(4, 0)   # no batch: the versions in order
     assert set(ks.backward_candidates(64)) == set(ks.backward_candidates(8192))   # the same set, reordered
-    for row in kstages.HEURISTIC.values():   # every name the table gives is a shape its stage offers
-        assert all(kstages.parse_name(name) is not None for _, name in row) and row[-1][0] == kstages.INF
-    for (stage, _), row in kstages.HEURISTIC.items():
-        k = next(k for k in kstages.kernels().values() if k.stage == stage)
-        assert all(k.offers(kstages.parse_name(name)) for _, name in row), stage
+    assert sorted(kstages.HEURISTIC) == [75, 80, 90] and kstages.table(89) is kstages.HEURISTIC[80]
+    for gen, rows in kstages.HEURISTIC.items():   # every name a generation's rows give is a shape it runs
+        assert set(rows) == {(s, d) for s in ("conv1", "conv2") for d in ("forward", "backward")}, gen
+        for (stage, _), row in rows.items():
+            assert all(kstages.parse_name(name) is not None for _, name in row) and row[-1][0] == kstages.INF
+            k = next(k for k in kstages.kernels().values() if k.stage == stage)
+            assert all(k.offers(kstages.parse_name(name)) for _, name in row), stage
+            assert all(k.refuses(kstages.parse_name(name), gen) is None for _, name in row), (gen, stage)
     assert "stage1_backward_dense" in kstages.heuristic_modules([128]) and "stage1_backward" not in kstages.heuristic_modules([128])
     others = {"stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage2_backward_dense",
               "stage2_backward_balanced"}
@@ -623,3 +636,26 @@ def test_a_stage_backward_refuses_an_input_off_a_16_byte_boundary():
                        ("output gradient", (ok, None, ok, off, None, None, ok))):  # stores dx as float4s
         with pytest.raises(ValueError, match=f"its {name} 16 bytes at a time"):
             kstages.stage_backward(ks, kstages.Backward(4, 6), 8, None, None, *args)
+
+
+@pytest.mark.parametrize("arch,sms,want", [
+    (75, 40, {1: "fused-bwd-v3-g4", 64: "fused-bwd-v3-g4", 159: "fused-bwd-v3-g4", 160: "fused-bwd-v5-g2",
+              10239: "fused-bwd-v5-g2", 10240: "fused-bwd-v5-g4"}),
+    (86, 82, {1: "fused-bwd-v7-g4", 64: "fused-bwd-v8-g3", 327: "fused-bwd-v8-g3", 328: "fused-bwd-v7-g2",
+              2623: "fused-bwd-v7-g2", 2624: "fused-bwd-v8-g3"}),
+    (90, 132, {1: "fused-bwd-v7-g4", 263: "fused-bwd-v7-g4", 264: "fused-bwd-v7-g2", 4224: "fused-bwd-v8-g3"}),
+])
+def test_each_generation_has_its_rows(monkeypatch, arch, sms, want):
+    """A T4 (75, 40 SMs) takes stage 2's backward versions 3-5, which it runs (one image is 0.025 images per
+    SM there: past the one-image row, which 132 SMs reach); an RTX 3090 (86, 82 SMs) the rows measured
+    without programmatic launch; an H100 its own: the rows in images per SM of each GPU."""
+    from lenet.kernels import nvrtc
+
+    monkeypatch.setattr(nvrtc, "_arch", lambda: arch)
+    monkeypatch.setattr(kstages, "sm_count", lambda: sms)
+    ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
+    assert {n: ks.backward_candidates(n)[0].name for n in want} == want
+    runs = {ks.module(c).name for c in ks.backward_candidates()}
+    assert ("stage2_backward_roles3" in runs) == (arch >= 80) and "stage2_backward_balanced" in runs
+    assert set(kstages.heuristic_modules()) <= {ks.module(c).name for c in ks.backward_candidates()} | {
+        m.name for k in kstages.kernels().values() for m in k.forward + k.backward[:2]} | {"stage_reduce"}

@@ -95,3 +95,111 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def _every_module():
+    from lenet import kernels
+
+    return [(n, m) for name, m in kernels.declared().items() for n in (name, name + kernels.PACK)]
+
+
+def _supported_archs():
+    try:
+        from lenet.kernels import nvrtc
+        return [a for a in nvrtc.nvrtc().archs if a >= nvrtc.LOWEST_ARCH]
+    except Exception:   # noqa: BLE001 (no stack: the tests below are skipped by their marker's rule)
+        return [75, 80, 86, 89, 90]
+
+
+@pytest.mark.parametrize("arch", _supported_archs())
+def test_every_module_compiles_for_every_architecture_from_its_lowest(modules, tmp_path, monkeypatch, arch):
+    """Note [module declarations]: every module, plain and pack, compiles for every compute capability the
+    installed NVRTC knows from the lowest it declares (75 unless ``arch=``) upward, as a cubin (ptxas
+    included: that is where a feature of a newer generation is refused). A failure names the module and
+    the architecture."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lenet import kernels
+
+    monkeypatch.setenv("LENET_KERNEL_CACHE", str(tmp_path))
+
+    def one(item):
+        name, m = item
+        if not m.runs_on(arch):
+            return None
+        try:
+            modules.binary(f"lenet.{name}", kernels.source(name), kernels.options(name), arch)
+        except modules.CompileError as e:
+            return f"module {name} does not compile for sm_{arch}: {str(e)[:1500]}"
+        return None
+
+    with ThreadPoolExecutor(2) as pool:   # NVRTC lets go of the GIL
+        failures = [f for f in pool.map(one, _every_module()) if f]
+    assert not failures, "\n".join(failures)
+
+
+def test_a_declared_lowest_architecture_is_needed(modules, tmp_path, monkeypatch):
+    """A module that declares ``arch=A`` above the lowest generation does not compile for the generation
+    below A: the declaration is what keeps its versions from older GPUs, and it is not stricter than it
+    must be."""
+    from lenet import kernels
+
+    monkeypatch.setenv("LENET_KERNEL_CACHE", str(tmp_path))
+    archs = modules.nvrtc().archs
+    raised = [(n, m) for n, m in _every_module() if m.arch > modules.LOWEST_ARCH]
+    assert raised, "no module declares a lowest architecture above 75: stage 2's tensor-core versions need 80"
+    for name, m in raised:
+        below = max(a for a in archs if a < m.arch)
+        with pytest.raises(modules.CompileError, match="requires .target sm_80|requires .target sm_"):
+            modules.binary(f"lenet.{name}", kernels.source(name), kernels.options(name), below)
+
+
+def test_the_kernel_architecture_follows_lenet_kernel_arch(modules, monkeypatch, tmp_path):
+    """Note [kernel architecture]: LENET_KERNEL_ARCH compiles our kernels as PTX for that compute capability
+    (at most the GPU's), a one-line error names a value that is not one; candidates and the heuristic follow
+    it (stage 2's tensor-core versions are not offered below 80)."""
+    from lenet.kernels import stages
+
+    monkeypatch.setattr(modules, "_arch", lambda: 90)
+    monkeypatch.delenv("LENET_KERNEL_ARCH", raising=False)
+    assert modules.kernel_arch() == 90 and modules.requested_arch() is None
+    for text, want in (("75", 75), ("7.5", 75), ("sm_80", 80), (" compute_86 ", 86)):
+        monkeypatch.setenv("LENET_KERNEL_ARCH", text)
+        assert modules.kernel_arch() == want
+    for bad in ("74", "abc", "9", "7.5.1", "100x"):
+        monkeypatch.setenv("LENET_KERNEL_ARCH", bad)
+        with pytest.raises(ValueError, match=r"^LENET_KERNEL_ARCH='.*' is not a compute capability our kernels "
+                                             r"compile for: give one of 75, 80, .*[^\n]$"):
+            modules.kernel_arch()
+    monkeypatch.setenv("LENET_KERNEL_ARCH", "100")
+    with pytest.raises(ValueError, match="LENET_KERNEL_ARCH=100: this GPU is compute capability 9.0"):
+        modules.kernel_arch()
+    monkeypatch.setenv("LENET_KERNEL_ARCH", "75")
+    monkeypatch.setenv("LENET_KERNEL_CACHE", str(tmp_path))
+    path = modules.binary("t.twice", SOURCE, (), modules.kernel_arch(), ptx=True)
+    assert path.name.startswith("t.twice.compute_75.") and path.suffix == ".ptx"
+    assert b".target sm_75" in path.read_bytes()
+    conv2 = next(ks for ks in stages.kernels().values() if ks.stage == "conv2")
+    monkeypatch.setattr(stages, "sm_count", lambda: 40)
+    versions = {conv2.backward[c.version].name for c in conv2.backward_candidates(64)}
+    assert versions and all(conv2.module(c).arch <= 75 for c in conv2.backward_candidates(64))
+    assert "stage2_backward_roles" not in versions and "stage2_backward_balanced" in versions
+    assert conv2.refuses(stages.parse_name("fused-bwd-v8-g3")) == (
+        "fused-bwd-v8-g3 needs compute capability 8.0 or newer; this GPU's kernels are 7.5")
+    monkeypatch.setenv("LENET_KERNEL_ARCH", "80")
+    assert "stage2_backward_roles3" in {conv2.backward[c.version].name for c in conv2.backward_candidates(64)}
+    assert conv2.refuses(stages.parse_name("fused-bwd-v8-g3")) is None
+
+
+def test_a_gpu_older_than_every_supported_generation_gets_one_line(modules, monkeypatch):
+    from descriptors.errors import NoGpuError
+    from lenet import kernels
+
+    monkeypatch.delenv("LENET_KERNEL_ARCH", raising=False)
+    monkeypatch.setattr(modules, "_arch", lambda: 70)
+    with pytest.raises(NoGpuError) as e:
+        kernels.require_arch("Tesla V100-SXM2-16GB")
+    assert str(e.value) == ("no usable NVIDIA GPU: Tesla V100-SXM2-16GB is compute capability 7.0; lenet-cudnn runs "
+                            "on 7.5 (Turing) and newer, and no extra of it supports older GPUs")
+    monkeypatch.setattr(modules, "_arch", lambda: 75)
+    kernels.require_arch("Tesla T4")

@@ -265,3 +265,35 @@ def test_a_model_larger_than_the_gpu_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"needs about .* GB of GPU memory; the GPU has .* GB free"):
         LeNet(max_batch=10_000_000)
     assert cupy.get_default_memory_pool().used_bytes() == used, "the refused model allocated"
+
+
+@pytest.mark.parametrize("n", [64, 2100, 8192])
+def test_a_gpu_that_holds_one_block_an_sm_runs_the_same_step(n):
+    """Note [launch shapes from the device] in lenet/kernels/launch.py: every launch of ours given enough extra
+    dynamic shared memory that one block fills an SM. With the grids unchanged (several waves where the shape
+    asks for more blocks an SM than now fit), four steps of --engine ours are bit-identical to the unsqueezed
+    run: no kernel waits for another block's progress, so a smaller GPU cannot deadlock. With the grids the
+    occupancy API now allows (one block an SM), they run too, their sums in another order: within 1e-5."""
+    from lenet.kernels import launch
+    from lenet.model import LeNet
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_normal((n, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+    def train(squeeze):
+        import contextlib
+        with squeeze or contextlib.nullcontext():
+            m = LeNet(max_batch=n, seed=3, momentum=0.9, cuda_graph=True, policy=Policy(engine="ours"))
+            m.load_batch(x, y)
+            losses = []
+            for _ in range(4):
+                m.step(n, 0.05)
+                losses.append(m.loss())
+            grids = sorted({(r["layer"], r["op"], r["algo"]) for r in m.describe(n) if r["layer"] in ("conv1", "conv2")})
+            out = m.flat_state()[0], losses, grids
+            m.close()
+            return out
+    plain, waves, one = train(None), train(launch.squeezed(follow=False)), train(launch.squeezed(follow=True))
+    assert plain[2] == waves[2] == one[2], "the squeeze changed which kernels run"
+    assert np.array_equal(plain[0], waves[0]) and plain[1] == waves[1], "the same grids in more waves changed a bit"
+    assert_close(one[0], plain[0], f"n={n} one block an SM", 1e-5)
+    np.testing.assert_allclose(one[1], plain[1], rtol=1e-5)

@@ -107,7 +107,12 @@ class Ours:
         return None
 
     def version(self) -> str:
-        return source_digest()
+        """The kernels' sources and the architecture they are compiled for (Note [kernel architecture] in
+        lenet/kernels/nvrtc.py): a stored choice of another either is searched again."""
+        from ..kernels import nvrtc
+
+        want = nvrtc.requested_arch()
+        return source_digest() + (f"-compute_{want}" if want is not None else "")
 
     @staticmethod
     def scratch_per_image(op, policy) -> int:
@@ -192,6 +197,9 @@ class Ours:
                         f"stage {spec.name} has no candidate {pick.name}; it offers "
                         f"{', '.join(c.name for c in cands[:3])} ... ({len(cands)} in all, as train_step "
                         f"--algo exhaustive lists the winners)")
+                why = ks.refuses(pick)
+                if why is not None:
+                    raise AlgorithmNotSupportedError(f"stage {spec.name}: {why}")
                 cands = [pick]
             elif all(policy.choice(d) == "heuristic" for d in directions):
                 cands = cands[:1]

@@ -6,6 +6,11 @@ declared once, in the .cu file its kernel is written in, by a line
     // module NAME: key=value ...
 
 uses=A,B      the files compiled before it, in order (shared device functions, shapes)
+arch=80       the lowest compute capability it runs on (cp.async and TF32 tensor-core products need
+              80); without it, every generation we support (LOWEST_ARCH, 75). Candidates, the heuristic
+              and the search offer a version only where the GPU (or LENET_KERNEL_ARCH: Note [kernel
+              architecture] in lenet/kernels/nvrtc.py) is at least this; CI compiles each module for
+              every architecture from there up (tests/test_modules_cpu.py).
 define=M=V    a macro it is compiled with (one file, several versions: stage2_backward.cu)
 stage=S direction=forward|backward version=V threads=T [images=1,2 smem=A+B*images | smem=A]
               a version of a stage kernel (lenet/engines/ours.py makes its candidates from these):
@@ -49,6 +54,10 @@ class Module:
     threads: int = 0
     images: tuple = ()
     smem: tuple = (0, 0)        # dynamic shared memory in floats: (fixed, per image)
+    arch: int = 75              # the lowest compute capability it runs on (LOWEST_ARCH unless declared)
+
+    def runs_on(self, arch: int) -> bool:
+        return int(arch) >= self.arch
 
     @property
     def kernel(self) -> str:
@@ -71,7 +80,7 @@ def _parse(name: str, file: str, fields: str) -> Module:
             kw["defines"] = kw.get("defines", ()) + (value,)
         elif key in ("stage", "direction"):
             kw[key] = value
-        elif key in ("version", "threads"):
+        elif key in ("version", "threads", "arch"):
             kw[key] = int(value)
         elif key == "images":
             kw["images"] = tuple(int(v) for v in value.split(","))
@@ -161,6 +170,30 @@ def _future(name: str):
 def _module(name: str):
     """The compiled module ``name``: compiled now, or by ``prefetch``'s thread (waited for)."""
     return _future(name).result()
+
+
+def arch() -> int:
+    """The compute capability our kernels are compiled for in this process: the GPU's, or LENET_KERNEL_ARCH's
+    (Note [kernel architecture] in lenet/kernels/nvrtc.py)."""
+    from . import nvrtc
+
+    return nvrtc.kernel_arch()
+
+
+def require_arch(gpu_name: str) -> None:
+    """A one-line NoGpuError where the GPU is older than every generation our kernels support, and a
+    ValueError where LENET_KERNEL_ARCH asks for what cannot run on it."""
+    from . import nvrtc
+
+    device = nvrtc.device_arch()
+    if device < nvrtc.LOWEST_ARCH:
+        from descriptors.errors import NoGpuError
+
+        low = nvrtc.LOWEST_ARCH
+        raise NoGpuError(f"no usable NVIDIA GPU: {gpu_name} is compute capability {device // 10}.{device % 10}; "
+                         f"lenet-cudnn runs on {low // 10}.{low % 10} (Turing) and newer, and no extra of it supports "
+                         f"older GPUs")
+    nvrtc.kernel_arch(device)
 
 
 _sm_count: int | None = None   # set by use_sm_count

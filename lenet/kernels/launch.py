@@ -87,11 +87,14 @@ class LaunchError(RuntimeError):
 @functools.lru_cache(maxsize=None)
 def programmatic_grid_limit(device_id: int) -> int:
     """The largest grid GPU ``device_id`` launches programmatically: one wave of its SMs (Note
-    [programmatic launch]), or 0 before compute capability 9.0 (no programmatic dependent launch)."""
+    [programmatic launch]), or 0 where our kernels are compiled for a compute capability below 9.0 (no
+    griddepcontrol: Note [kernel architecture] in lenet/kernels/nvrtc.py)."""
     import cupy
 
+    from .nvrtc import kernel_arch
+
     d = cupy.cuda.Device(device_id)
-    return int(d.attributes["MultiProcessorCount"]) if int(d.compute_capability) >= 90 else 0
+    return int(d.attributes["MultiProcessorCount"]) if kernel_arch() >= 90 else 0
 
 
 @functools.lru_cache(maxsize=None)
@@ -100,6 +103,78 @@ def shared_memory_limit(device_id: int) -> int:
     import cupy
 
     return int(cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerBlockOptin"])
+
+
+# Note [launch shapes from the device]: a launch shape of ours names the blocks per SM it asks for (g8:
+# eight); how many one SM holds at once depends on the GPU (threads, registers and shared memory an SM has:
+# 1024 threads and 64 KB on a T4, 2048 and 228 KB on an H100) and on the kernel's build. ``resident`` asks
+# the occupancy API, and the stage launchers (lenet/kernels/stages.py) make their grids of at most that
+# many blocks per SM, so a grid is one wave on any GPU. No kernel of ours waits for another block's
+# progress (a ticket's last block sums the others' parts; nothing spins), so a grid of more blocks than
+# fit at once still finishes, in more waves: ``squeezed`` proves it on the GPU (tests/test_stages_gpu.py),
+# every launch of ours given enough extra dynamic shared memory that one block fills an SM.
+_squeeze = {"on": False, "follow": True}
+
+
+@functools.lru_cache(maxsize=None)
+def shared_memory_per_sm(device_id: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device_id).attributes["MaxSharedMemoryPerMultiprocessor"])
+
+
+def _squeezed(shared_mem: int) -> int:
+    """The dynamic shared memory a launch asks for: its own, or while ``squeezed``, enough that one block
+    fills an SM's."""
+    if not _squeeze["on"]:
+        return int(shared_mem)
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    return max(int(shared_mem), min(shared_memory_limit(dev), shared_memory_per_sm(dev) // 2 + 1024))
+
+
+class squeezed:
+    """``with squeezed():`` every Launch made inside asks for enough extra dynamic shared memory that one
+    block fills an SM (Note [launch shapes from the device]); with ``follow=False`` the stage launchers keep
+    the grids they would make unsqueezed (more blocks than fit at once: several waves)."""
+
+    def __init__(self, follow: bool = True):
+        self.follow = bool(follow)
+
+    def __enter__(self):
+        self._was = dict(_squeeze)
+        _squeeze.update(on=True, follow=self.follow)
+        return self
+
+    def __exit__(self, *exc):
+        _squeeze.update(self._was)
+        return False
+
+
+def _opt_in(fn, shared_mem: int) -> None:
+    """Beyond 48 KiB of dynamic shared memory a kernel opts in, up to the device's limit."""
+    if shared_mem > 48 * 1024:
+        import cupy
+
+        limit = shared_memory_limit(cupy.cuda.Device().id)
+        if shared_mem > limit:
+            raise ValueError(f"{shared_mem} bytes of dynamic shared memory: this GPU allows at most {limit}")
+        if fn.max_dynamic_shared_size_bytes < shared_mem:
+            fn.max_dynamic_shared_size_bytes = int(shared_mem)
+
+
+def resident(fn, threads: int, shared_mem: int = 0) -> int:
+    """How many blocks of ``fn`` (a cupy.RawKernel of ours) of ``threads`` threads and ``shared_mem`` bytes of
+    dynamic shared memory one SM of the current GPU holds at once: the occupancy API's answer (Note [launch
+    shapes from the device]); while ``squeezed(follow=False)``, as many as unsqueezed."""
+    if _squeeze["on"] and not _squeeze["follow"]:
+        return 1 << 30
+    shared_mem = _squeezed(shared_mem)
+    _opt_in(fn, shared_mem)
+    from cupy_backends.cuda.api import driver
+
+    return int(driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, int(threads), int(shared_mem)))
 
 
 def _packed(args) -> tuple[list, object]:
@@ -127,12 +202,8 @@ class Launch:
     def __init__(self, fn, grid, block, args, stream, shared_mem: int = 0, programmatic: bool = True):
         import cupy
 
-        if shared_mem > 48 * 1024:   # beyond 48 KiB a kernel opts in, up to the device's limit
-            limit = shared_memory_limit(cupy.cuda.Device().id)
-            if shared_mem > limit:
-                raise ValueError(f"{shared_mem} bytes of dynamic shared memory: this GPU allows at most {limit}")
-            if fn.max_dynamic_shared_size_bytes < shared_mem:
-                fn.max_dynamic_shared_size_bytes = int(shared_mem)
+        shared_mem = _squeezed(shared_mem)   # Note [launch shapes from the device]
+        _opt_in(fn, shared_mem)
         grid = tuple(int(v) for v in grid) + (1,) * (3 - len(grid))
         block = tuple(int(v) for v in block) + (1,) * (3 - len(block))
         attrs = (_Attribute * 1)()

@@ -21,6 +21,16 @@ while CuPy is still being imported (0.6-0.9 s of a start-up); CuPy only loads th
 cache), the first compile could start only after CuPy's import, and the head's module, the longest,
 ended 2.95 s into a first train_step (train_timeline.py --cold on an H100 machine).
 
+Note [kernel architecture]: our kernels compile for the GPU's own compute capability (a cubin), or,
+with LENET_KERNEL_ARCH=75 (80, 86, 89, ...; at most the GPU's own), as PTX for that one, which the
+driver compiles for the GPU as it loads it. The code that runs is then what a GPU of that generation
+runs: its kernel versions (a module declares the lowest compute capability it needs, ``arch=`` in
+Note [module declarations] in lenet/kernels/__init__.py), its heuristic's rows and no programmatic
+launch below 90, at this GPU's speed and resources. That is how an H100 tests a T4's (75) or an A100's
+(80) code path (scripts/gpu_check.sh's arch parts). The architecture is part of each binary's name and
+digest and of our engine's version in stored choices (lenet/plancache.py), so runs of different
+architectures never share either.
+
 The cache: $LENET_KERNEL_CACHE, else $XDG_CACHE_HOME/lenet/kernels, else ~/.cache/lenet/kernels; one
 file per module and architecture, named by a digest of the source, the options, the architecture and
 NVRTC's version, written atomically; a new version of a module's file replaces the old one, so the
@@ -44,6 +54,8 @@ from pathlib import Path
 _lock = threading.Lock()
 _modules: dict = {}   # key -> concurrent.futures.Future of its cupy.RawModule
 _arch = None          # a callable returning the GPU's compute capability (90), set by use_arch
+ARCH_VARIABLE = "LENET_KERNEL_ARCH"   # Note [kernel architecture]
+LOWEST_ARCH = 75      # the oldest generation our kernels are built and tested for (Turing; CUDA 13's lowest)
 _write_lock = threading.Lock()   # held while a binary is written into the cache (hold_writes)
 # (key, time.perf_counter() at its start and end, "nvrtc" or "cache") of each module this process
 # built or read: what scripts/probes/train_timeline.py prints.
@@ -60,6 +72,45 @@ def use_arch(arch) -> None:
     program start its compiles before CuPy is imported (lenet/startup.py)."""
     global _arch
     _arch = arch
+
+
+def device_arch() -> int:
+    """The GPU's compute capability (90 for an H100): the driver's answer given to ``use_arch``, else
+    CuPy's current device's."""
+    return int(_arch()) if _arch is not None else _current_arch()
+
+
+def requested_arch() -> int | None:
+    """The compute capability LENET_KERNEL_ARCH asks our kernels to be compiled for (as PTX), or None
+    where it is unset (Note [kernel architecture]). A one-line ValueError for a value that is not one
+    this NVRTC compiles for from LOWEST_ARCH up; needs no GPU."""
+    text = os.environ.get(ARCH_VARIABLE, "")
+    if not text.strip():
+        return None
+    import re
+
+    m = re.fullmatch(r"\s*(?:sm_|compute_)?(\d{1,2})\.?(\d)\s*", text)
+    arch = 10 * int(m.group(1)) + int(m.group(2)) if m else None
+    known = [a for a in nvrtc().archs if a >= LOWEST_ARCH]
+    if arch not in known:
+        raise ValueError(f"{ARCH_VARIABLE}={text!r} is not a compute capability our kernels compile for: give one "
+                         f"of {', '.join(map(str, known))} (NVRTC {nvrtc().version[0]}.{nvrtc().version[1]}), or "
+                         f"leave it unset for the GPU's own")
+    return arch
+
+
+def kernel_arch(device: int | None = None) -> int:
+    """The compute capability our kernels are compiled for in this process: LENET_KERNEL_ARCH's where it
+    is set (at most the GPU's, ``device``: PTX of a newer generation cannot load on an older one), else
+    the GPU's own (Note [kernel architecture])."""
+    device = device_arch() if device is None else int(device)
+    want = requested_arch()
+    if want is None:
+        return device
+    if want > device:
+        raise ValueError(f"{ARCH_VARIABLE}={want}: this GPU is compute capability {device // 10}.{device % 10}, and "
+                         f"code compiled for a newer generation cannot run on it; give at most {device}")
+    return want
 
 
 def cache_folder() -> Path | None:
@@ -95,7 +146,8 @@ def hold_writes() -> None:
 
 def _build(fut: Future, key: str, source, options: tuple, arch) -> None:
     try:
-        path = binary(key, source(), options, arch() if arch is not None else _current_arch())
+        device = int(arch()) if arch is not None else _current_arch()
+        path = binary(key, source(), options, kernel_arch(device), ptx=requested_arch() is not None)
         import cupy
 
         fut.set_result(cupy.RawModule(path=str(path)))
@@ -109,11 +161,12 @@ def _current_arch() -> int:
     return int(cupy.cuda.Device().compute_capability)
 
 
-def binary(key: str, source: str, options: tuple, arch: int) -> Path:
-    """The path of module ``key`` compiled for compute capability ``arch``: from the cache, or
-    compiled now and stored there (Note [first run]). Needs no GPU."""
+def binary(key: str, source: str, options: tuple, arch: int, ptx: bool = False) -> Path:
+    """The path of module ``key`` compiled for compute capability ``arch`` (as PTX for it with ``ptx``:
+    Note [kernel architecture]): from the cache, or compiled now and stored there (Note [first run]).
+    Needs no GPU."""
     nv = nvrtc()
-    target, ext = nv.target(arch)
+    target, ext = (f"compute_{arch}", "ptx") if ptx else nv.target(arch)
     opts = ("--device-as-default-execution-space", *nv.minimal, *options, f"-arch={target}")
     h = hashlib.blake2b(digest_size=10)
     for part in (source, "\0".join(opts), nv.version_string):

@@ -1,6 +1,6 @@
 // module stage2_backward_dense: stage=conv2 direction=backward version=4 threads=224 define=S2D_VERSION=4 uses=stage_common,tf32,stage2_tiles
 // module stage2_backward_balanced: stage=conv2 direction=backward version=5 threads=256 define=S2D_VERSION=5 uses=stage_common,tf32,stage2_tiles
-// module stage2_backward_tensor: stage=conv2 direction=backward version=6 threads=256 define=S2D_VERSION=6 uses=stage_common,tf32,stage2_tiles
+// module stage2_backward_tensor: stage=conv2 direction=backward version=6 threads=256 arch=80 define=S2D_VERSION=6 uses=stage_common,tf32,stage2_tiles
 // Stage 2 backward in register tiles: the pooled gradient expanded once into the conv gradient
 // (16 x 8 x 8, one nonzero per 2 x 2 window), then the weight and the data gradient as dense sums over
 // it, whose operands sit in registers (Note [dense stage backward]). Same arguments, partial rows and

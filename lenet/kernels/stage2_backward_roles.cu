@@ -1,5 +1,5 @@
-// module stage2_backward_roles: stage=conv2 direction=backward version=7 threads=256 uses=stage_common,tf32,stage2_tiles smem=14056
-// module stage2_backward_roles3: stage=conv2 direction=backward version=8 threads=256 define=S2R_VERSION=8 uses=stage_common,tf32,stage2_tiles smem=14056
+// module stage2_backward_roles: stage=conv2 direction=backward version=7 threads=256 arch=80 uses=stage_common,tf32,stage2_tiles smem=14056
+// module stage2_backward_roles3: stage=conv2 direction=backward version=8 threads=256 arch=80 define=S2R_VERSION=8 uses=stage_common,tf32,stage2_tiles smem=14056
 // Stage 2's dense backward, versions 7 and 8 (Note [two roles]; version 8 is version 7 budgeted for three
 // blocks an SM, Note [three blocks an SM]): version 6's sums (the same products in the same
 // order: every output bit-identical to version 6's), its warps in two roles that hand each image over

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import declared, kernel, pack_module, sm_count
-from .launch import Launch
+from . import arch as kernel_arch, declared, kernel, pack_module, sm_count
+from .launch import Launch, resident
 
 BACKWARD_BLOCKS_PER_SM = (4, 3, 2, 8, 16)   # the launch shapes a search times (scripts/probes/stage_kernels.py)
 FORWARD_BLOCKS_PER_SM = (8, 4, 16)
@@ -71,7 +71,14 @@ FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 # 23.7, i1 / v2 / v3 24.3 (the one-block step: a dense backward of one block, no reduction after it); at 4
 # images, before those loads, i1 / v2 / v4 27.0 against i1 / v2 / v3 27.8 and i2 / v2 / v4 27.9.
 INF = float("inf")
-HEURISTIC = {
+# The rows of each generation, keyed by the lowest compute capability they are for: ``table`` takes those
+# of the newest generation at most the GPU's (or LENET_KERNEL_ARCH's). From 90, the rows measured above
+# (programmatic launch between the kernels). Below 90 there is no programmatic launch, and below 80 no
+# tensor-core version of stage 2's backward (cp.async and TF32 products: versions 6-8 declare arch=80).
+# Their rows were measured on an H100 running each generation's code, our kernels compiled as PTX for it
+# (scripts/probes/generations.sh; Note [rows of every generation] in scripts/probes/README.md has the
+# tables). The forwards' rows are those of 90 in each: the other forward shape was within 1.5 us a step.
+ROWS_FROM_90 = {
     ("conv1", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
                            (INF, "fused-fwd-v1-i1-g8")),
     ("conv2", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
@@ -79,6 +86,20 @@ HEURISTIC = {
     ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
     ("conv2", "backward"): ((2, "fused-bwd-v7-g4"), (32, "fused-bwd-v7-g2"), (INF, "fused-bwd-v8-g3")),
 }
+ROWS_FROM_80 = {**ROWS_FROM_90, ("conv2", "backward"): (
+    (0.015, "fused-bwd-v7-g4"), (4, "fused-bwd-v8-g3"), (32, "fused-bwd-v7-g2"), (INF, "fused-bwd-v8-g3"))}
+ROWS_FROM_75 = {**ROWS_FROM_90, ("conv2", "backward"): (
+    (0.015, "fused-bwd-v4-g2"), (4, "fused-bwd-v3-g4"), (256, "fused-bwd-v5-g2"), (INF, "fused-bwd-v5-g4"))}
+HEURISTIC = {75: ROWS_FROM_75, 80: ROWS_FROM_80, 90: ROWS_FROM_90}
+
+
+def table(arch: int | None = None) -> dict:
+    """The heuristic's rows for compute capability ``arch`` (default: what our kernels are compiled for
+    in this process, lenet.kernels.arch()): those of the newest generation at most it."""
+    arch = kernel_arch() if arch is None else int(arch)
+    return HEURISTIC[max(g for g in HEURISTIC if g <= arch)]
+
+
 # conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
 # lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.
 # The stage shapes our kernels are written for (stage_common.cu's constants): (x, w, dx) -> stage.
@@ -105,10 +126,12 @@ class Forward:
     def name(self) -> str:
         return f"fused-fwd-v{self.version + 1}-i{self.images}-g{self.per_sm}"
 
-    def grid(self, n: int, models: int = 1) -> int:
+    def grid(self, n: int, models: int = 1, resident: int | None = None) -> int:
         """Blocks per model (Note [model from the grid] in stage_common.cu): a pack shares the SMs
-        (Note [one wave for a pack])."""
-        return max(1, min(-(-n // self.images), self.per_sm * sm_count() // models))
+        (Note [one wave for a pack]); at most ``resident`` blocks an SM, what the GPU holds at once (Note
+        [launch shapes from the device] in lenet/kernels/launch.py)."""
+        per_sm = self.per_sm if resident is None else max(1, min(self.per_sm, resident))
+        return max(1, min(-(-n // self.images), per_sm * sm_count() // models))
 
 
 @dataclass(frozen=True)
@@ -120,10 +143,11 @@ class Backward:
     def name(self) -> str:
         return f"fused-bwd-v{self.version + 1}-g{self.per_sm}"
 
-    def grid(self, n: int, models: int = 1) -> int:
+    def grid(self, n: int, models: int = 1, resident: int | None = None) -> int:
         """Blocks per model (Note [model from the grid] in stage_common.cu): a pack shares the SMs
-        (Note [one wave for a pack])."""
-        return max(1, min(n, self.per_sm * sm_count() // models))
+        (Note [one wave for a pack]); at most ``resident`` blocks an SM (as Forward.grid)."""
+        per_sm = self.per_sm if resident is None else max(1, min(self.per_sm, resident))
+        return max(1, min(n, per_sm * sm_count() // models))
 
     def one_block(self) -> int:
         """The ``share`` (models sharing the SMs) whose grid is one block: one block sums every image (the
@@ -147,8 +171,8 @@ class StageKernels:
         return self.mw + self.mb
 
     def heuristic(self, direction: str, n: int):
-        """The launch shape HEURISTIC names for this stage at batch n."""
-        rows = HEURISTIC[(self.stage, direction)]
+        """The launch shape the heuristic's rows (``table``) name for this stage at batch n."""
+        rows = table()[(self.stage, direction)]
         return parse_name(next(name for below, name in rows if n < below * sm_count()))
 
     def _ordered(self, cands: list, direction: str, n: int | None) -> list:
@@ -158,20 +182,38 @@ class StageKernels:
         return cands
 
     def forward_candidates(self, n: int | None = None) -> list:
-        """Every forward launch shape, the heuristic's first at batch n (HEURISTIC)."""
-        cands = [Forward(i, g, v) for v, m in enumerate(self.forward) for g in FORWARD_BLOCKS_PER_SM for i in m.images]
+        """Every forward launch shape this GPU runs, the heuristic's first at batch n (``table``)."""
+        arch = kernel_arch()
+        cands = [Forward(i, g, v) for v, m in enumerate(self.forward) if m.runs_on(arch)
+                 for g in FORWARD_BLOCKS_PER_SM for i in m.images]
         return self._ordered(cands, "forward", n)
 
     def backward_candidates(self, n: int | None = None) -> list:
-        """Every backward launch shape, the heuristic's first at batch n (HEURISTIC)."""
-        cands = [Backward(g, v) for v in range(len(self.backward)) for g in BACKWARD_BLOCKS_PER_SM]
+        """Every backward launch shape this GPU runs, the heuristic's first at batch n (``table``)."""
+        arch = kernel_arch()
+        cands = [Backward(g, v) for v, m in enumerate(self.backward) if m.runs_on(arch) for g in BACKWARD_BLOCKS_PER_SM]
         return self._ordered(cands, "backward", n)
 
     def offers(self, cand) -> bool:
+        """Whether ``cand`` is a launch shape of this stage (whatever the GPU: ``refuses`` says that)."""
         if isinstance(cand, Forward):
             return 0 <= cand.version < len(self.forward) and cand.images in self.forward[cand.version].images \
                 and cand.per_sm >= 1
         return 0 <= cand.version < len(self.backward) and cand.per_sm >= 1
+
+    def module(self, cand):
+        """The module (lenet.kernels.Module) a launch shape of this stage runs."""
+        return (self.forward if isinstance(cand, Forward) else self.backward)[cand.version]
+
+    def refuses(self, cand, arch: int | None = None) -> str | None:
+        """None where this GPU (compute capability ``arch``, default lenet.kernels.arch()) runs ``cand``, else
+        why not, in words."""
+        arch = kernel_arch() if arch is None else int(arch)
+        m = self.module(cand)
+        if m.runs_on(arch):
+            return None
+        return (f"{cand.name} needs compute capability {m.arch // 10}.{m.arch % 10} or newer; this GPU's kernels are "
+                f"{arch // 10}.{arch % 10}")
 
     def modules(self) -> tuple[str, ...]:
         return tuple(m.name for m in self.forward + self.backward)
@@ -232,7 +274,7 @@ def heuristic_modules(batches=None) -> tuple[str, ...]:
     out = []
     for ks in kernels().values():
         for direction, versions in (("forward", ks.forward), ("backward", ks.backward)):
-            rows = HEURISTIC[(ks.stage, direction)]
+            rows = table()[(ks.stage, direction)]
             if direction == "backward" and batches:
                 picks = [ks.heuristic(direction, n) for n in batches]
             else:
@@ -256,9 +298,9 @@ def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, a
     for name, a in (("input", x), ("weights", w)):   # Note [wide loads] in stage2_forward.cu
         if getattr(getattr(a, "data", None), "ptr", 0) % 16:
             raise ValueError(f"our stage forward reads its {name} as float4s: they must start on a 16-byte boundary")
-    grid, threads = cand.grid(n, models if share is None else share), m.threads * cand.images
-    return Launch(function(m, models), (grid, models), (threads,), (x, w, b, y, arg, np.int32(n), np.int32(ps)), stream,
-                  m.smem_bytes(cand.images))
+    fn, threads, smem = function(m, models), m.threads * cand.images, m.smem_bytes(cand.images)
+    grid = cand.grid(n, models if share is None else share, resident(fn, threads, smem))
+    return Launch(fn, (grid, models), (threads,), (x, w, b, y, arg, np.int32(n), np.int32(ps)), stream, smem)
 
 
 def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
@@ -273,7 +315,8 @@ def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w,
         if getattr(getattr(a, "data", None), "ptr", 0) % 16:   # conv2's versions 6 and 7 move 16 bytes at a time
             raise ValueError(f"our stage backward moves its {name} 16 bytes at a time: it must start on a 16-byte "
                              "boundary")
-    fn, grid = function(m, models), cand.grid(n, models if share is None else share)
+    fn = function(m, models)
+    grid = cand.grid(n, models if share is None else share, resident(fn, m.threads, m.smem_bytes(0)))
     reduce = kernel(pack_module("stage_reduce", models), "stage_reduce_kernel")
     if part.shape[0] < grid * models:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid * models}")

@@ -51,22 +51,23 @@ def main() -> int:
     from lenet.model import LeNet
     from lenet.params import init_host
 
-    table, orig = dict(stages.HEURISTIC), stages.kernel
+    live = stages.table()   # the rows of the generation our kernels are compiled for
+    table, orig = dict(live), stages.kernel
     for n in args.batch:
         rng = np.random.default_rng(n)   # the numerics test's batch
         x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
         y = rng.integers(0, 10, n).astype(np.int32)
         state = init_host(n)
         for define, shape in itertools.product(args.define, args.shapes):
-            stages.HEURISTIC[("conv2", "backward")] = ((stages.INF, shape),)
+            live[("conv2", "backward")] = ((stages.INF, shape),)
             extra = tuple(f"-D{d}" for d in define.split(",") if define != "none")
             stages.kernel = functools.partial(variant_kernel, extra, {}) if extra else orig
             model = LeNet(max_batch=n, policy=Policy(engine="ours"), seed=0)
             print(f"n={n:<6} " + row(f"{shape} {define}", measure(model, state, x, y)), flush=True)
             model.close()
         stages.kernel = orig
-        stages.HEURISTIC.clear()
-        stages.HEURISTIC.update(table)
+        live.clear()
+        live.update(table)
         for search in args.searches:
             engine, algo = search.split(":")
             model = LeNet(max_batch=n, policy=Policy.parse(algo, engine=engine), seed=0)

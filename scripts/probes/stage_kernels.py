@@ -68,7 +68,8 @@ def main() -> int:
         rng = cupy.random.default_rng(0)   # the same inputs for every variant (--same)
         extra = tuple(f"-D{d}" for d in define.split(",") if define != "none")
         orig = ours.kernel
-        ours.kernel = functools.partial(variant_kernel, extra, {})   # its modules, each compiled when first launched
+        if extra:   # its modules, each compiled when first launched; none: our own compile path (LENET_KERNEL_ARCH too)
+            ours.kernel = functools.partial(variant_kernel, extra, {})
         try:
             for n in args.batch:
                 for ks in ours.kernels().values():
