@@ -175,6 +175,8 @@ def begin(then=None) -> None:
     args = sys.argv[1:]
     if {"-h", "--help"} & set(args):   # help needs no GPU: it prints at once
         return
+    if any(a == "--gpus" or a.startswith("--gpus=") for a in args):   # lenet sweep's workers' parent: no
+        return   # CUDA context of its own, its workers each start theirs (lenet/workers.py)
     _start_preload()   # the driver's and the imports' threads first
     if then is not None:
         then(args)

@@ -179,6 +179,10 @@ def parser() -> cli.Parser:
                                      "heuristic, so that timing decides nothing and each model is its lone "
                                      "`lenet train --deterministic` run, bit for bit")
     cli.add_speed_flags(p)
+    s.add_argument("--gpus", type=_gpus, default=None, metavar="all|I,J",
+                   help="--search optuna: one worker per GPU (all, or indices such as 0,2) over one study, its "
+                        "storage a journal file under --out unless --storage names one; the workers' results "
+                        "merged under --out (default: this process alone, on GPU 0)")
     o = p.add_argument_group("output")
     o.add_argument("--out", metavar="DIR", help="write the results, curves, the best model and its export here "
                                               "(default: none: print the table only)")
@@ -447,9 +451,32 @@ def open_out(out: Path | None, overwrite: bool, settings: dict, resume: bool) ->
         files.write_atomic(out / "sweep.json", (json.dumps(settings, indent=1) + "\n").encode())
 
 
+def _gpus(text: str) -> str:
+    import argparse
+
+    from .workers import parse_gpus
+
+    try:
+        return parse_gpus(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def main(argv=None) -> int:
+    import sys
+
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
+    if args.gpus is not None:   # one worker per GPU: lenet/workers.py
+        from . import workers
+
+        check_flags(args)
+        grid(args)
+        from . import study
+
+        study.check(args)
+        cli.run_splits(args)   # the dataset, checked here once (each worker reads it again)
+        return workers.run(args, list(sys.argv[1:] if argv is None else argv), start_plotter(args))
     from .model import check_pack
 
     check_pack(policy, 2)   # an engine for every operation of a pack, before anything is read

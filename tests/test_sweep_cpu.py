@@ -301,43 +301,82 @@ def test_space_is_categorical_lists_and_float_ranges():
     assert fixed["seed"] == 0 and fixed["epochs"] == 16 and "lr" not in fixed
 
 
-# ------------------------------------------------------------------ one worker per GPU (scripts/sweep_workers.sh)
+# ------------------------------------------------------------------ one worker per GPU (lenet sweep --gpus)
 
-def _fake_bin(tmp_path, gpus: str):
-    """nvidia-smi listing ``gpus`` and a python3 that records each worker's GPU and flags."""
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    (bin_ / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{gpus}'\n")
-    (bin_ / "python3").write_text(f"#!/bin/sh\necho \"$CUDA_VISIBLE_DEVICES $*\" >> {tmp_path}/calls\n")
-    for f in bin_.iterdir():
-        f.chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_}{os.pathsep}{os.environ['PATH']}"}
+def test_gpus_names_all_or_indices_each_worker_pinned_to_one():
+    from lenet.workers import choose, parse_gpus
 
-
-def test_workers_one_per_gpu_each_pinned_all_on_one_storage(tmp_path):
-    env = _fake_bin(tmp_path, "0\\n1\\n2\\n3\\n")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "sweep_workers.sh"), "sqlite:///s.db", str(tmp_path / "o"),
-                        "--trials", "256", "--sampler", "grid"], env=env, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    calls = sorted((tmp_path / "calls").read_text().splitlines())
-    assert [c.split()[0] for c in calls] == ["0", "1", "2", "3"]
-    for c in calls:
-        g = c.split()[0]
-        assert f"-m lenet sweep --search optuna --storage sqlite:///s.db --out {tmp_path}/o/gpu{g}" in c
-        assert c.endswith("--trials 256 --sampler grid")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "sweep_workers.sh"), "s.log", str(tmp_path / "p")],
-                       env={**env, "GPUS": "2"}, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and (tmp_path / "calls").read_text().splitlines()[-1].startswith("2 ")
+    assert parse_gpus("all") == "all" and parse_gpus(" 0, 2") == "0,2"
+    for bad, why in (("0,0", "named twice"), ("x", "give all"), ("-1", "give all"), ("", "give all")):
+        with pytest.raises(ValueError, match=why):
+            parse_gpus(bad)
+    assert choose("all", 4, None) == ["0", "1", "2", "3"] and choose("1,3", 4, None) == ["1", "3"]
+    assert choose("all", 2, "5,7") == ["5", "7"] and choose("1", 2, "5,7") == ["7"]   # its own visible GPUs
+    with pytest.raises(ValueError, match="--gpus 0,2: GPU 2 does not exist; this machine has 2"):
+        choose("0,2", 2, None)
+    from descriptors.errors import NoGpuError
+    with pytest.raises(NoGpuError, match="no usable NVIDIA GPU"):
+        choose("all", 0, None)
 
 
-@pytest.mark.parametrize("argv,words", [([], "usage"), (["s.log", "o", "--storage", "x"], "first two arguments"),
-                                        (["s.log", "o"], "no GPU found")])
-def test_workers_refusals(tmp_path, argv, words):
-    env = _fake_bin(tmp_path, "")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "sweep_workers.sh"), *argv], env=env, capture_output=True,
-                       text=True, timeout=60, cwd=tmp_path)
-    said = r.stdout + r.stderr + ("usage" if "STORAGE OUT [lenet sweep flags" in r.stdout else "")
-    assert r.returncode == 2 and words in said, said
+def test_a_worker_gets_the_sweeps_flags_with_the_study_and_its_own_folder(tmp_path):
+    from lenet.workers import worker_argv
+
+    argv = ["--gpus", "all", "--search", "optuna", "--trials", "8", "--out=o", "--lr", "0.1", "0.2", "--overwrite",
+            "--storage", "s.log", "--quiet", "--resume", "--gpus=0"]
+    assert worker_argv(argv, "st.log", tmp_path / "o" / "gpu1") == [
+        "--search", "optuna", "--trials", "8", "--lr", "0.1", "0.2", "--storage", "st.log", "--out",
+        str(tmp_path / "o" / "gpu1"), "--quiet"]
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--lr", "0.1", "0.2"], "--gpus spreads one Optuna study over the GPUs: add --search optuna"),
+    (["--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--no-out"], "--gpus needs --out DIR"),
+    (["--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--gpus", "0,0"], "a GPU is named twice"),
+    (["--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--resume"], "holds no sweep over GPUs"),
+])
+def test_gpus_refusals_are_one_line_and_write_nothing(flags, words, dataset, tmp_path):
+    out = tmp_path / "o"
+    flags = [f for f in flags if f != "--no-out"] + ([] if "--no-out" in flags else ["--out", out])
+    r = run("--gpus", "all", "--data-dir", dataset, *flags)
+    line = one_line(r)
+    assert r.returncode == 2 and words in line, line
+    assert not out.exists()
+
+
+def test_gpus_on_a_machine_without_one_is_one_line_after_every_other_check(dataset, tmp_path):
+    r = run("--gpus", "all", "--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--data-dir", dataset,
+            "--out", tmp_path / "o", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2 and "no usable NVIDIA GPU" in one_line(r)
+    assert not (tmp_path / "o").exists()
+    r = run("--gpus", "all", "--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--data-dir", tmp_path / "x",
+            "--out", tmp_path / "o")
+    assert r.returncode == 2 and "--data-dir" in one_line(r) and "no such folder" in one_line(r)
+
+
+def test_the_workers_results_merge_into_one(tmp_path):
+    """What the workers wrote (each its rows and its winner) becomes one result: every row, ranked together, the
+    winner's checkpoint from the worker that trained it, its test accuracy where that worker evaluated it."""
+    from lenet.workers import Workers
+
+    args = parse("--search", "optuna", "--trials", 4, "--lr", 0.1, 0.2, "--gpus", "all", "--out", tmp_path / "o")
+    w = Workers(args, [])
+    w.procs = [("0", None, None), ("1", None, None)]
+    rows = {0: [_row(0, 0.90, lr=0.1), _row(3, 0.91, lr=0.2)], 1: [_row(1, 0.95, lr=0.2), _row(2, 0.5, status="pruned")]}
+    for i, rs in rows.items():
+        folder = tmp_path / "o" / f"gpu{i}"
+        (folder / "best").mkdir(parents=True)
+        (folder / "best" / "checkpoint.npz").write_bytes(f"worker {i}".encode())
+        (folder / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rs) + '{"cut by a ki')
+        best = max((r for r in rs if r["status"] == "complete"), key=lambda r: r["final"])
+        (folder / "summary.json").write_text(json.dumps({"best": best, "test_accuracy": 0.9 + i / 100}))
+    summary = w.merge()
+    assert summary["models"] == 4 and summary["best"]["trial"] == 1 and summary["test_accuracy"] == 0.91
+    assert (tmp_path / "o" / "best" / "checkpoint.npz").read_bytes() == b"worker 1"
+    merged = [json.loads(x) for x in (tmp_path / "o" / "results.jsonl").read_text().splitlines()]
+    assert [r["trial"] for r in merged] == [0, 1, 2, 3] and [r["worker"] for r in merged] == [0, 1, 1, 0]
+    assert len((tmp_path / "o" / "results.csv").read_text().splitlines()) == 5
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["gpus"] == ["0", "1"]
 
 
 @pytest.mark.parametrize("extra,keeps", [([], False), (["--ema", "off", "0.999"], True), (["--ema", "0.999"], True),
@@ -355,7 +394,7 @@ def test_a_study_whose_trials_may_average_makes_packs_that_keep_the_buffer(extra
 
 # ------------------------------------------------------------------ rows, ranking, the table
 
-def _row(trial, final, loss=0.3, status="complete", **kw):
+def _row(trial, final, loss=0.3, status="complete", **kw):   # noqa: F811 (used above too)
     from lenet.sweep_results import row_of
     from lenet.pack import Result
 
