@@ -30,6 +30,40 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 part=${1:-all}
 test_rc=0 prog_rc=0 san_rc=0
+# `arch A`: an older GPU generation's code path on this GPU (Note [kernel architecture] in
+# lenet/kernels/nvrtc.py): our kernels compiled as PTX for compute capability A (75: a T4; 80: an A100; 86,
+# 89), then the GPU tests of the model, stages, head, numerics, packs and lenet.torch (every engine), and the
+# programs: train_step under every engine, the fast recipe (seeds 0-2, each >= 91%), a sweep of 16 seeds,
+# predict and export of its winner.
+if [ "$part" = arch ]; then
+    export LENET_KERNEL_ARCH=${2:?"gpu_check.sh arch needs a compute capability: 75, 80, 86, 89"}
+    export LENET_PLAN_CACHE=/tmp/lenet-plans-$LENET_KERNEL_ARCH.json
+    part="arch $LENET_KERNEL_ARCH"
+    LENET_REQUIRE_GPU=1 python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} tests/test_model_gpu.py \
+        tests/test_stages_gpu.py tests/test_head_gpu.py tests/test_numerics_gpu.py tests/test_pack_gpu.py \
+        tests/test_torch_gpu.py 2>&1 | tee "$out/pytest.log"
+    test_rc=${PIPESTATUS[0]}
+    for engine in auto ours graph legacy; do
+        python3 -m lenet.train_step --engine "$engine" --steps 20 > "$out/train_step_$engine.txt" 2>&1 || prog_rc=1
+        tail -1 "$out/train_step_$engine.txt" | sed "s/^/train_step $engine: /"
+    done
+    data=${LENET_CHECK_DATA:-data/fashion-mnist}
+    for seed in 0 1 2; do
+        python3 -m lenet train --seed $seed --data-dir "$data" --quiet > "$out/train_$seed.txt" 2>&1 || prog_rc=1
+        line=$(grep "^final" "$out/train_$seed.txt")
+        echo "train seed $seed: $line"
+        acc=$(echo "$line" | sed -n 's/.*test accuracy \([0-9.]*\)%.*/\1/p')
+        python3 -c "import sys; sys.exit(0 if float('${acc:-0}') >= 91.0 else 1)" || { prog_rc=1; echo "train seed $seed: below 91%"; }
+    done
+    sweep=$(mktemp -d)
+    python3 -m lenet sweep --seeds 0-15 --data-dir "$data" --out "$sweep/s" --quiet > "$out/sweep.txt" 2>&1 || prog_rc=1
+    grep -E "models|winner alone" "$out/sweep.txt" | head -2 | sed "s/^/sweep: /"
+    python3 -m lenet export "$sweep/s/best/checkpoint.npz" --to "$sweep/m.safetensors" > "$out/export.txt" 2>&1 || prog_rc=1
+    python3 -m lenet predict --checkpoint "$sweep/s/best/checkpoint.npz" "$data"/t10k-images-idx3-ubyte* \
+        --labels "$data"/t10k-labels-idx1-ubyte* > "$out/predict.txt" 2>&1 || prog_rc=1
+    tail -1 "$out/predict.txt" | sed "s/^/predict: /"
+    rm -rf "$sweep"
+fi
 if [ "$part" = all ] || [ "$part" = tests ]; then
 LENET_REQUIRE_GPU=1 python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log"
 test_rc=${PIPESTATUS[0]}
@@ -178,11 +212,11 @@ g, c = gpu[-1] if gpu else ("unknown", "unknown")
 if not gpu:
     q = "import cupy, descriptors; print(cupy.cuda.runtime.getDeviceProperties(0)['name'].decode(), descriptors.version_string())"
     g, _, c = subprocess.run([sys.executable, "-c", q], capture_output=True, text=True).stdout.strip().rpartition(" ")
-tests_ran = part in ("all", "tests")
+tests_ran = part in ("all", "tests") or part.startswith("arch")
 ok = test_rc == 0 and prog_rc == 0 and san_rc == 0 and (not tests_ran or (count("passed") > 0 and count("skipped") == 0))
 tests = (f"{count('passed')} passed, {count('failed')} failed, {count('skipped')} skipped, {count('error')} errors"
          if tests_ran else "GPU tests not run in this part")
-progs = part in ("all", "programs")
+progs = part in ("all", "programs") or part.startswith("arch")
 tools = {"all": "memcheck + leak check, racecheck, synccheck, initcheck", "programs": "memcheck + leak check",
          "sanitizers": "racecheck, synccheck, initcheck",
          "packs": "racecheck, synccheck, initcheck over a pack"}.get(
