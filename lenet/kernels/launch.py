@@ -168,9 +168,8 @@ def resident(fn, threads: int, shared_mem: int = 0) -> int:
     """How many blocks of ``fn`` (a cupy.RawKernel of ours) of ``threads`` threads and ``shared_mem`` bytes of
     dynamic shared memory one SM of the current GPU holds at once: the occupancy API's answer (Note [launch
     shapes from the device]); while ``squeezed(follow=False)``, as many as unsqueezed."""
-    if _squeeze["on"] and not _squeeze["follow"]:
-        return 1 << 30
-    shared_mem = _squeezed(shared_mem)
+    if not (_squeeze["on"] and not _squeeze["follow"]):
+        shared_mem = _squeezed(shared_mem)
     _opt_in(fn, shared_mem)
     from cupy_backends.cuda.api import driver
 
