@@ -486,10 +486,10 @@ def main(argv=None) -> int:
     from descriptors import require_gpu
 
     gpu = require_gpu()
+    check_pack_memory(args, run, policy)   # may set the packs' size: before the policy that depends on it
     policy = default_algo(args, run, policy)
     print(f"GPU {gpu} | dataset {run['dataset']} ({run['train_size']} train, {len(run['evals'][0])} "
           f"{'validation' if args.validation else 'test'}) | policy {policy}", flush=True)
-    check_pack_memory(args, run, policy)
     open_out(run["out"], args.overwrite, run["settings"], args.resume)
     if args.search == "optuna":
         from .study import StudySweep
@@ -520,14 +520,22 @@ def default_algo(args, run, policy):
 
 
 def check_pack_memory(args, run, policy) -> None:
-    """More models in a pack than the GPU holds: one line naming how many fit, before any allocation."""
+    """More models in a pack than the GPU holds: without --pack-size, packs of as many as fit (a line says so);
+    with it, one line naming how many fit, before any allocation."""
     import cupy
 
-    from .model import check_memory
+    from .model import check_memory, models_that_fit
 
     sizes = [k for k, _ in pack_shapes(args, run)]
     batch = max(max(args.batch_size), min(args.eval_batch_size, len(run["evals"][0])))
-    check_memory(batch, *cupy.cuda.runtime.memGetInfo(), policy, max(sizes))
+    free, total = cupy.cuda.runtime.memGetInfo()
+    fit = models_that_fit(batch, free, policy)
+    if args.pack_size is None and 2 <= fit < max(sizes):
+        args.pack_size = fit
+        print(f"packs of at most {fit} models: what fits the GPU's {free / (1 << 30):.1f} GB free at {batch:,} images "
+              f"a model (--pack-size K sets it)", flush=True)
+        sizes = [k for k, _ in pack_shapes(args, run)]
+    check_memory(batch, free, total, policy, max(sizes))
 
 
 def run() -> None:

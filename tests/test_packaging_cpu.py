@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import tomllib
+
+import pytest
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,3 +87,28 @@ def test_without_the_gpu_stack_its_tests_skip_with_the_reason(tmp_path):
     out = subprocess.run(cmd, env={**env, "LENET_REQUIRE_STACK": "1"}, capture_output=True, text=True, timeout=300,
                          cwd=ROOT)
     assert out.returncode != 0 and "LENET_REQUIRE_STACK=1 but the GPU stack does not load" in out.stdout
+
+
+def test_the_libraries_of_cuda_12_are_found_by_name_where_their_wheels_put_them():
+    """Every library we open goes through cuda.pathfinder by name (cuDNN, NVRTC, cuBLASLt); with the cu12 extra
+    those names resolve to CUDA 12's wheels: libnvrtc.so.12 in nvidia/cuda_nvrtc/lib, libcublasLt.so.12 in
+    nvidia/cublas/lib, libcudnn.so.9 in nvidia/cudnn/lib (nvidia-cudnn-cu12), as with CUDA 13's."""
+    pytest.importorskip("cuda.pathfinder")
+    from cuda.pathfinder._dynamic_libs.descriptor_catalog import DESCRIPTOR_CATALOG
+
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    names = set()
+    for f in [*root.glob("lenet/**/*.py"), *root.glob("descriptors/*.py")]:
+        names |= set(re.findall(r'load_nvidia_dynamic_lib\("(\w+)"\)', f.read_text()))
+    from lenet.startup import LIBRARIES
+
+    names |= set(LIBRARIES)
+    assert names == {"cudnn", "nvrtc", "cublasLt"}, names
+    by = {d.name: d for d in DESCRIPTOR_CATALOG}
+    for name, soname, folder in (("nvrtc", "libnvrtc.so.12", "nvidia/cuda_nvrtc/lib"),
+                                 ("cublasLt", "libcublasLt.so.12", "nvidia/cublas/lib"),
+                                 ("cudnn", "libcudnn.so.9", "nvidia/cudnn/lib")):
+        assert soname in by[name].linux_sonames and folder in by[name].site_packages_linux, name
