@@ -11,7 +11,7 @@ study. Start one worker per GPU, each pinned to its GPU, all with the same flags
             --validation 10000 --out runs/worker$g &
     done; wait
 
-(scripts/sweep_workers.sh does this for the GPUs it finds.) A journal file on a shared file system works
+(`lenet sweep --gpus all` does this for the GPUs of this machine: lenet/workers.py.) A journal file on a shared file system works
 as well as a database for workers on several machines where the file system locks (NFS v4 does).
 
 Note [trial budget]: --trials N counts the study's trials, over every worker. Optuna numbers trials in the
