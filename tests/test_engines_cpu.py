@@ -659,3 +659,18 @@ def test_each_generation_has_its_rows(monkeypatch, arch, sms, want):
     assert ("stage2_backward_roles3" in runs) == (arch >= 80) and "stage2_backward_balanced" in runs
     assert set(kstages.heuristic_modules()) <= {ks.module(c).name for c in ks.backward_candidates()} | {
         m.name for k in kstages.kernels().values() for m in k.forward + k.backward[:2]} | {"stage_reduce"}
+
+
+def test_a_search_offers_no_workspace_the_gpu_cannot_give():
+    """An 8 GB card: a candidate asking for more workspace than 80% of the free memory is left out, named with
+    what it needs; the others stay in their order."""
+    from types import SimpleNamespace as C
+
+    from lenet.engines.cudnn import within_free_memory
+
+    cands = [("legacy", C(name="fft", workspace_bytes=9 << 30)), ("legacy", C(name="gemm", workspace_bytes=0)),
+             ("graph", C(name="plan3", workspace_bytes=6 << 30)), ("graph", C(name="plan7", workspace_bytes=5 << 30))]
+    excluded = {}
+    kept = within_free_memory(cands, 7 << 30, excluded)
+    assert [c.name for _, c in kept] == ["gemm", "plan7"]
+    assert set(excluded) == {"fft", "plan3"} and "needs 9,663,676,416 B of workspace" in excluded["fft"]

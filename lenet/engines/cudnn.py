@@ -124,6 +124,20 @@ def _unsupported_message(spec, policy, choice, cands, excluded) -> str:
             f"{spec.stride}, dilation {spec.dilation} (engine {policy.engine}); supported here: {listed}")
 
 
+def within_free_memory(cands: list, free: int, excluded: dict) -> list:
+    """The (engine, candidate) pairs whose workspace fits in 80% of the GPU's ``free`` bytes; the others named
+    in ``excluded`` with what they need: on an 8 or 16 GB card a search never asks for a workspace the GPU
+    cannot give (Note [algorithm fallback] catches an allocation that fails all the same)."""
+    room = int(0.8 * free)
+    kept = []
+    for e, c in cands:
+        if c.workspace_bytes > room:
+            excluded[c.name] = f"needs {c.workspace_bytes:,} B of workspace, more than the GPU has free ({free:,} B)"
+        else:
+            kept.append((e, c))
+    return kept
+
+
 class Cudnn:
     name = "cudnn"
     flag = None
@@ -214,6 +228,9 @@ class Cudnn:
                 if not named:
                     raise AlgorithmNotSupportedError(_unsupported_message(spec, policy, choice, cands, excluded))
                 cands = named
+            import cupy
+
+            cands = within_free_memory(cands, cupy.cuda.runtime.memGetInfo()[0], excluded)
             if not cands:
                 raise AlgorithmNotSupportedError(
                     f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "
