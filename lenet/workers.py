@@ -104,6 +104,8 @@ def worker_argv(argv: list[str], storage: str, out: Path) -> list[str]:
 class Workers:
     """The workers of one `lenet sweep --gpus` (module docstring)."""
 
+    command = (sys.executable, "-m", "lenet.sweep")   # a worker: `lenet sweep` with the flags worker_argv makes
+
     def __init__(self, args, argv: list[str]):
         self.args, self.argv = args, list(argv)
         self.out = Path(args.out) if args.out else None
@@ -163,7 +165,7 @@ class Workers:
             elif folder.exists():
                 argv.append("--overwrite")   # a folder of an earlier start that never began its sweep
             log = open(out / f"gpu{i}.log", "ab")
-            proc = subprocess.Popen([sys.executable, "-m", "lenet.sweep", *argv], stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen([*self.command, *argv], stdin=subprocess.DEVNULL,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                     env={**env, "CUDA_VISIBLE_DEVICES": gpu})
             log.close()

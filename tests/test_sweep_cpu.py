@@ -430,3 +430,59 @@ def test_a_diverged_model_is_no_winner_and_the_table_says_so(tmp_path):
     lines = (tmp_path / "results.csv").read_text().splitlines()
     assert lines[0].startswith("trial,status,lr,") and lines[1].startswith("0,diverged,5.0,")
     assert ",off," in lines[1] and ",0.999," in lines[2] and len(lines) == 3
+
+
+WORKER = """import json, os, signal, sys, time
+out = sys.argv[sys.argv.index("--out") + 1]
+gpu = os.environ["CUDA_VISIBLE_DEVICES"]
+os.makedirs(out, exist_ok=True)
+if gpu == "{dies}":
+    print("error: the worker fell over"); sys.exit(3)
+stop = []
+signal.signal(signal.SIGINT, lambda s, f: stop.append(s))
+for i in range(200):
+    if stop:
+        print("stopped by SIGINT"); sys.exit(130)
+    time.sleep(0.01 * {slow})
+row = {{"trial": int(gpu), "status": "complete", "config": {config}, "split": "test", "accuracy": [0.9],
+       "loss": [0.3], "train_loss": [0.5], "final": 0.9 + int(gpu) / 100, "epochs_run": 1, "seconds": 1.0}}
+open(os.path.join(out, "results.jsonl"), "w").write(json.dumps(row) + "\\n")
+"""
+
+
+def _workers(tmp_path, monkeypatch, dies="", slow=1):
+    from lenet.pack import Config
+    from lenet.workers import Workers
+
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER.format(dies=dies, slow=slow, config=json.dumps(Config().as_dict()).replace("null", "None")
+                                    .replace("true", "True").replace("false", "False")))
+    monkeypatch.setattr(Workers, "command", (sys.executable, str(script)))
+    args = parse("--search", "optuna", "--trials", 4, "--lr", 0.1, 0.2, "--gpus", "all", "--out", tmp_path / "o")
+    return Workers(args, ["--gpus", "all", "--out", str(tmp_path / "o")])
+
+
+def test_the_workers_each_get_their_gpu_and_a_dying_one_is_named(tmp_path, monkeypatch, capsys):
+    w = _workers(tmp_path, monkeypatch, dies="3")
+    w.check()
+    w.start(["2", "3", "5"])
+    failed = w.wait()
+    assert failed == [("3", 3, "error: the worker fell over")]
+    summary = w.merge()
+    assert summary["models"] == 2 and summary["best"]["trial"] == 5 and summary["gpus"] == ["2", "3", "5"]
+    assert json.loads((tmp_path / "o" / "workers.json").read_text())["storage"] == str(tmp_path / "o" / "study.log")
+    assert "worker 1 on GPU 3" in capsys.readouterr().out
+
+
+def test_a_signal_reaches_every_worker_once(tmp_path, monkeypatch):
+    import signal
+    import threading
+
+    w = _workers(tmp_path, monkeypatch, slow=100)
+    w.check()
+    w.start(["0", "1"])
+    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    failed = w.wait()
+    assert w.signum == signal.SIGINT and failed == []
+    assert [p.returncode for _, p, _ in w.procs] == [130, 130]
+    assert all("stopped by SIGINT" in log.read_text() for _, _, log in w.procs)
