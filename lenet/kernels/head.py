@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import params as P
 from . import SoftmaxCE, kernel, pack_module, sm_count
-from .launch import Launch
+from .launch import Launch, resident
 
 HEAD_GROUPS = (1, 2, 4, 8)       # the forward's images per block iteration (at most 8)
 SPLIT_GROUPS = (1, 2, 4, 8, 16)  # the split forward's images a slice (at most HS_MAXG = 16)
@@ -279,7 +279,9 @@ class TailLaunches:
     def __init__(self, t, loss, n: int, shape: HeadShape, mats: list, rows, sce: SoftmaxCE, stream,
                  models: int = 1, mask: bool = True, share: int = 1):
         K, null, f0 = models, np.uint64(0), np.float32(0)
-        blocks = tail_blocks(n, shape.group, share)
+        fn = kernel(pack_module("head_tail", K), "head_tail_kernel")
+        fits = resident(fn, TAIL_WARPS * 32)   # Note [launch shapes from the device] in lenet/kernels/launch.py
+        blocks = tail_blocks(n, max(1, min(shape.group, fits)), share)
         if blocks > 1 and K * blocks > rows.shape[0]:
             raise ValueError(f"the tail's {blocks} blocks need more partial rows than the {rows.shape[0]} kept")
         if blocks > sce.blocks or K > sce.models:
@@ -292,7 +294,6 @@ class TailLaunches:
         stride = P.TOTAL if blocks == 1 else blocks * TAIL_WIDTH
         pack = () if K == 1 else (np.int32(P.TOTAL), loss.label_smoothing if per_model else null, np.int64(stride))
         eps = np.float32(0.0 if per_model else loss.label_smoothing)
-        fn = kernel(pack_module("head_tail", K), "head_tail_kernel")
         head = (h1, w["fc2.weight"], w["fc2.bias"], logits, np.int32(n))
         layout = (np.int32(TAIL_WIDTH), np.int32(P.OFFSETS["fc2.weight"] - P.OFFSETS["fc1.bias"]),
                   np.int32(P.OFFSETS["fc2.bias"] - P.OFFSETS["fc1.bias"]))
