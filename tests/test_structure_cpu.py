@@ -24,7 +24,7 @@ FLOORS = [
     ("lenet.model",),
     ("lenet.pack",),
     ("lenet.cli", "lenet.startup", "lenet.plot", "lenet.train", "lenet.train_step", "lenet.export", "lenet.predict",
-     "lenet.torch", "lenet.__main__", "lenet.sweep", "lenet.study", "lenet.sweep_results"),
+     "lenet.torch", "lenet.__main__", "lenet.sweep", "lenet.study", "lenet.sweep_results", "lenet.workers"),
 ]
 
 
