@@ -298,6 +298,7 @@ class StudySweep(Sweep):
         for t in self.study.get_trials(deepcopy=False):
             states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
         self.say(f"study {self.args.study!r}: {', '.join(f'{v} {k}' for k, v in sorted(states.items()))}; best trial "
-                 f"{best.number}: {100 * best.value:.2f}% ({label_of({**Config().as_dict(), **self.fixed, **best.params})})")
+                 f"{best.number}: {100 * best.value:.2f}% on the {self.split} split "
+                 f"({label_of({**Config().as_dict(), **self.fixed, **best.params})})")
         return code
 
