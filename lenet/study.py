@@ -16,8 +16,12 @@ as well as a database for workers on several machines where the file system lock
 
 Note [trial budget]: --trials N counts the study's trials, over every worker. Optuna numbers trials in the
 order the storage creates them, atomically, so a trial is admitted when fewer than N trials numbered
-before it have not failed; a trial asked beyond the budget (two workers asking at once near the end) is
-told FAIL with the user attribute "beyond the budget" and never trained. A trial is trained by the one
+before it have not failed. A worker asks for none once N trials that have not failed are there (spent);
+a trial asked beyond the budget all the same (two workers asking at once near the end) is told FAIL,
+Optuna's state for a trial that gave nothing (samplers and pruners pass over it, the budget leaves it
+out), with the user attribute "beyond the budget", never trained, and reported as what it is (outcome):
+no failure of the study. Neither is a drawn combination that is no configuration (Nesterov with momentum
+0), told FAIL with "not a configuration: ...". A trial is trained by the one
 worker that asked for it: no trial runs twice. A worker stopped by a signal tells its running trials
 FAIL ("interrupted") and enqueues their parameters again, so the study still runs those configurations.
 """
@@ -162,11 +166,34 @@ def grid_sampler(search_space: dict, seed=None):
     return Grid(search_space, seed=seed)
 
 
+BEYOND = "beyond the budget"    # the user attribute "lenet" of a trial asked beyond it (Note [trial budget])
+
+
 def admitted(study, trial, budget: int) -> bool:
     """Note [trial budget]."""
     fail = optuna().trial.TrialState.FAIL
     before = sum(1 for t in study.get_trials(deepcopy=False) if t.number < trial.number and t.state != fail)
     return before < budget
+
+
+def spent(study, budget: int) -> bool:
+    """Whether no trial asked now could be admitted: ``budget`` trials neither failed nor waiting (a waiting
+    trial, enqueued again, takes the place of one that failed: Note [trial budget])."""
+    S = optuna().trial.TrialState
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state not in (S.FAIL, S.WAITING)) >= budget
+
+
+def outcome(t) -> str:
+    """What a finished study says of a trial: its state, but for a trial told FAIL that never trained
+    because it was asked beyond the budget or drew no configuration (Note [trial budget])."""
+    why = str(t.user_attrs.get("lenet", ""))
+    if t.state.name == "FAIL" and why == BEYOND:
+        return "asked beyond the budget (never trained)"
+    if t.state.name == "FAIL" and why.startswith("not a configuration"):
+        return "drew no configuration (never trained)"
+    if t.state.name == "FAIL" and why == "interrupted":
+        return "interrupted (enqueued again)"
+    return t.state.name.lower()
 
 
 class StudySweep(Sweep):
@@ -192,9 +219,12 @@ class StudySweep(Sweep):
             return None
         o = optuna()
         while True:
+            if spent(self.study, self.args.trials):   # no trial made to be told it is beyond the budget
+                self.exhausted = True
+                return None
             trial = self.study.ask(self.dists)
-            if not admitted(self.study, trial, self.args.trials):
-                trial.set_user_attr("lenet", "beyond the budget")
+            if not admitted(self.study, trial, self.args.trials):   # another worker asked at the same time
+                trial.set_user_attr("lenet", BEYOND)
                 self.study.tell(trial, state=o.trial.TrialState.FAIL)
                 self.exhausted = True
                 return None
@@ -296,7 +326,7 @@ class StudySweep(Sweep):
             return code
         states = {}
         for t in self.study.get_trials(deepcopy=False):
-            states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+            states[outcome(t)] = states.get(outcome(t), 0) + 1
         self.say(f"study {self.args.study!r}: {', '.join(f'{v} {k}' for k, v in sorted(states.items()))}; best trial "
                  f"{best.number}: {100 * best.value:.2f}% on the {self.split} split "
                  f"({label_of({**Config().as_dict(), **self.fixed, **best.params})})")

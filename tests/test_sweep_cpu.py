@@ -455,6 +455,63 @@ def test_a_failed_trial_leaves_its_place_in_the_budget(tmp_path):
     assert numbers == [1, 2, 3, 4, 5]
 
 
+def test_a_spent_budget_asks_for_no_trial_and_one_asked_beyond_it_is_no_failure(tmp_path, monkeypatch, capsys):
+    """Note [trial budget]: once the budget's trials are there a worker asks for none; a trial another worker's
+    ask pushed beyond it (a race near the end) is told FAIL with "beyond the budget", never trained, and the
+    finished study reports it as that, not as a failure."""
+    from lenet import study
+    from lenet.study import StudySweep
+
+    args = _args(tmp_path)
+    s = study.open_study(args, sweep.settings_of(args, "abc", 50000, 10000))
+    worker = StudySweep.__new__(StudySweep)   # its ask() and finish() alone: no pack, no GPU
+    worker.study, worker.args, worker.worker, worker.exhausted = s, args, "here:1", False
+    worker.dists, worker.fixed = study.space(args)
+    worker.rows, worker.bar, worker.out, worker.split = [], None, None, "validation"
+    for _ in range(args.trials - 1):
+        trial, _ = worker.ask()
+        s.tell(trial, 0.5)
+    other = s.ask(worker.dists)                 # another worker's ask, admitted: the budget's last trial
+    assert study.admitted(s, other, args.trials)
+    monkeypatch.setattr(study, "spent", lambda *a: False)   # this worker checked before the other asked
+    assert worker.ask() is None and worker.exhausted
+    monkeypatch.undo()
+    late = s.get_trials(deepcopy=False)[-1]
+    assert late.number == args.trials and late.state == optuna.trial.TrialState.FAIL
+    assert late.user_attrs["lenet"] == study.BEYOND and study.outcome(late) == "asked beyond the budget (never trained)"
+    s.tell(other, 0.6)
+    made = len(s.get_trials(deepcopy=False))
+    worker.exhausted = False
+    assert worker.ask() is None and len(s.get_trials(deepcopy=False)) == made   # spent: no trial made to be failed
+    assert worker.finish(None) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "5 complete" in line and "1 asked beyond the budget (never trained)" in line and "fail" not in line, line
+
+
+def test_a_waiting_trial_enqueued_again_is_admitted_where_the_budget_is_otherwise_spent(tmp_path):
+    """An interrupted trial (FAIL, its parameters enqueued again) leaves its place to the waiting one: the
+    budget counts it as spent for a new trial, not for the waiting one."""
+    from lenet import study
+
+    args = _args(tmp_path)
+    s = study.open_study(args, sweep.settings_of(args, "abc", 50000, 10000))
+    dists, _ = study.space(args)
+    trials = [s.ask(dists) for _ in range(args.trials)]
+    for i, t in enumerate(trials):
+        if i == 2:   # a worker stopped while it trained this one (StudySweep.interrupted)
+            t.set_user_attr("lenet", "interrupted")
+            s.tell(t, state=optuna.trial.TrialState.FAIL)
+            s.enqueue_trial(t.params, skip_if_exists=False)
+        else:
+            s.tell(t, 0.5)
+    assert not study.spent(s, args.trials)
+    again = s.ask(dists)
+    assert again.params == s.trials[2].params and study.admitted(s, again, args.trials)
+    s.tell(again, 0.7)
+    assert study.spent(s, args.trials)
+    assert study.outcome(s.trials[2]) == "interrupted (enqueued again)"
+
+
 def test_a_study_made_with_other_flags_is_refused(tmp_path):
     from lenet import study
 
