@@ -1,0 +1,130 @@
+"""The benchmarks' CPU side (scripts/bench.py, scripts/torch_forms.py): PyTorch's forms and their selection,
+the arithmetic each row of ours names, the summary of a batch's results, and the README's tables rendered
+from a results file. Their timing runs on the GPU machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+import bench  # noqa: E402
+import torch_forms as tf  # noqa: E402
+
+
+def test_every_form_is_a_mode_benchmark_and_optimizer_and_the_presets_name_them():
+    forms = tf.every_form()
+    assert len(forms) == len(tf.MODES) * 2 * 2 and len({f.key for f in forms}) == len(forms)
+    assert len({f.name for f in forms}) == len(forms)
+    quick = tf.select(["quick"])
+    assert {f.mode for f in quick} == {"eager", "graph", "compile+graph"} and len(quick) == 12
+    assert {(f.benchmark, f.optimizer) for f in quick} == {(b, o) for b in (False, True) for o in ("foreach", "fused")}
+    assert tf.select(["all"]) == forms
+    assert {f.mode for f in tf.select(["compile"])} == {"compile", "compile+graph", "reduce-overhead", "max-autotune",
+                                                        "max-autotune+graph"}
+    assert [f.key for f in tf.select(["graph/bench/fused", "eager/*/foreach"])] == \
+        ["eager/nobench/foreach", "eager/bench/foreach", "graph/bench/fused"]
+    assert tf.select(["graph/bench/fused"], tf32=True) == [tf.Form("graph", True, "fused", True)]
+    assert tf.Form("graph", True, "fused", True).name == "torch graph bench fused tf32"
+    with pytest.raises(ValueError, match="matches no form") as e:
+        tf.select(["grph/*/*"])
+    assert "\n" not in str(e.value)
+
+
+def test_compile_modes_and_who_captures_the_step():
+    assert tf.Form("compile+graph", True, "fused").compile_mode == "default"
+    assert tf.Form("max-autotune+graph", True, "fused").compile_mode == "max-autotune-no-cudagraphs"
+    assert tf.Form("reduce-overhead", True, "fused").compile_mode == "reduce-overhead"
+    assert tf.Form("graph", False, "foreach").compile_mode is None
+    assert [m for m in tf.MODES if tf.Form(m, True, "fused").captured] == ["graph", "compile+graph",
+                                                                          "max-autotune+graph"]
+    # inductor's own graphs (reduce-overhead, max-autotune) are not captured again, nor accumulated over
+    for m in ("reduce-overhead", "max-autotune"):
+        assert not tf.Form(m, True, "fused").captured
+        with pytest.raises(ValueError, match="no accumulation"):
+            tf.Form(m, True, "fused", micro=8192)
+
+
+def test_above_8192_images_each_form_that_may_also_accumulates_micro_batches():
+    forms = tf.select(["graph/bench/fused", "max-autotune/bench/fused"])
+    assert tf.at_batch(forms, 8192) == forms
+    big = tf.at_batch(forms, 65536)
+    assert [f.name for f in big] == ["torch graph bench fused", "torch max-autotune bench fused",
+                                     "torch graph bench fused accum8192"]
+
+
+def _rows(*algos):
+    return [{"layer": layer, "op": op, "engine": engine, "algo": algo}
+            for layer, op, engine, algo in algos]
+
+
+def test_each_row_of_ours_names_its_arithmetic():
+    """conv2's backward versions 6 to 8 run its weight gradient as three TF32 products on the tensor cores
+    (3xTF32, float32's accuracy): the row says so, where it used to say exact float32."""
+    plain = _rows(("conv1", "bwd+filter+bias", "ours", "fused-bwd-v2-g4"),
+                  ("conv2", "bwd+data+filter+bias", "ours", "fused-bwd-v5-g4"))
+    assert bench.arithmetic(plain, False) == "float32"
+    for v in (6, 7, 8):
+        rows = _rows(("conv1", "bwd+filter+bias", "ours", "fused-bwd-v2-g4"),
+                     ("conv2", "bwd+data+filter+bias", "ours", f"fused-bwd-v{v}-g4"))
+        said = bench.arithmetic(rows, False)
+        assert "3xTF32 on the tensor cores, float32 accuracy" in said and f"conv2 fused-bwd-v{v}-g4" in said, said
+    cudnn = _rows(("conv2", "bwd-filter", "legacy", "ALGO_1"))
+    assert bench.arithmetic(cudnn, False) == "float32" and bench.arithmetic(cudnn, True).startswith("TF32 allowed")
+    assert "exact float32" not in bench.__doc__
+
+
+def _result(us, **extra):
+    return {"us_per_step": us, "m_img_per_s": 64 / us, "peak_bytes": 1 << 20, "spread_pct": 1.0, "build_s": 1.0,
+            "arithmetic": "float32", **extra}
+
+
+def _batch_results():
+    r = {"torch eager nobench foreach": _result(400.0), "torch graph bench fused": _result(200.0),
+         "torch compile+graph bench fused": _result(150.0), "torch max-autotune bench fused": {"error": "X: y"},
+         "ours legacy": _result(80.0), "ours auto": _result(30.0), "ours ours": _result(29.0)}
+    r["fastest_torch_fp32"] = tf.fastest(r, [n for n in r if n.startswith("torch")])
+    r["head_to_head"] = {"torch compile+graph bench fused": _result(152.0), "ours auto": _result(30.4),
+                         "torch compile+graph bench fused tf32": _result(140.0), "ours auto tf32": _result(28.0)}
+    r["summary"] = bench.summarize(r)
+    return r
+
+
+def test_the_yardstick_is_the_fastest_pytorch_float32_form_and_tf32_stands_apart():
+    r = _batch_results()
+    s = r["summary"]
+    assert s["fastest_torch_fp32"] == "torch compile+graph bench fused" and s["torch_us"] == 150.0
+    assert s["alone"] == {"ours legacy": 150 / 80, "ours ours": 150 / 29, "ours auto": 5.0}
+    assert s["interleaved"]["speedup"] == pytest.approx(152 / 30.4)
+    assert s["tf32"]["torch"] == "torch compile+graph bench fused tf32" and s["tf32"]["speedup"] == 5.0
+    lines = bench.summary_lines(64, s)
+    assert "TF32 off (torch compile+graph bench fused, 150.0 us)" in lines[0] and "auto 5.00x" in lines[0]
+    assert "interleaved: 30.4 vs 152.0 us, 5.00x" in lines[1] and "with TF32 on both sides (apart)" in lines[2]
+    assert bench.summarize({"fastest_torch_fp32": None}) == {}
+
+
+def test_the_readme_tables_render_from_a_results_file(tmp_path, capsys):
+    results = {"gpu": "H100", "results": {"64": _batch_results(), "1": _batch_results(),
+                                          "epoch": {"source": "fashion", "ours_s": 0.05, "torch_s": 0.2,
+                                                    "torch_form": "torch compile+graph bench fused",
+                                                    "torch_arithmetic": "float32, TF32 off"}}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(results, default=str))
+    assert bench.main(["--table", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| 64 | 30.0 | torch compile+graph bench fused | 150.0 | 5.00x | 30.4 vs 152.0: 5.00x | 28.0 vs 140.0: 5.00x |" \
+        in out
+    assert "| torch max-autotune bench fused | failed | failed |" in out
+    assert "| torch eager nobench foreach | 400.0 | 400.0 |" in out
+    assert "Epoch of 60,000 images at batch 64 (fashion): ours 0.050 s, torch compile+graph bench fused (float32, " \
+           "TF32 off) 0.200 s: 4.0x" in out
+
+
+def test_the_flags_default_to_the_quick_forms_and_a_results_file():
+    args = bench.parser().parse_args([])
+    assert args.torch_forms == ["quick"] and args.json == "bench.json" and args.tf32 and 128 in args.batch
+    assert bench.parser().parse_args(["--torch-forms", "all", "--no-tf32"]).torch_forms == ["all"]
+    with pytest.raises(ValueError, match="matches no form"):
+        bench.main(["--torch-forms", "nothing/*/*", "--json", "/nonexistent/x.json"])
