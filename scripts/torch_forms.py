@@ -141,18 +141,19 @@ def set_flags(form: Form) -> None:
 
 class TorchStep:
     """One form's training step at ``batch`` images: PyTorch's LeNet with our initialization (seed 0), SGD
-    momentum 0.9, cross-entropy; ``inputs()`` gives the step's (images, labels), by default fixed random
+    momentum 0.9 (Nesterov, weight decay where given), cross-entropy (label-smoothed where given); ``inputs()`` gives the step's (images, labels), by default fixed random
     tensors (a benchmark's), or whatever the caller reads (an epoch's gather from a device index buffer).
     Built and warmed up on construction (compile and cudnn.benchmark's search there, timed as build_s);
     ``step()`` runs one; ``stream`` is where its work goes."""
 
-    def __init__(self, form: Form, batch: int, inputs=None, weight_decay: float = 0.0, lr: float = LR):
+    def __init__(self, form: Form, batch: int, inputs=None, weight_decay: float = 0.0, lr: float = LR,
+                 nesterov: bool = False, label_smoothing: float = 0.0):
         import torch
 
         from lenet.params import init_host
         from torch_lenet import from_state
 
-        self.form, self.batch = form, batch
+        self.form, self.batch, self.label_smoothing = form, batch, label_smoothing
         set_flags(form)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -162,7 +163,7 @@ class TorchStep:
         self.run_model = self.model if form.compile_mode is None else \
             torch.compile(self.model, mode=form.compile_mode, dynamic=False)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay,
-                                   **{form.optimizer: True})
+                                   nesterov=nesterov, **{form.optimizer: True})
         if inputs is None:
             g = torch.Generator(device="cuda").manual_seed(0)
             x = torch.randn(batch, 1, 28, 28, device="cuda", generator=g)
@@ -195,12 +196,13 @@ class TorchStep:
         # a captured step keeps its gradient buffers (set_to_none would free what the graph wrote into)
         self.opt.zero_grad(set_to_none=not self.form.captured)
         x, y = self.inputs()
+        ls = self.label_smoothing
         if self.form.micro is None:
-            F.cross_entropy(self.run_model(x), y).backward()
+            F.cross_entropy(self.run_model(x), y, label_smoothing=ls).backward()
         else:   # the mean over the whole batch, accumulated micro-batch by micro-batch
             for s in range(0, self.batch, self.form.micro):
                 xs, ys = x[s:s + self.form.micro], y[s:s + self.form.micro]
-                (F.cross_entropy(self.run_model(xs), ys, reduction="sum") / self.batch).backward()
+                (F.cross_entropy(self.run_model(xs), ys, reduction="sum", label_smoothing=ls) / self.batch).backward()
         self.opt.step()
 
     def step(self):

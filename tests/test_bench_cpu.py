@@ -128,3 +128,58 @@ def test_the_flags_default_to_the_quick_forms_and_a_results_file():
     assert bench.parser().parse_args(["--torch-forms", "all", "--no-tf32"]).torch_forms == ["all"]
     with pytest.raises(ValueError, match="matches no form"):
         bench.main(["--torch-forms", "nothing/*/*", "--json", "/nonexistent/x.json"])
+
+
+# ------------------------------------------------------------------ many models at once (scripts/sweep_bench.py)
+
+@pytest.mark.parametrize("kind", ["func", "grouped"])
+def test_each_pytorch_ensemble_trains_every_model_as_its_lone_sgd_does(kind):
+    """PyTorch's ensembles (scripts/torch_ensembles.py), in float64 on the CPU: three steps of K models, each
+    its own batches and learning rate, equal K lone torch.optim.SGD runs (Nesterov, weight decay) on a
+    label-smoothed cross-entropy to rounding."""
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    import torch_ensembles
+    from torch_lenet import TorchLeNet
+
+    torch.manual_seed(0)
+    K, B, kw = 3, 5, {"momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}
+    lone = [TorchLeNet().double() for _ in range(K)]
+    lr = torch.tensor([0.05, 0.1, 0.15], dtype=torch.float64)
+    ens = torch_ensembles.make(kind, [copy.deepcopy(m) for m in lone], lr, label_smoothing=0.05, **kw)
+    opts = [torch.optim.SGD(m.parameters(), lr=float(a), **kw) for m, a in zip(lone, lr)]
+    for _ in range(3):
+        x, y = torch.randn(K, B, 28, 28, dtype=torch.float64), torch.randint(0, 10, (K, B))
+        ens.step(x, y)
+        for k in range(K):
+            opts[k].zero_grad()
+            F.cross_entropy(lone[k](x[k].unsqueeze(1)), y[k], label_smoothing=0.05).backward()
+            opts[k].step()
+    for k, got in enumerate(ens.models()):
+        for name, want in lone[k].state_dict().items():
+            err = float((got.state_dict()[name] - want).abs().max() / want.abs().max())
+            assert err < 1e-12, (kind, k, name, err)
+
+
+def test_both_sides_of_the_sweep_bench_train_alike_and_the_fastest_pytorch_form_is_the_yardstick():
+    import sweep_bench as sb
+
+    cs = sb.configs(4)
+    assert [c.lr for c in cs] == sb.lrs(4) == pytest.approx([0.05, 0.05 + 0.1 / 3, 0.05 + 0.2 / 3, 0.15])
+    for c in cs:
+        assert (c.momentum, c.nesterov, c.weight_decay, c.label_smoothing) == \
+            tuple(sb.SETTINGS[k] for k in ("momentum", "nesterov", "weight_decay", "label_smoothing"))
+        assert (c.schedule, c.warmup_epochs, c.shift, c.flip, c.ema, c.batch_size) == ("constant", 0, 0, False, None, 128)
+    assert sb.torch_forms(1, ["func", "grouped"]) == ["plain", "func", "grouped"]
+    assert sb.torch_forms(16, ["func", "grouped"]) == ["func", "grouped"]
+    row = sb.row_of(16, 400e-6, {"func": {"s_per_step": 1.2e-3}, "grouped": {"s_per_step": 0.8e-3},
+                                 "plain": {"error": "RuntimeError: x"}})
+    assert row["fastest_torch"] == "grouped" and row["speedup"] == pytest.approx(2.0)
+    line = sb.table_line(row)
+    assert line.startswith("| 16 | 400.0 | 5.12 |") and "| grouped | 800.0 |" in line and "| 2.00x |" in line
+    assert "func 1200.0, grouped 800.0, plain failed |" in line
+    assert sb.parser().parse_args([]).torch == ["func", "grouped"]
+    assert sb.parser().parse_args(["--no-torch"]).torch == []
