@@ -183,3 +183,53 @@ def test_both_sides_of_the_sweep_bench_train_alike_and_the_fastest_pytorch_form_
     assert "func 1200.0, grouped 800.0, plain failed |" in line
     assert sb.parser().parse_args([]).torch == ["func", "grouped"]
     assert sb.parser().parse_args(["--no-torch"]).torch == []
+
+
+# ------------------------------------------------------------------ the PyTorch trainer (scripts/torch_train.py)
+
+@pytest.fixture
+def torch_train(monkeypatch):
+    monkeypatch.setenv("LENET_BYTECODE_CACHE", "off")   # its import keeps bytecode for its own process only
+    import torch_train
+
+    return torch_train
+
+
+def test_the_pytorch_trainer_evaluates_with_one_read_of_the_device_per_evaluation(torch_train, monkeypatch):
+    """Its test sums stay on the device, batch after batch, and are read once: no host synchronization per
+    batch (a float() or int() of a device tensor waits for the GPU); the sums are the batch-by-batch ones."""
+    import torch
+    import torch.nn.functional as F
+
+    from torch_lenet import TorchLeNet
+
+    torch.manual_seed(0)
+    model = TorchLeNet().eval()
+    vimg = torch.randint(0, 256, (50, 28, 28), dtype=torch.uint8)
+    vlab = torch.randint(0, 10, (50,))
+    norm = lambda u8: u8.float().div(255).sub(0.3).div(0.35).unsqueeze(1)  # noqa: E731
+    want = {}
+    with torch.no_grad():
+        for tta in (False, True):
+            lg = model(norm(vimg))
+            if tta:
+                lg = (lg + model(norm(vimg.flip(-1)))) / 2
+            want[tta] = (float(F.cross_entropy(lg, vlab, reduction="sum")), int((lg.argmax(1) == vlab).sum()))
+    reads = []
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):   # every way to read a tensor on the host
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _o=original, _n=name: (reads.append(_n), _o(self, *a))[1])
+    got = {}
+    for tta in (False, True):
+        reads.clear()
+        got[tta] = torch_train.test_sums(model, vimg, vlab, norm, 7, tta)   # 8 batches
+        assert reads == ["tolist"], reads
+    monkeypatch.undo()
+    for tta in (False, True):
+        assert got[tta][0] == pytest.approx(want[tta][0], rel=1e-5) and got[tta][1] == want[tta][1]
+
+
+def test_the_pytorch_trainer_runs_cudnn_benchmark_unless_told(torch_train):
+    assert torch_train.parser().parse_args([]).cudnn_benchmark is True
+    assert torch_train.parser().parse_args(["--no-cudnn-benchmark"]).cudnn_benchmark is False
