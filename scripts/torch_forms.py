@@ -223,7 +223,11 @@ def release() -> None:
     import torch
 
     gc.collect()
-    torch._dynamo.reset()
+    torch.compiler.reset()
+    if torch.cuda.is_available():   # inductor's graph pools (torch.compiler.reset frees them too from 2.13 on)
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
     torch.cuda.empty_cache()
 
 
