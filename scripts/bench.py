@@ -9,9 +9,9 @@ PyTorch: every form of scripts/torch_forms.py that --torch-forms selects (defaul
 whole step in a CUDA graph, plain and compiled (torch.compile, the step captured), each with
 cudnn.benchmark off and on and SGD foreach and fused; "all" adds torch.compile's eager, reduce-overhead,
 max-autotune and max-autotune-no-cudagraphs forms), float32 with TF32 off, and above 8192 images each also
-as gradient accumulation over 8192-image micro-batches. The fastest of them is the yardstick. Ours, all as
-CUDA graphs: --engine legacy, graph, ours and auto, auto eager, auto with --allow-tf32 (--variants picks
-some). Ours is float32 to float32's accuracy: plain float32 FMA, but where conv2's backward takes one of
+as gradient accumulation over 8192-image micro-batches. The fastest of them is the yardstick. Ours, as
+CUDA graphs: --engine legacy, graph, ours and auto, and auto with --allow-tf32; and auto eager
+(--variants picks some). Ours is float32 to float32's accuracy: plain float32 FMA, but where conv2's backward takes one of
 our versions 6 to 8, whose weight gradient runs on the tensor cores as three TF32 products per float32
 product (3xTF32, Note [three tf32 products] in lenet/kernels/tf32.cu); each row of ours names the
 arithmetic it took.
@@ -42,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lenet.engines import Policy  # noqa: E402
 from lenet import data  # noqa: E402
 from lenet.model import LeNet  # noqa: E402
-from lenet.params import init_host  # noqa: E402
 from torch_lenet import exact_float32  # noqa: E402
 from torch_forms import (LR, MICRO, Form, TorchStep, at_batch, fastest, release, select,  # noqa: E402
                          set_flags, time_steps)
