@@ -21,8 +21,8 @@ a trial asked beyond the budget all the same (two workers asking at once near th
 Optuna's state for a trial that gave nothing (samplers and pruners pass over it, the budget leaves it
 out), with the user attribute "beyond the budget", never trained, and reported as what it is (outcome):
 no failure of the study. Neither is a drawn combination that is no configuration (Nesterov with momentum
-0), told FAIL with "not a configuration: ...". A trial is trained by the one
-worker that asked for it: no trial runs twice. A worker stopped by a signal tells its running trials
+0), told FAIL with "not a configuration: ...". A trial is trained by the one worker that asked for it: no
+trial runs twice. A worker stopped by a signal tells its running trials
 FAIL ("interrupted") and enqueues their parameters again, so the study still runs those configurations.
 """
 

@@ -16,10 +16,10 @@ at the end, by the winner alone (with ``--test-every-model`` by every finished m
 reported apart, never ranked on). The test split is ranked on only when told (``--rank-on-test``), and
 every line that names a best then says so; a sweep of one model holds nothing out.
 
-Under --out: results.csv and results.jsonl (one row per model: its
-configuration, accuracy per epoch, final accuracy, seconds), curves.png (every curve, the best drawn
-out), best/checkpoint.npz and best/model.safetensors (the winner, readable by `lenet predict` and
-`lenet export`), summary.json, and sweep.json (the sweep's settings, which --resume checks).
+Under --out: results.csv and results.jsonl (one row per model: its configuration, accuracy per epoch,
+final accuracy, seconds), curves.png (every curve, the best drawn out), best/checkpoint.npz and
+best/model.safetensors (the winner, readable by `lenet predict` and `lenet export`), summary.json, and
+sweep.json (the sweep's settings, which --resume checks).
 
 Note [stopping a sweep]: the first SIGINT or SIGTERM stops after the step in flight. A grid then writes
 the pack in flight (its models' weights, momentum, averages, histories and the step it stopped at) to

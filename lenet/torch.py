@@ -15,8 +15,8 @@ adversarial training, input optimization; its model's conv1 then runs on cuDNN's
 conv1's input gradient, where no kernel of ours does). Under an engine that cannot (``engine="ours"``:
 no cuDNN), images that require a gradient are refused at the forward, in one line, before anything
 changes; and a model made anew for a backward replaces the module's only once every operation of its
-step is planned, so a backward that fails leaves the module as it was, able to train. Both are torch.library custom operators with a fake
-(shapes only) implementation, so torch.compile(fullgraph=True) traces them, and the forward's
+step is planned, so a backward that fails leaves the module as it was, able to train. Both are
+torch.library custom operators with a fake (shapes only) implementation, so torch.compile(fullgraph=True) traces them, and the forward's
 autograd formula is the backward operator. ``engine`` is the id of an ``_Engine``: one of our models
 (lenet.model.LeNet) per module, device and batch-size bound, planned once per batch size as our
 own step is (the search, the plan cache), under the module's engine, algorithm and fusion flags.
