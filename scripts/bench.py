@@ -21,7 +21,7 @@ warmed up, and timed alone: --repeats runs of steps with CUDA events, the median
 PyTorch float32 form and ours auto are built again and timed interleaved, repeat by repeat (the ratio the
 summary line gives), beside the same PyTorch form with TF32 on and ours with --allow-tf32 (reported
 apart). Also times one epoch of 60,000 GPU-resident images at batch 64, ours against the fastest PyTorch
-form at batch 64. Every time is printed and written to --json.
+form at batch 64. Every time is printed and written to --json, after each variant.
 """
 
 from __future__ import annotations
@@ -196,21 +196,25 @@ def measure_together(makers: dict, batch: int, k: int, repeats: int) -> dict:
     return out
 
 
-def bench_batch(batch, repeats, algo, forms: list[Form], only=None, tf32: bool = True) -> dict:
+def bench_batch(batch, repeats, algo, forms: list[Form], only=None, tf32: bool = True, out=None,
+                saved=lambda: None) -> dict:
     """Every selected PyTorch form and variant of ours at ``batch``, each alone; then the fastest PyTorch
-    float32 form against ours auto interleaved (and both with TF32, reported apart)."""
+    float32 form against ours auto interleaved (and both with TF32, reported apart). Fills ``out`` and
+    calls ``saved()`` after each variant (a run cut short keeps what it timed)."""
     k = steps_for(batch)
-    out, torch_fp32 = {}, []
+    out, torch_fp32 = ({} if out is None else out), []
     for f in at_batch(forms, batch, MICRO):
         print(f"{batch:>6} | {f.name} ...", end="\r", flush=True)
         out[f.name] = measure_alone(lambda f=f: TorchStep(f, batch), batch, k, repeats)
         torch_fp32.append(f.name)
         report(batch, f.name, out[f.name])
+        saved()
     for name, make in ours_makers(batch, algo).items():
         if (only and name not in only) or name == "ours auto tf32" and not tf32:
             continue
         out[name] = measure_alone(make, batch, k, repeats)
         report(batch, name, out[name])
+        saved()
     best = fastest(out, torch_fp32)
     out["fastest_torch_fp32"] = best
     if best is not None and "us_per_step" in out.get("ours auto", {}):
@@ -409,12 +413,14 @@ def main(argv=None) -> int:
     print("-" * len(hdr))
     out = {"gpu": gpu, "torch": torch.__version__, "cudnn": descriptors.version_string(), "algo": args.algo,
            "torch_forms": [f.key for f in forms], "results": results}
+    def saved():   # after each variant: a run cut short keeps what it timed
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     for b in args.batch:
-        r = bench_batch(b, args.repeats, args.algo, forms, args.variants, args.tf32)
-        results[str(b)] = r
+        results[str(b)] = r = {}
+        bench_batch(b, args.repeats, args.algo, forms, args.variants, args.tf32, r, saved)
         for line in summary_lines(b, r["summary"]):
             print(line, flush=True)
-        Path(args.json).write_text(json.dumps(out, indent=1, default=str))   # after each batch: a cut run keeps them
+        saved()
     if not args.no_epoch:
         at64 = results.get("64", {}).get("fastest_torch_fp32")
         form = next((f for f in at_batch(forms, 64) if f.name == at64), Form("graph", True, "fused"))

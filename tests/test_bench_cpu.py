@@ -233,3 +233,44 @@ def test_the_pytorch_trainer_evaluates_with_one_read_of_the_device_per_evaluatio
 def test_the_pytorch_trainer_runs_cudnn_benchmark_unless_told(torch_train):
     assert torch_train.parser().parse_args([]).cudnn_benchmark is True
     assert torch_train.parser().parse_args(["--no-cudnn-benchmark"]).cudnn_benchmark is False
+
+
+def test_a_batch_times_each_form_alone_then_the_fastest_against_ours_interleaved(monkeypatch):
+    """bench_batch's order of work, with stand-ins for the GPU's steps: every form and variant built, timed
+    and closed alone (one that fails to build reported, the rest going on), the results saved after each,
+    then the fastest PyTorch float32 form rebuilt beside ours auto, and its TF32 twin beside ours --allow-tf32."""
+    speed = {"torch eager nobench fused": 300.0, "torch graph bench fused": 120.0, "torch graph bench fused tf32": 90.0,
+             "ours auto": 30.0, "ours auto tf32": 25.0, "ours legacy": 70.0}
+    built, closed = [], []
+
+    class Fake:
+        def __init__(self, name, form=None):
+            if name == "torch compile+graph bench fused":
+                raise RuntimeError("inductor failed\nsecond line")
+            self.name, self.form, self.peak, self.build_s = name, form, 1 << 20, 0.5
+            built.append(name)
+
+        def close(self):
+            closed.append(self.name)
+
+    class FakeOurs(Fake):
+        rows, tensor_bytes, arithmetic = [], 0, "float32"
+
+    monkeypatch.setattr(bench, "TorchStep", lambda form, batch: Fake(form.name, form))
+    monkeypatch.setattr(bench, "Ours", FakeOurs)
+    monkeypatch.setattr(bench, "ours_makers", lambda batch, algo: {n: (lambda n=n: FakeOurs(n)) for n in
+                                                                   ("ours legacy", "ours auto", "ours auto tf32")})
+    monkeypatch.setattr(bench, "time_run", lambda v, k: speed[v.name])
+    forms = tf.select(["eager/nobench/fused", "graph/bench/fused", "compile+graph/bench/fused"])
+    saves = []
+    r = bench.bench_batch(64, 3, "heuristic", forms, saved=lambda: saves.append(1))
+    assert r["torch compile+graph bench fused"]["error"] == "RuntimeError: inductor failed"
+    assert r["fastest_torch_fp32"] == "torch graph bench fused" and len(saves) == 6   # after each of the six
+    assert r["torch graph bench fused"]["times_us"] == [120.0] * 3 and r["ours legacy"]["us_per_step"] == 70.0
+    assert built[:5] == ["torch eager nobench fused", "torch graph bench fused", "ours legacy", "ours auto",
+                         "ours auto tf32"] and closed[:5] == built[:5]    # alone: each closed before the next
+    assert built[5:] == ["torch graph bench fused", "ours auto", "torch graph bench fused tf32", "ours auto tf32"]
+    assert set(r["head_to_head"]) == set(built[5:]) and sorted(closed[5:]) == sorted(built[5:])
+    s = r["summary"]
+    assert s["interleaved"]["speedup"] == 4.0 and s["tf32"]["speedup"] == 90.0 / 25.0
+    assert s["alone"] == {"ours legacy": 120.0 / 70.0, "ours auto": 4.0}
