@@ -375,6 +375,21 @@ def render_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def merged(files: list[dict]) -> dict:
+    """Results files as one: their batch sizes in order (a later file's batch replaces an earlier's), the
+    last file's epoch that has one."""
+    out, epoch = {**files[0], "results": {}}, None
+    for f in files:
+        for k, v in f["results"].items():
+            if k == "epoch":
+                epoch = v
+            else:
+                out["results"][k] = v
+    if epoch is not None:
+        out["results"]["epoch"] = epoch
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128, 1024, 8192, 65536])
@@ -389,14 +404,16 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-epoch", action="store_true", help="skip the epoch timing")
     ap.add_argument("--variants", nargs="+", default=None, help="only these variants of ours (names as printed)")
     ap.add_argument("--json", default="bench.json", help="write every result here (default: bench.json)")
-    ap.add_argument("--table", metavar="JSON", help="print the README's tables from a results file and exit (no GPU)")
+    ap.add_argument("--table", metavar="JSON", nargs="+",
+                    help="print the README's tables from results files (several: their batch sizes together) and "
+                         "exit (no GPU)")
     return ap
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.table:
-        print(render_table(json.loads(Path(args.table).read_text())))
+        print(render_table(merged([json.loads(Path(f).read_text()) for f in args.table])))
         return 0
     forms = select(args.torch_forms)   # a pattern that matches nothing: one line before the GPU
     exact_float32()

@@ -114,6 +114,11 @@ def test_the_readme_tables_render_from_a_results_file(tmp_path, capsys):
     path.write_text(json.dumps(results, default=str))
     assert bench.main(["--table", str(path)]) == 0
     out = capsys.readouterr().out
+    one = {"gpu": "H100", "results": {"128": _batch_results()}}   # another run's batch size, rendered with them
+    (tmp_path / "b128.json").write_text(json.dumps(one, default=str))
+    assert bench.main(["--table", str(path), str(tmp_path / "b128.json")]) == 0
+    both = capsys.readouterr().out
+    assert "| variant, us per step | 64 | 1 | 128 |" in both and both.count("Epoch of 60,000") == 1
     assert "| 64 | 30.0 | torch compile+graph bench fused | 150.0 | 5.00x | 30.4 vs 152.0: 5.00x | 28.0 vs 140.0: 5.00x |" \
         in out
     assert "| torch max-autotune bench fused | failed | failed |" in out
