@@ -186,10 +186,11 @@ def differing_decisions(chosen: list, convs: list, pooled: list, h1: np.ndarray,
     chosen: per stage, the window entry ours took (N, C, H/2, W/2), 0..3; convs: per stage, float64's conv
     outputs before ReLU (N, C, H, W); pooled: per stage, ours' pooled outputs after ReLU (N, C, H/2, W/2);
     h1: ours' fc1 output after ReLU (N, 120); a3: float64's fc1 pre-activation (N, 120).
-    A window float64 keeps live (its maximum > 0) that ours routed to another entry differs by float64's
-    maximum less float64's value at the entry ours chose (not the top two's gap: ours may have taken the
-    third); a ReLU taken the other way differs by |pre-activation| in float64 (the window's maximum before
-    ReLU, fc1's input to it), never by the value after it, which is 0 on float64's side of a flip."""
+    A window both keep live that ours routed to another entry differs by float64's maximum less float64's
+    value at the entry ours chose (not the top two's gap: ours may have taken the third). A ReLU taken the
+    other way differs by its pre-activation in float64, never by the value after it (0 on float64's side
+    of a flip): where ours passed a window's entry, float64's value of that entry (how far below 0 it is);
+    where ours passed none, float64's maximum (how far above 0); fc1's by |its input| in float64."""
     n = len(a3)
     differ = np.zeros(n, bool)
     margins = []
@@ -199,11 +200,12 @@ def differing_decisions(chosen: list, convs: list, pooled: list, h1: np.ndarray,
         top = win.max(-1)                                          # float64's pooled value before ReLU
         first = win.argmax(-1)                                     # its first maximum, as ours and cuDNN's
         at = np.take_along_axis(win, np.asarray(arg, np.int64)[..., None], -1)[..., 0]   # float64 at ours' entry
-        wrong = (np.asarray(arg) != first) & (top > 0)            # a live window routed elsewhere
-        relu = (np.asarray(p32) > 0) != (top > 0)                 # a pooled output on the other side of 0
+        on32, on64 = np.asarray(p32) > 0, top > 0
+        wrong = (np.asarray(arg) != first) & on32 & on64          # a live window routed elsewhere
+        relu = on32 != on64                                       # a pooled output on the other side of 0
         differ |= (wrong | relu).reshape(n, -1).any(1)
         margins += [("window", f"stage {i + 1}", float(m) / scale) for m in (top - at)[wrong]]
-        margins += [("relu", f"stage {i + 1}", abs(float(v)) / scale) for v in top[relu]]
+        margins += [("relu", f"stage {i + 1}", abs(float(v)) / scale) for v in np.where(on32, at, top)[relu]]
     fc1 = (np.asarray(h1) > 0) != (np.asarray(a3) > 0)
     differ |= fc1.any(1)
     scale = float(np.abs(a3).max()) or 1.0

@@ -1,7 +1,8 @@
 """The numerics judge's rules without a GPU (scripts/numerics.py, Note [judging per decision]), NumPy alone:
-the three ways a wrong step passed the judge before (a ReLU flipped far from 0, a window routed to an entry
-far below its maximum, a batch with no image left to judge), each built on purpose, passed by the old rules
-(transcribed below) and failed by the new; and a step whose only differing decision is a near-tie passes."""
+the ways a wrong step passed the judge before (a ReLU flipped far from 0, or passed through an entry far
+below 0; a window routed to an entry far below its maximum; a batch with no image left to judge), each
+built on purpose, passed by the old rules (transcribed below) and failed by the new; and a step whose only
+differing decisions are near-ties passes."""
 
 from __future__ import annotations
 
@@ -73,6 +74,19 @@ def test_a_relu_taken_the_other_way_far_from_zero_fails():
     assert why is not None and "from a tie" in why, why
 
 
+def test_a_relu_passed_through_an_entry_far_below_zero_fails_though_the_window_maximum_nearly_ties():
+    """Float64's window is (-1e-9, -0.5, -0.6, -0.7): off, by a hair. Ours passed its second entry as positive:
+    in float64 that entry is 0.5 below 0, and that is the decision's margin, not the maximum's 1e-9."""
+    chosen, convs, pooled, h1, a3 = step(64)
+    convs[0][0, 0] = [[-1e-9, -0.5], [-0.6, -0.7]]
+    chosen[0][0] = 1
+    pooled[0][0] = 0.4
+    assert old_rules(chosen, convs, pooled, h1, a3)
+    why, _, margins = judged(chosen, convs, pooled, h1, a3)
+    assert [(k, round(m * np.abs(convs[0]).max(), 12)) for k, _, m in margins] == [("relu", 0.5)]
+    assert why is not None and "from a tie" in why, why
+
+
 def test_a_window_routed_far_below_its_maximum_fails_though_its_top_two_nearly_tie():
     """Float64's window is (1, 1 - 1e-9, 0.2, 0.1) and ours took the 0.1: the top two's gap is 1e-9, but ours'
     entry is 0.9 below the maximum."""
@@ -112,6 +126,7 @@ def test_near_ties_taken_the_other_way_pass_and_leave_their_images_out():
     chosen[0][1] = 1
     pooled[0][1] = 1.0
     convs[0][2, 0] = [[-1e-9, -0.6], [-0.7, -0.8]]
+    chosen[0][2] = 0
     pooled[0][2] = 1e-9
     why, differ, margins = judged(chosen, convs, pooled, h1, a3)
     assert why is None and list(np.flatnonzero(differ)) == [1, 2] and len(margins) == 2
