@@ -11,7 +11,10 @@ study. Start one worker per GPU, each pinned to its GPU, all with the same flags
             --validation 10000 --out runs/worker$g &
     done; wait
 
-(scripts/sweep_workers.sh does this for the GPUs it finds.) A journal file on a shared file system works
+(scripts/sweep_workers.sh does this for the GPUs it finds.) The test split is read once, by the study's
+winner (Note [the ranked split] in lenet/sweep.py): by the worker that trained it, where no trial of the
+study is left running when that worker ends; any other worker reads none and names the winner's
+checkpoint. A journal file on a shared file system works
 as well as a database for workers on several machines where the file system locks (NFS v4 does).
 
 Note [trial budget]: --trials N counts the study's trials, over every worker. Optuna numbers trials in the
@@ -229,6 +232,8 @@ class StudySweep(Sweep):
                 self.exhausted = True
                 return None
             trial.set_user_attr("worker", self.worker)
+            if self.out is not None:   # where its checkpoint goes, should it win (evaluate_winner)
+                trial.set_user_attr("out", str(self.out.resolve()))
             kw = {**self.fixed, **trial.params}
             try:
                 return trial, Config(**kw)
@@ -317,6 +322,28 @@ class StudySweep(Sweep):
         print(f"stopped by {name}: {len(self.rows)} trials finished here; {again} running trials marked failed and "
               f"enqueued again in the study {self.args.study!r}", flush=True)
         return 130 if signum == signal.SIGINT else 143
+
+    def evaluate_winner(self, best: dict, policy):
+        """The test split for the study's winner alone, once (Note [the ranked split] in lenet/sweep.py): read
+        by the worker that trained the study's best trial, once no trial of the study is left to run (until
+        then another worker's may still win); a worker whose best is not the study's reads nothing, and
+        says where the winner's checkpoint is."""
+        S = optuna().trial.TrialState
+        if any(t.state in (S.RUNNING, S.WAITING) for t in self.study.get_trials(deepcopy=False)):
+            self.say("this worker reads no test split: trials of the study still run elsewhere, and its winner is "
+                     "not known yet")
+            return None
+        try:
+            top = self.study.best_trial
+        except ValueError:
+            return None
+        if top.number != best["trial"]:
+            out = top.user_attrs.get("out")
+            self.say(f"the study's winner is trial {top.number} (worker {top.user_attrs.get('worker', '?')}), not "
+                     f"this worker's best: this worker reads no test split"
+                     + (f"; the winner's checkpoint: {out}/best/checkpoint.npz" if out else ""))
+            return None
+        return super().evaluate_winner(best, policy)
 
     def finish(self, policy) -> int:
         code = super().finish(policy)

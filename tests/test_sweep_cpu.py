@@ -599,6 +599,34 @@ def test_optunas_objective_and_pruner_see_the_validation_split_alone(dataset, mo
     assert "on the validation split" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("other", ["running", "better", "worse"])
+def test_a_study_reads_the_test_split_only_for_its_winner_once_it_is_known(dataset, monkeypatch, capsys, other):
+    """Two workers of one study: another worker's trial still running (the winner not known yet), or done
+    better than every trial of this worker (the winner is the other's): this worker reads no test split.
+    Done worse: this worker trained the study's winner, and reads the test split once, by it."""
+    from lenet import cli
+    from lenet.study import StudySweep
+
+    args = parse("--data-dir", dataset, "--search", "optuna", "--trials", 4, "--sampler", "grid", "--lr", 0.05, 0.1,
+                 0.2, "--epochs", 2, "--pack-size", 2, "--quiet")
+    run = sweep.prepare(args)
+    tested = _no_gpu_sweep(monkeypatch, run)
+    theirs = run["study"].ask()                 # the other worker's trial
+    theirs.set_user_attr("out", "/elsewhere")
+    if other != "running":
+        run["study"].tell(theirs, 0.99 if other == "better" else 0.5)
+    worker = StudySweep(args, run, cli.policy_from(args), None)
+    assert worker.run() == 0
+    out = capsys.readouterr().out
+    mine = max((r for r in worker.rows), key=lambda r: r["final"])
+    if other == "running":
+        assert tested == [] and "trials of the study still run elsewhere" in out
+    elif other == "better":
+        assert tested == [] and f"the study's winner is trial {theirs.number}" in out and "/elsewhere/best" in out
+    else:
+        assert [round(w, 4) for w in tested] == [mine["config"]["lr"]] and "seen now, once, by it alone" in out
+
+
 @pytest.mark.parametrize("extra,keeps", [([], False), (["--ema", "off", "0.999"], True), (["--ema", "0.999"], True),
                                          (["--ema", "off"], False)])
 def test_a_study_whose_trials_may_average_makes_packs_that_keep_the_buffer(extra, keeps):
