@@ -14,8 +14,8 @@ study. Start one worker per GPU, each pinned to its GPU, all with the same flags
 (scripts/sweep_workers.sh does this for the GPUs it finds.) The test split is read once, by the study's
 winner (Note [the ranked split] in lenet/sweep.py): by the worker that trained it, where no trial of the
 study is left running when that worker ends; any other worker reads none and names the winner's
-checkpoint. A journal file on a shared file system works
-as well as a database for workers on several machines where the file system locks (NFS v4 does).
+checkpoint. A journal file on a shared file system works as well as a database for workers on several
+machines where the file system locks (NFS v4 does).
 
 Note [trial budget]: --trials N counts the study's trials, over every worker. Optuna numbers trials in the
 order the storage creates them, atomically, so a trial is admitted when fewer than N trials numbered
@@ -25,8 +25,8 @@ Optuna's state for a trial that gave nothing (samplers and pruners pass over it,
 out), with the user attribute "beyond the budget", never trained, and reported as what it is (outcome):
 no failure of the study. Neither is a drawn combination that is no configuration (Nesterov with momentum
 0), told FAIL with "not a configuration: ...". A trial is trained by the one worker that asked for it: no
-trial runs twice. A worker stopped by a signal tells its running trials
-FAIL ("interrupted") and enqueues their parameters again, so the study still runs those configurations.
+trial runs twice. A worker stopped by a signal tells its running trials FAIL ("interrupted") and enqueues
+their parameters again, so the study still runs those configurations.
 """
 
 from __future__ import annotations
