@@ -4,6 +4,7 @@ PyTorch's at its fastest, in one process on one GPU.
     python3 scripts/bench.py                       # batch sizes 1 64 128 1024 8192 65536, the quick forms
     python3 scripts/bench.py --batch 64 --torch-forms all --json bench.json
     python3 scripts/bench.py --table bench.json    # the README's tables from a results file (no GPU)
+    python3 scripts/bench.py --table b1.json b64.json b65536-a.json b65536-b.json   # runs split, rendered as one
 
 PyTorch: every form of scripts/torch_forms.py that --torch-forms selects (default "quick": eager and the
 whole step in a CUDA graph, plain and compiled (torch.compile, the step captured), each with
@@ -376,15 +377,25 @@ def render_table(results: dict) -> str:
 
 
 def merged(files: list[dict]) -> dict:
-    """Results files as one: their batch sizes in order (a later file's batch replaces an earlier's), the
-    last file's epoch that has one."""
+    """Results files as one: their batch sizes in order, a batch size timed in several files (its forms
+    split over runs) the union of their variants, its yardstick the fastest PyTorch float32 form of them
+    all with the interleaved pair of the run that timed it; the last file's epoch that has one."""
     out, epoch = {**files[0], "results": {}}, None
     for f in files:
         for k, v in f["results"].items():
             if k == "epoch":
                 epoch = v
-            else:
-                out["results"][k] = v
+                continue
+            have = out["results"].get(k)
+            if have is None:
+                out["results"][k] = dict(v)
+                continue
+            pair = min((have, v), key=lambda r: (r.get("summary") or {}).get("torch_us", float("inf")))
+            both = {**have, **{n: r for n, r in v.items() if isinstance(r, dict) and ("us_per_step" in r or "error" in r)}}
+            both["head_to_head"] = pair.get("head_to_head", {})
+            both["fastest_torch_fp32"] = fastest(both, [n for n in both if n.startswith("torch ")])
+            both["summary"] = summarize(both)
+            out["results"][k] = both
     if epoch is not None:
         out["results"]["epoch"] = epoch
     return out

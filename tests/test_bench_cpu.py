@@ -119,6 +119,16 @@ def test_the_readme_tables_render_from_a_results_file(tmp_path, capsys):
     assert bench.main(["--table", str(path), str(tmp_path / "b128.json")]) == 0
     both = capsys.readouterr().out
     assert "| variant, us per step | 64 | 1 | 128 |" in both and both.count("Epoch of 60,000") == 1
+    # one batch size's forms split over two runs: their union, the fastest of all the yardstick
+    other = {"torch max-autotune+graph bench fused": _result(140.0), "ours auto": _result(31.0)}
+    other["fastest_torch_fp32"] = "torch max-autotune+graph bench fused"
+    other["head_to_head"] = {"torch max-autotune+graph bench fused": _result(141.0), "ours auto": _result(30.0)}
+    other["summary"] = bench.summarize(other)
+    m = bench.merged([results, {"results": {"64": other}}])["results"]["64"]
+    assert m["fastest_torch_fp32"] == "torch max-autotune+graph bench fused" and "torch graph bench fused" in m
+    assert m["summary"]["interleaved"]["speedup"] == pytest.approx(141 / 30) and m["ours auto"]["us_per_step"] == 31.0
+    m = bench.merged([{"results": {"64": other}}, results])["results"]["64"]   # the slower run's pair is not taken
+    assert m["summary"]["interleaved"]["speedup"] == pytest.approx(141 / 30)
     assert "| 64 | 30.0 | torch compile+graph bench fused | 150.0 | 5.00x | 30.4 vs 152.0: 5.00x | 28.0 vs 140.0: 5.00x |" \
         in out
     assert "| torch max-autotune bench fused | failed | failed |" in out
