@@ -11,15 +11,22 @@ study. Start one worker per GPU, each pinned to its GPU, all with the same flags
             --validation 10000 --out runs/worker$g &
     done; wait
 
-(`lenet sweep --gpus all` does this for the GPUs of this machine: lenet/workers.py.) A journal file on a shared file system works
-as well as a database for workers on several machines where the file system locks (NFS v4 does).
+(`lenet sweep --gpus all` does this for the GPUs of this machine: lenet/workers.py.) The test split is read
+once, by the study's winner (Note [the ranked split] in lenet/sweep.py): by the worker that trained it, where
+no trial of the study is left running when that worker ends; any other worker reads none and names the
+winner's checkpoint. A journal file on a shared file system works as well as a database for workers on
+several machines where the file system locks (NFS v4 does).
 
 Note [trial budget]: --trials N counts the study's trials, over every worker. Optuna numbers trials in the
 order the storage creates them, atomically, so a trial is admitted when fewer than N trials numbered
-before it have not failed; a trial asked beyond the budget (two workers asking at once near the end) is
-told FAIL with the user attribute "beyond the budget" and never trained. A trial is trained by the one
-worker that asked for it: no trial runs twice. A worker stopped by a signal tells its running trials
-FAIL ("interrupted") and enqueues their parameters again, so the study still runs those configurations.
+before it have not failed. A worker asks for none once N trials that have not failed are there (spent);
+a trial asked beyond the budget all the same (two workers asking at once near the end) is told FAIL,
+Optuna's state for a trial that gave nothing (samplers and pruners pass over it, the budget leaves it
+out), with the user attribute "beyond the budget", never trained, and reported as what it is (outcome):
+no failure of the study. Neither is a drawn combination that is no configuration (Nesterov with momentum
+0), told FAIL with "not a configuration: ...". A trial is trained by the one worker that asked for it: no
+trial runs twice. A worker stopped by a signal tells its running trials FAIL ("interrupted") and enqueues
+their parameters again, so the study still runs those configurations.
 """
 
 from __future__ import annotations
@@ -162,11 +169,34 @@ def grid_sampler(search_space: dict, seed=None):
     return Grid(search_space, seed=seed)
 
 
+BEYOND = "beyond the budget"    # the user attribute "lenet" of a trial asked beyond it (Note [trial budget])
+
+
 def admitted(study, trial, budget: int) -> bool:
     """Note [trial budget]."""
     fail = optuna().trial.TrialState.FAIL
     before = sum(1 for t in study.get_trials(deepcopy=False) if t.number < trial.number and t.state != fail)
     return before < budget
+
+
+def spent(study, budget: int) -> bool:
+    """Whether no trial asked now could be admitted: ``budget`` trials neither failed nor waiting (a waiting
+    trial, enqueued again, takes the place of one that failed: Note [trial budget])."""
+    S = optuna().trial.TrialState
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.state not in (S.FAIL, S.WAITING)) >= budget
+
+
+def outcome(t) -> str:
+    """What a finished study says of a trial: its state, but for a trial told FAIL that never trained
+    because it was asked beyond the budget or drew no configuration (Note [trial budget])."""
+    why = str(t.user_attrs.get("lenet", ""))
+    if t.state.name == "FAIL" and why == BEYOND:
+        return "asked beyond the budget (never trained)"
+    if t.state.name == "FAIL" and why.startswith("not a configuration"):
+        return "drew no configuration (never trained)"
+    if t.state.name == "FAIL" and why == "interrupted":
+        return "interrupted (enqueued again)"
+    return t.state.name.lower()
 
 
 class StudySweep(Sweep):
@@ -192,13 +222,18 @@ class StudySweep(Sweep):
             return None
         o = optuna()
         while True:
+            if spent(self.study, self.args.trials):   # no trial made to be told it is beyond the budget
+                self.exhausted = True
+                return None
             trial = self.study.ask(self.dists)
-            if not admitted(self.study, trial, self.args.trials):
-                trial.set_user_attr("lenet", "beyond the budget")
+            if not admitted(self.study, trial, self.args.trials):   # another worker asked at the same time
+                trial.set_user_attr("lenet", BEYOND)
                 self.study.tell(trial, state=o.trial.TrialState.FAIL)
                 self.exhausted = True
                 return None
             trial.set_user_attr("worker", self.worker)
+            if self.out is not None:   # where its checkpoint goes, should it win (evaluate_winner)
+                trial.set_user_attr("out", str(self.out.resolve()))
             kw = {**self.fixed, **trial.params}
             try:
                 return trial, Config(**kw)
@@ -288,6 +323,28 @@ class StudySweep(Sweep):
               f"enqueued again in the study {self.args.study!r}", flush=True)
         return 130 if signum == signal.SIGINT else 143
 
+    def evaluate_winner(self, best: dict, policy):
+        """The test split for the study's winner alone, once (Note [the ranked split] in lenet/sweep.py): read
+        by the worker that trained the study's best trial, once no trial of the study is left to run (until
+        then another worker's may still win); a worker whose best is not the study's reads nothing, and
+        says where the winner's checkpoint is."""
+        S = optuna().trial.TrialState
+        if any(t.state in (S.RUNNING, S.WAITING) for t in self.study.get_trials(deepcopy=False)):
+            self.say("this worker reads no test split: trials of the study still run elsewhere, and its winner is "
+                     "not known yet")
+            return None
+        try:
+            top = self.study.best_trial
+        except ValueError:
+            return None
+        if top.number != best["trial"]:
+            out = top.user_attrs.get("out")
+            self.say(f"the study's winner is trial {top.number} (worker {top.user_attrs.get('worker', '?')}), not "
+                     f"this worker's best: this worker reads no test split"
+                     + (f"; the winner's checkpoint: {out}/best/checkpoint.npz" if out else ""))
+            return None
+        return super().evaluate_winner(best, policy)
+
     def finish(self, policy) -> int:
         code = super().finish(policy)
         try:
@@ -296,8 +353,9 @@ class StudySweep(Sweep):
             return code
         states = {}
         for t in self.study.get_trials(deepcopy=False):
-            states[t.state.name.lower()] = states.get(t.state.name.lower(), 0) + 1
+            states[outcome(t)] = states.get(outcome(t), 0) + 1
         self.say(f"study {self.args.study!r}: {', '.join(f'{v} {k}' for k, v in sorted(states.items()))}; best trial "
-                 f"{best.number}: {100 * best.value:.2f}% ({label_of({**Config().as_dict(), **self.fixed, **best.params})})")
+                 f"{best.number}: {100 * best.value:.2f}% on the {self.split} split "
+                 f"({label_of({**Config().as_dict(), **self.fixed, **best.params})})")
         return code
 

@@ -8,12 +8,18 @@ the defaults are the README's fast Fashion-MNIST recipe), packed into as few pac
 epoch counts allow. ``--search optuna`` lets an Optuna study choose the configurations instead
 (lenet/study.py): its storage (--storage) may be shared by one worker per GPU, on any machine.
 
-Every model is evaluated after each epoch on the split it is ranked by: with ``--validation N`` the last
-N training images, held out of training (the test split is then seen only by the winner, once, at the
-end); else the test split. Under --out: results.csv and results.jsonl (one row per model: its
-configuration, accuracy per epoch, final accuracy, seconds), curves.png (every curve, the best drawn
-out), best/checkpoint.npz and best/model.safetensors (the winner, readable by `lenet predict` and
-`lenet export`), summary.json, and sweep.json (the sweep's settings, which --resume checks).
+Note [the ranked split]: every model is evaluated after each epoch on the split it is ranked by, and that
+split is what Optuna's objective and pruner see. A sweep of more than one model holds out a validation
+split by default (the last sixth of the training images, 10,000 of Fashion-MNIST's 60,000; ``--validation
+N`` the last N; the pixel statistics are the remaining training images'), so the test split is read once,
+at the end, by the winner alone (with ``--test-every-model`` by every finished model too, once each,
+reported apart, never ranked on). The test split is ranked on only when told (``--rank-on-test``), and
+every line that names a best then says so; a sweep of one model holds nothing out.
+
+Under --out: results.csv and results.jsonl (one row per model: its configuration, accuracy per epoch,
+final accuracy, seconds), curves.png (every curve, the best drawn out), best/checkpoint.npz and
+best/model.safetensors (the winner, readable by `lenet predict` and `lenet export`), summary.json, and
+sweep.json (the sweep's settings, which --resume checks).
 
 Note [stopping a sweep]: the first SIGINT or SIGTERM stops after the step in flight. A grid then writes
 the pack in flight (its models' weights, momentum, averages, histories and the step it stopped at) to
@@ -138,9 +144,16 @@ def parser() -> cli.Parser:
                                "one or more values; the defaults are the README's fast Fashion-MNIST recipe.")
     p.add_argument("--data-dir", metavar="DIR", help="folder with the four IDX files (default: $LENET_DATA, "
                    "./data/<name>, /usr/share/datasets/fashion-mnist)")
-    p.add_argument("--validation", type=cli.nonneg_int, default=0, metavar="N",
+    p.add_argument("--validation", type=cli.nonneg_int, default=None, metavar="N",
                    help="hold out the last N training images: rank the models on them, and evaluate only the "
-                        "winner on the test split, once (default: 0, rank on the test split)")
+                        "winner on the test split, once (default: a sixth of the training images, 10,000 of "
+                        "Fashion-MNIST's 60,000, for a sweep of more than one model; none for one)")
+    p.add_argument("--rank-on-test", action="store_true",
+                   help="hold nothing out: rank the models on the test split, as every line that names a best "
+                        "then says (its accuracy is then no estimate for unseen images)")
+    p.add_argument("--test-every-model", action="store_true",
+                   help="also evaluate every finished model on the test split, once, at its end: reported apart "
+                        "(test_accuracy in its row), never ranked on")
     cli.add_split_flags(p)
     g = p.add_argument_group("the grid (every flag takes one or more values; ranges LOW:HIGH for --search optuna)")
     for dest, (kind, what) in FLAG_TYPES.items():
@@ -237,6 +250,12 @@ def check_flags(args) -> None:
         raise ValueError(f"{'--resume' if args.resume else '--overwrite'} needs --out DIR")
     if args.resume and args.overwrite:
         raise ValueError("--resume continues the sweep in --out and --overwrite replaces it: give one")
+    if args.rank_on_test and args.validation:
+        raise ValueError(f"--rank-on-test ranks on the test split and --validation {args.validation} on held-out "
+                         f"training images: give one")
+    if args.rank_on_test and args.test_every_model:
+        raise ValueError("--test-every-model is for a validation split: with --rank-on-test every model is "
+                         "evaluated on the test split already")
 
 
 class GridSweep(Sweep):
@@ -366,6 +385,7 @@ def prepare(args) -> dict:
 
         study.check(args)   # the extra installed, the storage opens, the space is one
     root, (train_x, train_y), (test_x, test_y), cache, pending = cli.run_splits(args)
+    args.validation = validation_size(args, len(train_x), len(configs) if args.search != "optuna" else args.trials)
     if args.validation:
         if args.validation >= len(train_x):
             raise ValueError(f"--validation {args.validation} leaves no training image: the training split has "
@@ -389,6 +409,29 @@ def prepare(args) -> dict:
     return {"study": study, "root": root, "dataset": data.dataset_name(root), "fingerprint": fingerprint, "train": (train_x, train_y),
             "evals": evals, "test": (test_x, test_y), "mean": mean, "std": std, "train_size": len(train_x),
             "out": out, "configs": configs, "settings": settings, "done_rows": done_rows, "pack_state": pack_state}
+
+
+VALIDATION_SHARE = 6   # the default validation split: the last sixth of the training images
+
+
+def validation_size(args, train_size: int, models: int) -> int:
+    """The training images held out to rank on (Note [the ranked split]): --validation N; else, for a sweep
+    of more than one model, the last sixth; 0 (the test split) for one model or with --rank-on-test. A
+    sweep of several models ranks on the test split only when told so (--rank-on-test)."""
+    if args.rank_on_test:
+        return 0
+    if args.validation is not None:
+        if args.validation == 0 and models > 1:
+            raise ValueError("--validation 0 ranks the models on the test split: say so with --rank-on-test, or "
+                             "hold out N > 0 training images")
+        return args.validation
+    if models <= 1:
+        return 0
+    held = train_size // VALIDATION_SHARE
+    if held < 1:
+        raise ValueError(f"the training split has {train_size} images, too few to hold out a sixth to rank "
+                         f"{models} models on: give --validation N, or rank on the test split with --rank-on-test")
+    return held
 
 
 def _check_out(out: Path | None, args, settings: dict):

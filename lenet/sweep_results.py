@@ -1,6 +1,7 @@
 """What a sweep records and writes (lenet sweep, lenet/sweep.py; its Optuna worker, lenet/study.py): one row
-per model, the ranking, the winner (its weights, its test accuracy with --validation, its checkpoint and
-export), results.csv, summary.json and the curves."""
+per model, the ranking, the winner (its weights, its test accuracy with a validation split, its checkpoint and
+export), results.csv, summary.json and the curves. The test split is read here alone, by evaluate_on_test
+(Note [the ranked split] in lenet/sweep.py)."""
 
 from __future__ import annotations
 
@@ -33,17 +34,19 @@ def row_of(r: Result, trial, split: str) -> dict:
 def write_csv(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["trial", "status", *SWEPT, "final", "epochs_run", "seconds", "accuracy_per_epoch"])
+    w.writerow(["trial", "status", *SWEPT, "final", "epochs_run", "seconds", "accuracy_per_epoch", "test_accuracy"])
     for r in rows:
         c = r["config"]
+        test = r.get("test_accuracy")
         w.writerow([r["trial"], r["status"], *("off" if c[k] is None else c[k] for k in SWEPT),
                     f"{r['final']:.6f}", r["epochs_run"], r["seconds"],
-                    " ".join(f"{a:.4f}" for a in r["accuracy"])])
+                    " ".join(f"{a:.4f}" for a in r["accuracy"]), "" if test is None else f"{test:.6f}"])
     files.write_atomic(path, buf.getvalue().encode())
 
 
 def best_of(rows: list[dict]) -> dict | None:
-    """The winner: the highest final accuracy of a complete run; ties go to the lower final loss."""
+    """The winner: the highest final accuracy on the ranked split of a complete run; ties go to the lower
+    final loss. A row's test_accuracy (--test-every-model) is never read here."""
     done = [r for r in rows if r["status"] == "complete"]
     return max(done, key=lambda r: (r["final"], -(r.get("loss") or [0])[-1])) if done else None
 
@@ -80,6 +83,7 @@ class Sweep:
         self.rows: list[dict] = list(run["done_rows"])
         self.trial_counter = max([r["trial"] for r in self.rows if isinstance(r["trial"], int)], default=-1) + 1
         self.best_weights = None   # (row, Result) of the best complete model of this process
+        self._tester = None        # (model, test split on the GPU): evaluate_on_test's, made on first use
         self.bar = None
         self._data = None   # datasets(): made on first use
 
@@ -106,6 +110,9 @@ class Sweep:
 
     def record(self, r: Result, trial) -> dict:
         row = row_of(r, trial, self.split)
+        if self.args.test_every_model and self.args.validation and r.weights is not None \
+                and row["status"] == "complete":   # reported apart, never ranked on (best_of)
+            row["test_accuracy"], row["test_loss"] = self.evaluate_on_test(r.weights, self.policy)
         self.rows.append(row)
         if self.out is not None:
             files.append_line(self.out / "results.jsonl", json.dumps(row))
@@ -149,7 +156,7 @@ class Sweep:
 
     def best_line(self) -> str:
         b = best_of(self.rows)
-        return f"best {100 * b['final']:.2f}% ({label_of(b['config'])})" if b else "best -"
+        return f"best {100 * b['final']:.2f}% on the {self.split} split ({label_of(b['config'])})" if b else "best -"
 
     # -- ending
 
@@ -163,8 +170,11 @@ class Sweep:
         count = {k: sum(r["status"] == k for r in self.rows) for k in ("pruned", "diverged")}
         self.say(f"{len(self.rows)} models ({count['pruned']} pruned, {count['diverged']} diverged), ranked on the "
                  f"{self.split} split ({'the last %d training images, held out' % self.args.validation if self.args.validation else 'test'}):")
+        tested = any("test_accuracy" in r for r in rows)
         for r in rows[:10]:
-            self.say(f"  {100 * r['final']:6.2f}%  {r['status']:<8}  {label_of(r['config'])}")
+            apart = (f"  (test {100 * r['test_accuracy']:.2f}%, not ranked on)" if "test_accuracy" in r else
+                     "  (test -)") if tested else ""
+            self.say(f"  {100 * r['final']:6.2f}%  {r['status']:<8}  {label_of(r['config'])}{apart}")
         if len(rows) > 10:
             self.say(f"  ... {len(rows) - 10} more (results.csv)")
         summary = {"models": len(self.rows), "split": self.split, "best": best, "seconds": round(
@@ -179,36 +189,58 @@ class Sweep:
             summary["best_recipe"] = top
             flags = config_from({**top["config"], "seed": 0}).train_flags(self.args.tta)
             summary["recipe_command"] = "lenet train " + " ".join(f for f in flags if not f.startswith("--seed"))
-            self.say(f"the best recipe (mean {100 * top['mean']:.2f}%): {summary['recipe_command']}")
+            self.say(f"the best recipe (mean {100 * top['mean']:.2f}% on the {self.split} split): "
+                     f"{summary['recipe_command']}")
         if best is not None:
             cfg = config_from(best["config"])
             summary["train_command"] = "lenet train " + " ".join(cfg.train_flags(self.args.tta))
             test = self.evaluate_winner(best, model_policy)
             if test is not None:
                 summary["test_accuracy"], summary["test_loss"] = test
-                self.say(f"the winner on the test split (seen now, once, by it alone): {100 * test[0]:.2f}%")
+                how = "read once by each model, ranked on by none" if tested else "seen now, once, by it alone"
+                self.say(f"the winner on the test split ({how}): {100 * test[0]:.2f}%")
+            elif self.args.rank_on_test:
+                self.say(f"the winner was ranked on the test split (--rank-on-test): its "
+                         f"{100 * best['final']:.2f}% is no estimate for unseen images")
             self.say(f"the winner alone: {summary['train_command']}")
+        self.close_tester()
         if self.out is not None:
             self.write_outputs(summary, best)
         self.say(f"wall clock {startup.process_seconds():.2f} s from process start")
         return 0
 
     def evaluate_winner(self, best: dict, policy):
-        """With --validation: the winner's weights on the test split, once. None when there is no
-        validation split or the winner's weights are not in this process (a resumed sweep's winner
-        finished before: its checkpoint holds them)."""
-        weights = self.winner_weights(best)
-        if not self.args.validation or weights is None:
+        """With a validation split: the winner's weights on the test split, once (its row's, where
+        --test-every-model evaluated it already). None when there is no validation split or the winner's
+        weights are not in this process (a resumed sweep's winner finished before: its checkpoint holds them)."""
+        if not self.args.validation:
             return None
-        from .model import LeNet
+        if "test_accuracy" in best:
+            return best["test_accuracy"], best["test_loss"]
+        weights = self.winner_weights(best)
+        if weights is None:
+            return None
+        return self.evaluate_on_test(weights[0], policy)
 
-        test_x, test_y = self.run_info["test"]
-        model = LeNet(max_batch=min(self.args.eval_batch_size, len(test_x)), policy=policy, cuda_graph=True)
-        model.load_flat(weights[0], np.zeros_like(weights[0]))
-        split = data.GpuDataset(test_x, test_y, self.run_info["mean"], self.run_info["std"], model.stream)
+    def evaluate_on_test(self, weights: np.ndarray, policy) -> tuple[float, float]:
+        """(accuracy, loss) of the flat ``weights`` on the test split: the one place a sweep reads it (Note
+        [the ranked split] in lenet/sweep.py). One model for it, made on first use, closed by finish()."""
+        if self._tester is None:
+            from .model import LeNet
+
+            test_x, test_y = self.run_info["test"]
+            model = LeNet(max_batch=min(self.args.eval_batch_size, len(test_x)), policy=policy, cuda_graph=True)
+            split = data.GpuDataset(test_x, test_y, self.run_info["mean"], self.run_info["std"], model.stream)
+            self._tester = (model, split)
+        model, split = self._tester
+        model.load_flat(weights, np.zeros_like(weights))
         loss, acc = model.evaluate(split, batch=self.args.eval_batch_size, tta=self.args.tta)
-        model.close()
         return float(acc), float(loss)
+
+    def close_tester(self) -> None:
+        if self._tester is not None:
+            self._tester[0].close()
+            self._tester = None
 
     def winner_weights(self, best: dict):
         if self.best_weights is not None and self.best_weights[0] is best:

@@ -12,8 +12,11 @@ Note [torch operators]: ``lenet::forward(x, params, engine)`` returns the logits
 ``lenet::backward(dlogits, x, params, engine, input_grad)`` the eight parameter gradients, and with
 ``input_grad`` the images' gradient as a ninth (asked for where x requires a gradient: a saliency map,
 adversarial training, input optimization; its model's conv1 then runs on cuDNN's stage, which computes
-conv1's input gradient, where no kernel of ours does). Both are torch.library custom operators with a fake
-(shapes only) implementation, so torch.compile(fullgraph=True) traces them, and the forward's
+conv1's input gradient, where no kernel of ours does). Under an engine that cannot (``engine="ours"``:
+no cuDNN), images that require a gradient are refused at the forward, in one line, before anything
+changes; and a model made anew for a backward replaces the module's only once every operation of its
+step is planned, so a backward that fails leaves the module as it was, able to train. Both are
+torch.library custom operators with a fake (shapes only) implementation, so torch.compile(fullgraph=True) traces them, and the forward's
 autograd formula is the backward operator. ``engine`` is the id of an ``_Engine``: one of our models
 (lenet.model.LeNet) per module, device and batch-size bound, planned once per batch size as our
 own step is (the search, the plan cache), under the module's engine, algorithm and fusion flags.
@@ -118,12 +121,35 @@ class _Engine:
         self.device = None
         self._streams, self._events = {}, None   # torch's streams as CuPy sees them; our two events
         self.held = None   # the identity of the forward whose activations the buffers hold
+        self.no_input_grad = self.refuses_input_grad()   # why the images' gradient cannot be had, or None
         self.id = next(_ids)
         _engines[self.id] = self
 
+    def refuses_input_grad(self) -> str | None:
+        """Why no engine this module's policy lets compete computes the images' gradient (conv1's unmasked
+        input gradient), or None: the registry's rules, asked without a GPU."""
+        import dataclasses
+
+        from .engines import registry
+        from .model import STAGES
+        from .ops import Stage
+
+        engines, why = registry.serving(Stage(dataclasses.replace(STAGES[0], dx=True, dx_mask=False), None, 1, 1),
+                                        self.policy)
+        return None if engines else "; ".join(f"{k}: {v}" for k, v in why.items())
+
+    def check_input_grad(self) -> None:
+        """A one-line ValueError where images that require a gradient cannot get it under this policy."""
+        why = self.no_input_grad
+        if why is not None:
+            raise ValueError(f"lenet.torch.LeNet(engine={self.policy.engine!r}) cannot compute the images' gradient "
+                             f"({why}): pass images that do not require one (x.detach()), or use engine='auto', "
+                             f"'legacy' or 'graph'")
+
     def _model(self, n: int, device: torch.device, input_grad: bool = False):
         """Our model on ``device`` for at least n images (made again: larger, for a larger batch; with the
-        images' gradient, once it is asked for, and from then on)."""
+        images' gradient, once it is asked for, and from then on). A model made anew replaces the old one
+        only once its step for n is planned: where that fails the module keeps the model it had."""
         import cupy
 
         if self.model is not None and (device != self.device):
@@ -137,11 +163,18 @@ class _Engine:
                                    f"graph capture: run one forward and backward of it before capturing (they plan it)")
             from .model import LeNet as Model
 
+            if want:
+                self.check_input_grad()
             cap = 64 if old is None else 2 * old.max_batch if n > old.max_batch else old.max_batch
             with cupy.cuda.Device(device.index):
-                self.model = Model(max_batch=max(n, cap), policy=self.policy, cuda_graph=False,
-                                   plan_cache=self.plan_cache, input_grad=want)
-            self.device, self.held = device, None
+                made = Model(max_batch=max(n, cap), policy=self.policy, cuda_graph=False,
+                             plan_cache=self.plan_cache, input_grad=want)
+                try:
+                    made.plan(n)
+                except BaseException:
+                    made.close()
+                    raise
+            self.model, self.device, self.held = made, device, None
         return self.model
 
     def _step(self, model, n: int):
@@ -295,6 +328,9 @@ class LeNet(nn.Module):
         return f"engine={self.engine_name!r}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._engine.no_input_grad is not None and isinstance(x, torch.Tensor) and x.requires_grad \
+                and torch.is_grad_enabled():
+            self._engine.check_input_grad()   # one line, before anything changes (Note [torch operators])
         if not torch.compiler.is_compiling():
             check_images(x)
         params = [self.get_parameter(name) for name in P.NAMES]

@@ -1,16 +1,28 @@
-"""Side-by-side benchmark: a full LeNet training step (forward, backward, momentum SGD), ours
-and PyTorch's, in one process on one GPU, interleaved.
+"""Side-by-side benchmark: a full LeNet training step (forward, backward, momentum SGD), ours and
+PyTorch's at its fastest, in one process on one GPU.
 
-    python3 scripts/bench.py                       # batch sizes 1 64 256 1024 8192 65536
-    python3 scripts/bench.py --batch 64 256 --repeats 9 --json bench.json
+    python3 scripts/bench.py                       # batch sizes 1 64 128 1024 8192 65536, the quick forms
+    python3 scripts/bench.py --batch 64 --torch-forms all --json bench.json
+    python3 scripts/bench.py --table bench.json    # the README's tables from a results file (no GPU)
+    python3 scripts/bench.py --table b1.json b64.json b65536-a.json b65536-b.json   # runs split, rendered as one
 
-PyTorch, plain float32 (TF32 off): eager and CUDA graph, each with cudnn.benchmark off and on, and
-above 8192 images the whole step as gradient accumulation over 8192-image micro-batches in one CUDA
-graph (how a PyTorch user runs a large batch); its fastest is the yardstick. PyTorch with TF32 convolutions (its default), CUDA graph, is an extra
-line, compared with ours under --allow-tf32. Ours, all as CUDA graphs: --engine legacy, graph, ours
-and auto (exact float32), auto with --allow-tf32, and auto eager. --variants picks some of them. Each repeat times a run of steps
-with CUDA events after warm-up (planning and search excluded); the table shows the median over
-repeats. Also times one epoch of 60,000 GPU-resident images at batch 64.
+PyTorch: every form of scripts/torch_forms.py that --torch-forms selects (default "quick": eager and the
+whole step in a CUDA graph, plain and compiled (torch.compile, the step captured), each with
+cudnn.benchmark off and on and SGD foreach and fused; "all" adds torch.compile's eager, reduce-overhead,
+max-autotune and max-autotune-no-cudagraphs forms), float32 with TF32 off, and above 8192 images each also
+as gradient accumulation over 8192-image micro-batches. The fastest of them is the yardstick. Ours, as
+CUDA graphs: --engine legacy, graph, ours and auto, and auto with --allow-tf32; and auto eager
+(--variants picks some). Ours is float32 to float32's accuracy: plain float32 FMA, but where conv2's backward takes one of
+our versions 6 to 8, whose weight gradient runs on the tensor cores as three TF32 products per float32
+product (3xTF32, Note [three tf32 products] in lenet/kernels/tf32.cu); each row of ours names the
+arithmetic it took.
+
+Each variant is built (compile, search and capture excluded from the timing, its build seconds reported),
+warmed up, and timed alone: --repeats runs of steps with CUDA events, the median. Then the fastest
+PyTorch float32 form and ours auto are built again and timed interleaved, repeat by repeat (the ratio the
+summary line gives), beside the same PyTorch form with TF32 on and ours with --allow-tf32 (reported
+apart). Also times one epoch of 60,000 GPU-resident images at batch 64, ours against the fastest PyTorch
+form at batch 64. Every time is printed and written to --json, after each variant.
 """
 
 from __future__ import annotations
@@ -31,10 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lenet.engines import Policy  # noqa: E402
 from lenet import data  # noqa: E402
 from lenet.model import LeNet  # noqa: E402
-from lenet.params import init_host  # noqa: E402
-from torch_lenet import exact_float32, from_state  # noqa: E402
+from torch_lenet import exact_float32  # noqa: E402
+from torch_forms import (LR, MICRO, Form, TorchStep, at_batch, fastest, release, select,  # noqa: E402
+                         set_flags, time_steps)
 
-LR = 0.01
+# conv2's backward versions of ours whose weight gradient runs as three TF32 products on the tensor cores
+# (lenet/engines/ours.py's docstring, Note [three tf32 products] in lenet/kernels/tf32.cu)
+TENSOR_CORE_BACKWARD = (6, 7, 8)
 
 
 def steps_for(batch: int) -> int:
@@ -48,12 +63,29 @@ def lt_workspace(model) -> int:
     return lazy.made.workspace_bytes if lazy is not None and lazy.made is not None else 0
 
 
+def arithmetic(rows: list[dict], allow_tf32: bool) -> str:
+    """How a step of ours computes, from its operations' rows (LeNet.describe): float32, TF32 where
+    allowed, and each backward of ours that runs 3xTF32 on the tensor cores, named."""
+    from lenet.kernels.stages import Backward, parse_name
+
+    three = []
+    for r in rows:
+        cand = parse_name(r.get("algo", "")) if r.get("engine") == "ours" else None
+        if isinstance(cand, Backward) and cand.version + 1 in TENSOR_CORE_BACKWARD:
+            three.append(f"{r['layer']} {r['algo']}")
+    base = "TF32 allowed (cuDNN, cuBLAS)" if allow_tf32 else "float32"
+    if three:
+        return f"{base}; 3xTF32 on the tensor cores, float32 accuracy: the weight gradient of {', '.join(three)}"
+    return base
+
+
 class Ours:
     def __init__(self, batch, graph, policy, fused=True):
         """policy: a lenet.engines.Policy (engine, TF32 and the rest)."""
         import gc
 
         import cupy
+        t0 = time.perf_counter()
         self.cupy = cupy
         pool = cupy.get_default_memory_pool()
         gc.collect()
@@ -69,6 +101,7 @@ class Ours:
         self.step()
         self.m.stream.synchronize()
         self.rows = self.m.describe(batch)
+        self.arithmetic = arithmetic(self.rows, policy.allow_tf32)
         # A step allocates nothing: what is in use after one is its peak (search temporaries excluded).
         self.peak = pool.used_bytes() - base
         # What the step needs: activations and their gradients, parameters, gradients, momentum,
@@ -77,69 +110,15 @@ class Ours:
                              + self.m.workspace.size + self.m.blas.workspace_bytes
                              + lt_workspace(self.m))
         self.stream = self.m.stream
+        self.build_s = time.perf_counter() - t0   # the plan's search included
 
     def step(self):
         self.m.step(self.batch, LR)
 
     def close(self):
+        self.m.close()
         del self.m
         self.cupy.get_default_memory_pool().free_all_blocks()
-
-
-class Torch:
-    """PyTorch's step with its own backend flags (cudnn.benchmark, TF32), set before every use."""
-
-    def __init__(self, batch, graph, benchmark=False, tf32=False, compile_=False, micro=None):
-        self.flags, self.micro, self.batch = (benchmark, tf32), micro, batch
-        self._flags()
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        self.model = from_state(init_host(0))
-        if compile_:
-            self.model = torch.compile(self.model)
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=LR, momentum=0.9)
-        g = torch.Generator(device="cuda").manual_seed(0)
-        self.x = torch.randn(batch, 1, 28, 28, device="cuda", generator=g)
-        self.y = torch.randint(0, 10, (batch,), device="cuda", generator=g)
-        self.stream = torch.cuda.Stream()
-        self.graph = None
-        with torch.cuda.stream(self.stream):
-            for _ in range(3):   # warm-up (and cudnn.benchmark's search), on the side stream capture wants
-                self._step()
-        torch.cuda.synchronize()
-        if graph:
-            self.graph = torch.cuda.CUDAGraph()
-            self.opt.zero_grad(set_to_none=True)
-            with torch.cuda.graph(self.graph, stream=self.stream):
-                self._step()
-        torch.cuda.synchronize()
-        self.peak = torch.cuda.max_memory_allocated() - base
-
-    def _flags(self):
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = self.flags
-
-    def _step(self):
-        self.opt.zero_grad(set_to_none=self.graph is None)
-        if self.micro is None:
-            loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
-            loss.backward()
-        else:   # the mean over the whole batch, accumulated micro-batch by micro-batch
-            for s in range(0, self.batch, self.micro):
-                xs, ys = self.x[s:s + self.micro], self.y[s:s + self.micro]
-                loss = torch.nn.functional.cross_entropy(self.model(xs), ys, reduction="sum") / self.batch
-                loss.backward()
-        self.opt.step()
-
-    def step(self):
-        if self.graph is not None:
-            self.graph.replay()
-        else:
-            self._step()
-
-    def close(self):
-        del self.model, self.opt, self.graph
-        torch.cuda.empty_cache()
 
 
 def time_run(v, k: int) -> float:
@@ -153,71 +132,156 @@ def time_run(v, k: int) -> float:
         e.record(v.stream)
         e.synchronize()
         return cupy.cuda.get_elapsed_time(s, e) * 1000 / k
-    v._flags()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.cuda.stream(v.stream):
-        s.record()
-        for _ in range(k):
-            v.step()
-        e.record()
-    e.synchronize()
-    return s.elapsed_time(e) * 1000 / k
+    return time_steps(v, k)
 
 
-TORCH_FP32 = ("torch eager", "torch eager bench", "torch graph", "torch graph bench", "torch graph accum")
-MICRO = 8192   # PyTorch's micro-batch above this batch size
+OURS = ("ours legacy", "ours graph", "ours ours", "ours auto")   # the float32 engines the summary compares
 
 
-def makers(batch, algo, compile_):
+def ours_makers(batch, algo) -> dict:
     ours = lambda engine, graph=True, tf32=False: (lambda: Ours(  # noqa: E731
         batch, graph, Policy.parse(algo, engine=engine, allow_tf32=tf32)))
-    m = {"torch eager": lambda: Torch(batch, False),
-         "torch eager bench": lambda: Torch(batch, False, benchmark=True),
-         "torch graph": lambda: Torch(batch, True),
-         "torch graph bench": lambda: Torch(batch, True, benchmark=True),
-         "torch graph tf32": lambda: Torch(batch, True, benchmark=True, tf32=True),
-         "ours eager auto": ours("auto", graph=False),
-         "ours legacy": ours("legacy"),
-         "ours graph": ours("graph"),
-         "ours ours": ours("ours"),
-         "ours auto": ours("auto"),
-         "ours auto tf32": ours("auto", tf32=True)}
-    if batch > MICRO:
-        m["torch graph accum"] = lambda: Torch(batch, True, micro=MICRO)
-    if compile_:
-        m["torch compile"] = lambda: Torch(batch, False, compile_=True)
-    return m
+    return {"ours eager auto": ours("auto", graph=False), "ours legacy": ours("legacy"), "ours graph": ours("graph"),
+            "ours ours": ours("ours"), "ours auto": ours("auto"), "ours auto tf32": ours("auto", tf32=True)}
 
 
-def bench_batch(batch, repeats, algo, compile_, only=None) -> dict:
-    variants, out = {}, {}
-    for name, make in makers(batch, algo, compile_).items():
-        if only and name not in only:
-            continue
-        try:
-            variants[name] = make()
-        except Exception as e:  # noqa: BLE001  a variant that cannot run is reported, not fatal
-            out[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
-    k = steps_for(batch)
-    times = {n: [] for n in variants}
-    for n, v in variants.items():
+def row_of(v, times: list[float], batch: int) -> dict:
+    us = statistics.median(times)
+    row = {"us_per_step": us, "m_img_per_s": batch / us, "peak_bytes": int(v.peak),
+           "spread_pct": 100 * (max(times) - min(times)) / us, "times_us": times, "build_s": v.build_s}
+    if isinstance(v, Ours):
+        row.update(tensor_bytes=int(v.tensor_bytes), operations=v.rows, arithmetic=v.arithmetic)
+    else:
+        row.update(form=v.form.key, micro=v.form.micro, arithmetic=v.form.arithmetic)
+    return row
+
+
+def error_of(e: Exception) -> dict:
+    return {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]}
+
+
+def measure_alone(make, batch: int, k: int, repeats: int) -> dict:
+    """One variant built, warmed up, timed ``repeats`` times over k steps, and closed; a variant that cannot
+    be built or run is reported, not fatal."""
+    try:
+        v = make()
+    except Exception as e:  # noqa: BLE001
+        release()
+        return error_of(e)
+    try:
         time_run(v, max(2, k // 4))   # warm-up
-    for _ in range(repeats):          # interleaved
-        for n, v in variants.items():
+        return row_of(v, [time_run(v, k) for _ in range(repeats)], batch)
+    except Exception as e:  # noqa: BLE001
+        return error_of(e)
+    finally:
+        v.close()
+
+
+def measure_together(makers: dict, batch: int, k: int, repeats: int) -> dict:
+    """The variants built together and timed interleaved, repeat by repeat."""
+    built, out = {}, {}
+    for name, make in makers.items():
+        try:
+            built[name] = make()
+        except Exception as e:  # noqa: BLE001
+            out[name] = error_of(e)
+    times = {n: [] for n in built}
+    for v in built.values():
+        time_run(v, max(2, k // 4))
+    for _ in range(repeats):
+        for n, v in built.items():
             times[n].append(time_run(v, k))
-    for n, v in variants.items():
-        us = statistics.median(times[n])
-        out[n] = {"us_per_step": us, "m_img_per_s": batch / us, "peak_bytes": int(v.peak),
-                  "spread_pct": 100 * (max(times[n]) - min(times[n])) / us}
-        if isinstance(v, Ours):
-            out[n]["tensor_bytes"] = int(v.tensor_bytes)
-            out[n]["operations"] = v.rows
+    for n, v in built.items():
+        out[n] = row_of(v, times[n], batch)
         v.close()
     return out
 
 
-def bench_epoch(policy) -> dict:
-    """One epoch of 60,000 GPU-resident images at batch 64: ours (gather + graph replay) vs PyTorch."""
+def bench_batch(batch, repeats, algo, forms: list[Form], only=None, tf32: bool = True, out=None,
+                saved=lambda: None) -> dict:
+    """Every selected PyTorch form and variant of ours at ``batch``, each alone; then the fastest PyTorch
+    float32 form against ours auto interleaved (and both with TF32, reported apart). Fills ``out`` and
+    calls ``saved()`` after each variant (a run cut short keeps what it timed)."""
+    k = steps_for(batch)
+    out, torch_fp32 = ({} if out is None else out), []
+    for f in at_batch(forms, batch, MICRO):
+        print(f"{batch:>6} | {f.name} ...", end="\r", flush=True)
+        out[f.name] = measure_alone(lambda f=f: TorchStep(f, batch), batch, k, repeats)
+        torch_fp32.append(f.name)
+        report(batch, f.name, out[f.name])
+        saved()
+    for name, make in ours_makers(batch, algo).items():
+        if (only and name not in only) or name == "ours auto tf32" and not tf32:
+            continue
+        out[name] = measure_alone(make, batch, k, repeats)
+        report(batch, name, out[name])
+        saved()
+    best = fastest(out, torch_fp32)
+    out["fastest_torch_fp32"] = best
+    if best is not None and "us_per_step" in out.get("ours auto", {}):
+        form = next(f for f in at_batch(forms, batch, MICRO) if f.name == best)
+        pair = {best: lambda: TorchStep(form, batch), "ours auto": ours_makers(batch, algo)["ours auto"]}
+        if tf32:
+            t = Form(form.mode, form.benchmark, form.optimizer, True, form.micro)
+            pair |= {t.name: lambda: TorchStep(t, batch), "ours auto tf32": ours_makers(batch, algo)["ours auto tf32"]}
+        out["head_to_head"] = measure_together(pair, batch, k, repeats)
+    out["summary"] = summarize(out)
+    return out
+
+
+def summarize(r: dict) -> dict:
+    """The speedups of a batch's results: each float32 engine of ours against the fastest PyTorch float32
+    form, timed alone; ours auto against it interleaved; and with TF32 on both sides (reported apart)."""
+    best = r.get("fastest_torch_fp32")
+    if best is None:
+        return {}
+    base = r[best]["us_per_step"]
+    out = {"fastest_torch_fp32": best, "torch_us": base,
+           "alone": {o: base / r[o]["us_per_step"] for o in OURS if "us_per_step" in r.get(o, {})}}
+    h = r.get("head_to_head", {})
+    if "us_per_step" in h.get(best, {}) and "us_per_step" in h.get("ours auto", {}):
+        out["interleaved"] = {"torch_us": h[best]["us_per_step"], "ours_us": h["ours auto"]["us_per_step"],
+                              "speedup": h[best]["us_per_step"] / h["ours auto"]["us_per_step"]}
+    tf = [n for n in h if n.startswith("torch ") and " tf32" in n]
+    if tf and "us_per_step" in h[tf[0]] and "us_per_step" in h.get("ours auto tf32", {}):
+        out["tf32"] = {"torch": tf[0], "torch_us": h[tf[0]]["us_per_step"],
+                       "ours_us": h["ours auto tf32"]["us_per_step"],
+                       "speedup": h[tf[0]]["us_per_step"] / h["ours auto tf32"]["us_per_step"]}
+    return out
+
+
+def report(batch: int, name: str, v: dict) -> None:
+    if "error" in v:
+        print(f"{batch:>6} | {name:<40} | {v['error']}", flush=True)
+        return
+    build = f"{v['build_s']:7.1f} s" if v.get("build_s") is not None else " " * 9
+    print(f"{batch:>6} | {name:<40} | {v['us_per_step']:>10.1f} | {v['m_img_per_s']:>8.3f} | "
+          f"{v['peak_bytes'] / 2**20:>8.1f} | {v['spread_pct']:>5.1f}% | {build} | {v['arithmetic']}", flush=True)
+
+
+def summary_lines(batch: int, s: dict) -> list[str]:
+    if not s:
+        return [f"{batch:>6} | no PyTorch float32 form ran"]
+    alone = ", ".join(f"{k[5:]} {v:.2f}x" for k, v in s["alone"].items())
+    lines = [f"{batch:>6} | vs the fastest PyTorch float32 form, TF32 off ({s['fastest_torch_fp32']}, "
+             f"{s['torch_us']:.1f} us), each timed alone: {alone}"]
+    if "interleaved" in s:
+        i = s["interleaved"]
+        lines.append(f"{batch:>6} | ours auto vs {s['fastest_torch_fp32']}, interleaved: {i['ours_us']:.1f} vs "
+                     f"{i['torch_us']:.1f} us, {i['speedup']:.2f}x")
+    if "tf32" in s:
+        t = s["tf32"]
+        lines.append(f"{batch:>6} | with TF32 on both sides (apart): ours auto tf32 {t['ours_us']:.1f} us vs "
+                     f"{t['torch']} {t['torch_us']:.1f} us, {t['speedup']:.2f}x")
+    return lines
+
+
+def bench_epoch(policy, form: Form) -> dict:
+    """One epoch of 60,000 GPU-resident images at batch 64, momentum SGD with weight decay: ours (gather +
+    graph replay) against PyTorch in ``form`` (the fastest at batch 64), its step gathering and normalizing
+    the batch from a device index buffer (captured with the rest where the form captures), the index
+    buffer refilled from the epoch's order before each step, the last shorter batch run uncaptured. The
+    second of two epochs is timed."""
     root = data.find_dataset()
     if root is not None:
         x, y = data.load_split(root, "train")
@@ -227,10 +291,11 @@ def bench_epoch(policy) -> dict:
     mean, std = data.pixel_stats(x)
     B, N = 64, len(x)
     steps = -(-N // B)
-    res = {"source": str(root) if root else "random uint8"}
+    rest = N - (steps - 1) * B
+    res = {"source": str(root) if root else "random uint8", "torch_form": form.name, "torch_arithmetic": form.arithmetic}
     m = LeNet(max_batch=B, policy=policy, cuda_graph=True, momentum=0.9, weight_decay=5e-4)
     ds = data.GpuDataset(x, y, mean, std, m.stream)
-    for sz in {B, N - (steps - 1) * B}:
+    for sz in {B, rest}:
         m.plan(sz)
     for epoch in range(2):   # the first epoch captures the graphs
         order = ds.order(0, epoch)
@@ -242,82 +307,158 @@ def bench_epoch(policy) -> dict:
             m.step(n)
         m.stream.synchronize()
         res["ours_s"] = time.perf_counter() - t
+    m.close()
     timg, tlab = torch.as_tensor(x, device="cuda"), torch.as_tensor(y, device="cuda").long()
-    model = from_state(init_host(0))
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
+    idx = torch.zeros(B, dtype=torch.long, device="cuda")
+    part = {"n": B}
+
+    def inputs():
+        i = idx[: part["n"]]
+        return timg[i].float().div(255).sub(mean).div(std).unsqueeze(1), tlab[i]
+    v = TorchStep(form, B, inputs=inputs, weight_decay=5e-4)
+    set_flags(form)
     for epoch in range(2):
         order = torch.as_tensor(data.epoch_order(0, epoch, N).astype(np.int64), device="cuda")
         torch.cuda.synchronize()
         t = time.perf_counter()
-        for s in range(steps):
-            idx = order[s * B:(s + 1) * B]
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(
-                model(timg[idx].float().div(255).sub(mean).div(std).unsqueeze(1)), tlab[idx])
-            loss.backward()
-            opt.step()
+        with torch.cuda.stream(v.stream):
+            for s in range(steps - 1):
+                idx.copy_(order[s * B:(s + 1) * B])
+                v.step()
+            part["n"] = rest   # the shorter last batch, uncaptured
+            idx[:rest].copy_(order[(steps - 1) * B:])
+            v._step()
+            part["n"] = B
         torch.cuda.synchronize()
-        res["torch_eager_s"] = time.perf_counter() - t
+        res["torch_s"] = time.perf_counter() - t
+    v.close()
     return res
 
 
-def main():
+def _us(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def render_table(results: dict) -> str:
+    """The README's tables from a results file (--json): per batch size ours against PyTorch's fastest
+    float32 form (alone and interleaved) and with TF32 on both sides; then every variant's us per step."""
+    batches = [b for b in results["results"] if b != "epoch"]
+    lines = ["| batch | ours auto us/step | fastest PyTorch float32 form (TF32 off) | its us/step | ours / PyTorch "
+             "(alone) | interleaved: ours vs PyTorch us | TF32 on both sides: ours vs PyTorch us |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for b in batches:
+        r = results["results"][b]
+        s = r.get("summary") or {}
+        alone = s.get("alone", {}).get("ours auto")
+        i, t = s.get("interleaved"), s.get("tf32")
+        lines.append(" | ".join([
+            f"| {b}", _us(r.get("ours auto", {}).get("us_per_step")), s.get("fastest_torch_fp32", "-"),
+            _us(s.get("torch_us")), "-" if alone is None else f"{alone:.2f}x",
+            "-" if i is None else f"{i['ours_us']:.1f} vs {i['torch_us']:.1f}: {i['speedup']:.2f}x",
+            "-" if t is None else f"{t['ours_us']:.1f} vs {t['torch_us']:.1f}: {t['speedup']:.2f}x"]) + " |")
+    names = []
+    for b in batches:
+        for n, v in results["results"][b].items():
+            if isinstance(v, dict) and ("us_per_step" in v or "error" in v) and n not in names:
+                names.append(n)
+    lines += ["", "| variant, us per step | " + " | ".join(batches) + " |", "| --- |" + " --- |" * len(batches)]
+    for n in names:
+        cells = []
+        for b in batches:
+            v = results["results"][b].get(n)
+            cells.append("-" if v is None else "failed" if "error" in v else f"{v['us_per_step']:.1f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    e = results["results"].get("epoch")
+    if e:
+        lines += ["", f"Epoch of 60,000 images at batch 64 ({e['source']}): ours {e['ours_s']:.3f} s, "
+                      f"{e['torch_form']} ({e['torch_arithmetic']}) {e['torch_s']:.3f} s: "
+                      f"{e['torch_s'] / e['ours_s']:.1f}x"]
+    return "\n".join(lines)
+
+
+def merged(files: list[dict]) -> dict:
+    """Results files as one: their batch sizes in order, a batch size timed in several files (its forms
+    split over runs) the union of their variants, its yardstick the fastest PyTorch float32 form of them
+    all with the interleaved pair of the run that timed it; the last file's epoch that has one."""
+    out, epoch = {**files[0], "results": {}}, None
+    for f in files:
+        for k, v in f["results"].items():
+            if k == "epoch":
+                epoch = v
+                continue
+            have = out["results"].get(k)
+            if have is None:
+                out["results"][k] = dict(v)
+                continue
+            pair = min((have, v), key=lambda r: (r.get("summary") or {}).get("torch_us", float("inf")))
+            both = {**have, **{n: r for n, r in v.items() if isinstance(r, dict) and ("us_per_step" in r or "error" in r)}}
+            both["head_to_head"] = pair.get("head_to_head", {})
+            both["fastest_torch_fp32"] = fastest(both, [n for n in both if n.startswith("torch ")])
+            both["summary"] = summarize(both)
+            out["results"][k] = both
+    if epoch is not None:
+        out["results"]["epoch"] = epoch
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 256, 1024, 8192, 65536])
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128, 1024, 8192, 65536])
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per variant (median; default 7)")
     ap.add_argument("--algo", default="exhaustive", help="our algorithm policy (default: exhaustive)")
-    ap.add_argument("--compile", action="store_true", help="also torch.compile (slow to build)")
+    ap.add_argument("--torch-forms", nargs="+", default=["quick"], metavar="FORM",
+                    help="PyTorch's forms to time: presets quick (default: eager, graph, compile+graph), nocompile, "
+                         "compile, all, or patterns over MODE/BENCH/OPT such as 'graph/bench/*' "
+                         "(scripts/torch_forms.py)")
+    ap.add_argument("--no-tf32", dest="tf32", action="store_false",
+                    help="leave out the pair with TF32 on (the fastest PyTorch form and ours --allow-tf32)")
     ap.add_argument("--no-epoch", action="store_true", help="skip the epoch timing")
-    ap.add_argument("--variants", nargs="+", default=None, help="only these variants (names as printed)")
-    ap.add_argument("--json", help="write the results here")
-    args = ap.parse_args()
+    ap.add_argument("--variants", nargs="+", default=None, help="only these variants of ours (names as printed)")
+    ap.add_argument("--json", default="bench.json", help="write every result here (default: bench.json)")
+    ap.add_argument("--table", metavar="JSON", nargs="+",
+                    help="print the README's tables from results files (several: their batch sizes together) and "
+                         "exit (no GPU)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.table:
+        print(render_table(merged([json.loads(Path(f).read_text()) for f in args.table])))
+        return 0
+    forms = select(args.torch_forms)   # a pattern that matches nothing: one line before the GPU
     exact_float32()
     import descriptors
     from descriptors.graph import available
     gpu = torch.cuda.get_device_name()
     print(f"GPU {gpu} | cuDNN {descriptors.version_string()} | graph API {available()[1]} | torch "
           f"{torch.__version__} (cuDNN {torch.backends.cudnn.version()}) | ours: --algo {args.algo}, fused, "
-          f"CUDA graph unless eager | momentum SGD")
+          f"CUDA graph unless eager | momentum SGD | PyTorch forms: {', '.join(f.key for f in forms)}")
     results = {}
-    hdr = f"{'batch':>6} | {'variant':<17} | {'us/step':>10} | {'M img/s':>8} | {'peak MB':>8} | {'spread':>6}"
+    hdr = (f"{'batch':>6} | {'variant':<40} | {'us/step':>10} | {'M img/s':>8} | {'peak MB':>8} | {'spread':>6} | "
+           f"{'build':>9} | arithmetic")
     print(hdr)
     print("-" * len(hdr))
+    out = {"gpu": gpu, "torch": torch.__version__, "cudnn": descriptors.version_string(), "algo": args.algo,
+           "torch_forms": [f.key for f in forms], "results": results}
+    def saved():   # after each variant: a run cut short keeps what it timed
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     for b in args.batch:
-        r = bench_batch(b, args.repeats, args.algo, args.compile, args.variants)
-        results[b] = r
-        for name, v in r.items():
-            if "error" in v:
-                print(f"{b:>6} | {name:<17} | {v['error']}")
-                continue
-            print(f"{b:>6} | {name:<17} | {v['us_per_step']:>10.1f} | {v['m_img_per_s']:>8.3f} | "
-                  f"{v['peak_bytes'] / 2**20:>8.1f} | {v['spread_pct']:>5.1f}%")
-        fp32 = {k: r[k]["us_per_step"] for k in TORCH_FP32 if "us_per_step" in r.get(k, {})}
-        if not fp32:
-            continue
-        best_name = min(fp32, key=fp32.get)
-        summary = {}
-        for ours in ("ours legacy", "ours graph", "ours ours", "ours auto"):
-            if "us_per_step" in r.get(ours, {}):
-                summary[ours] = fp32[best_name] / r[ours]["us_per_step"]
-        r["speedup_vs_best_torch_fp32"] = summary
-        line = ", ".join(f"{k[5:]} {v:.2f}x" for k, v in summary.items())
-        print(f"{b:>6} | vs the fastest PyTorch float32 ({best_name}, {fp32[best_name]:.1f} us): {line}")
-        if "us_per_step" in r.get("ours auto tf32", {}) and "us_per_step" in r.get("torch graph tf32", {}):
-            t = r["torch graph tf32"]["us_per_step"] / r["ours auto tf32"]["us_per_step"]
-            t32 = r["torch graph tf32"]["us_per_step"] / r["ours auto"]["us_per_step"] if "ours auto" in summary \
-                else float("nan")
-            r["tf32_speedup"] = {"ours_tf32": t, "ours_fp32": t32}
-            print(f"{b:>6} | vs PyTorch TF32 ({r['torch graph tf32']['us_per_step']:.1f} us): ours auto tf32 {t:.2f}x, "
-                  f"ours auto float32 {t32:.2f}x")
+        results[str(b)] = r = {}
+        bench_batch(b, args.repeats, args.algo, forms, args.variants, args.tf32, r, saved)
+        for line in summary_lines(b, r["summary"]):
+            print(line, flush=True)
+        saved()
     if not args.no_epoch:
-        e = bench_epoch(Policy.parse(args.algo))
+        at64 = results.get("64", {}).get("fastest_torch_fp32")
+        form = next((f for f in at_batch(forms, 64) if f.name == at64), Form("graph", True, "fused"))
+        e = bench_epoch(Policy.parse(args.algo), form)
         results["epoch"] = e
         print(f"epoch of 60,000 GPU-resident images at batch 64 ({e['source']}): ours {e['ours_s']:.3f} s | "
-              f"PyTorch eager {e['torch_eager_s']:.3f} s | {e['torch_eager_s'] / e['ours_s']:.1f}x")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"gpu": gpu, "results": {str(k): v for k, v in results.items()}},
-                                              indent=1, default=str))
+              f"PyTorch {form.name} ({form.arithmetic}) {e['torch_s']:.3f} s | {e['torch_s'] / e['ours_s']:.1f}x")
+    Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,9 +15,11 @@ gradient term. So the step is judged per decision: the images whose every decisi
 window's argmax, each pooled output's and fc1's ReLU) agrees with float64's are held to RTOL_AGREE
 (1e-6) in relative L2 on every gradient of their loss alone (ours: the other images' dlogits rows zeroed,
 the gradients run from the dlogits given, as lenet.torch runs them); each decision that differs is
-listed with its margin (a window's top-two gap, a ReLU's pre-activation, in float64) relative to its
-layer's scale (the largest |value| of that layer in the batch), which must be below MARGIN (1e-6): a
-wider one is a wrong decision, not float32's.
+listed with its margin in float64 (a window's maximum less its value at the entry ours chose; a ReLU's
+|pre-activation|, never its output, which is 0 on float64's side of a flip) relative to its layer's
+scale (the largest |value| of that layer in the batch), which must be below MARGIN (1e-6): a wider one
+is a wrong decision, not float32's. At least MIN_AGREE (half) of the batch must agree, so that a step
+whose every image differs cannot pass with nothing judged.
 
 Note [step numerics]: max-pooling and ReLU are discontinuous. Where float64 sees a near-tie (two
 window entries within rounding, or a pre-activation within rounding of 0), float32 may decide the
@@ -167,11 +169,62 @@ def measure(model, state: dict, x, y) -> dict:
 
 RTOL_AGREE = 1e-6    # the bar for the images whose decisions agree with float64's (Note [judging per decision])
 MARGIN = 1e-6        # a decision that differs must be this close to its tie, relative to its layer's scale
+MIN_AGREE = 0.5      # the least share of the batch whose decisions all agree: fewer leave too little to judge
 
 
-def per_image(torch, mask, n: int):
-    """A bool per image: whether any entry of ``mask`` (batch first) is set in it."""
-    return mask.reshape(n, -1).any(dim=1)
+def host_windows(c: np.ndarray) -> np.ndarray:
+    """(N, C, H/2, W/2, 4) view of the 2x2/2 windows of c (N, C, H, W), in the order a00, a01, a10, a11 (as
+    ``windows``, for NumPy arrays)."""
+    n, k, h, w = c.shape
+    return c.reshape(n, k, h // 2, 2, w // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, k, h // 2, w // 2, 4)
+
+
+def differing_decisions(chosen: list, convs: list, pooled: list, h1: np.ndarray, a3: np.ndarray):
+    """Note [judging per decision], on the host (NumPy alone): (a bool per image, whether any of its decisions
+    differs from float64's; the differing decisions as (kind, layer, margin relative to its layer's scale)).
+
+    chosen: per stage, the window entry ours took (N, C, H/2, W/2), 0..3; convs: per stage, float64's conv
+    outputs before ReLU (N, C, H, W); pooled: per stage, ours' pooled outputs after ReLU (N, C, H/2, W/2);
+    h1: ours' fc1 output after ReLU (N, 120); a3: float64's fc1 pre-activation (N, 120).
+    A window both keep live that ours routed to another entry differs by float64's maximum less float64's
+    value at the entry ours chose (not the top two's gap: ours may have taken the third). A ReLU taken the
+    other way differs by its pre-activation in float64, never by the value after it (0 on float64's side
+    of a flip): where ours passed a window's entry, float64's value of that entry (how far below 0 it is);
+    where ours passed none, float64's maximum (how far above 0); fc1's by |its input| in float64."""
+    n = len(a3)
+    differ = np.zeros(n, bool)
+    margins = []
+    for i, (arg, c, p32) in enumerate(zip(chosen, convs, pooled)):
+        win = host_windows(np.asarray(c, np.float64))
+        scale = float(np.abs(c).max()) or 1.0
+        top = win.max(-1)                                          # float64's pooled value before ReLU
+        first = win.argmax(-1)                                     # its first maximum, as ours and cuDNN's
+        at = np.take_along_axis(win, np.asarray(arg, np.int64)[..., None], -1)[..., 0]   # float64 at ours' entry
+        on32, on64 = np.asarray(p32) > 0, top > 0
+        wrong = (np.asarray(arg) != first) & on32 & on64          # a live window routed elsewhere
+        relu = on32 != on64                                       # a pooled output on the other side of 0
+        differ |= (wrong | relu).reshape(n, -1).any(1)
+        margins += [("window", f"stage {i + 1}", float(m) / scale) for m in (top - at)[wrong]]
+        margins += [("relu", f"stage {i + 1}", abs(float(v)) / scale) for v in np.where(on32, at, top)[relu]]
+    fc1 = (np.asarray(h1) > 0) != (np.asarray(a3) > 0)
+    differ |= fc1.any(1)
+    scale = float(np.abs(a3).max()) or 1.0
+    margins += [("relu", "fc1", abs(float(v)) / scale) for v in np.asarray(a3)[fc1]]
+    return differ, margins
+
+
+def verdict(agree: dict, kept: int, n: int, worst: float) -> str | None:
+    """Why the judged step fails, or None: too few images agree to judge (fewer than MIN_AGREE of the batch,
+    none at all included), an agreeing image's gradient over RTOL_AGREE, or a differing decision wider
+    than MARGIN of its layer's scale from a tie."""
+    if kept < max(1, MIN_AGREE * n):
+        return f"{kept} of {n} images agree with float64's decisions, fewer than {MIN_AGREE:.0%}: too few to judge"
+    over = {k: v[0] for k, v in agree.items() if not v[0] <= RTOL_AGREE}
+    if over:
+        return f"the agreeing images' gradients over {RTOL_AGREE:g} in relative L2: {over}"
+    if not worst <= MARGIN:
+        return f"a differing decision {worst:.1e} of its layer's scale from a tie (bar {MARGIN:g})"
+    return None
 
 
 def our_gradients(torch, model, n: int, keep):
@@ -190,40 +243,33 @@ def our_gradients(torch, model, n: int, keep):
 
 
 def judge(model, state: dict, x, y) -> dict:
-    """Note [judging per decision]: every pooling and ReLU decision of our step against float64's; the
-    images whose decisions all agree are held to RTOL_AGREE in relative L2 on every gradient of their
-    loss alone (ours: their dlogits rows, the others' zeroed); each decision that differs is listed with
-    its margin in float64 (a window's top-two gap, a ReLU's pre-activation), relative to its layer's
-    scale (the largest |value| of that layer in the batch), which must be below MARGIN."""
+    """Note [judging per decision]: every pooling and ReLU decision of our step against float64's
+    (differing_decisions); the images whose decisions all agree, at least MIN_AGREE of the batch, are held
+    to RTOL_AGREE in relative L2 on every gradient of their loss alone (ours: their dlogits rows, the
+    others' zeroed); each decision that differs is listed with its margin in float64 (float64's window
+    maximum less its value at the entry ours chose; a ReLU's |pre-activation|), relative to its layer's
+    scale (the largest |value| of that layer in the batch), which must be below MARGIN (verdict)."""
     import torch
 
     n = len(y)
     model.load_state_dict(state)
     model.load_batch(x, y)
     model.forward(n)
-    _, arg64, pooled64, a3, convs = float64_step(torch, state, x, y)
+    model.stream.synchronize()   # its buffers are read on the host below
+    _, _, _, a3, convs = float64_step(torch, state, x, y)
     mine = our_decisions(torch, model, n)
-    pooled32 = [torch.as_tensor(model.buf[k][:n], device="cuda") for k in ("p1", "p2")]
-    h1 = torch.as_tensor(model.buf["h1"][:n], device="cuda")
-    differ, margins = torch.zeros(n, dtype=torch.bool, device="cuda"), []
-    for i, (a, b, p64, p32, c) in enumerate(zip(mine, arg64, pooled64, pooled32, convs)):
-        win, scale = windows(c), float(c.abs().max())
-        top2 = win.topk(2, dim=-1).values
-        wrong = (a != b) & (p64 > 0)                          # a live window routed elsewhere
-        relu = (p32 > 0) != (p64 > 0)                         # a pooled output on the other side of 0
-        differ |= per_image(torch, wrong, n) | per_image(torch, relu, n)
-        margins += [("window", f"stage {i + 1}", float(g) / scale) for g in (top2[..., 0] - top2[..., 1])[wrong]]
-        margins += [("relu", f"stage {i + 1}", abs(float(v)) / scale) for v in p64[relu]]
-    fc1 = (h1 > 0) != (a3 > 0)
-    differ |= per_image(torch, fc1, n)
-    margins += [("relu", "fc1", abs(float(v)) / float(a3.abs().max())) for v in a3[fc1]]
-    keep = ~differ
+    host = lambda t: t.cpu().numpy()   # noqa: E731
+    differ, margins = differing_decisions([host(a) for a in mine], [host(c) for c in convs],
+                                          [model.buf[k][:n].get() for k in ("p1", "p2")], model.buf["h1"][:n].get(),
+                                          host(a3))
+    keep = torch.as_tensor(~differ, device="cuda")
     ours = our_gradients(torch, model, n, keep)
     g64 = float64_step(torch, state, x, y, keep=keep)[0]
     agree = distances(ours, g64) if keep.any() else {}
     worst = max((m for _, _, m in margins), default=0.0)
+    why = verdict(agree, int(keep.sum()), n, worst)
     return {"agree": agree, "images": n, "kept": int(keep.sum()), "decisions": margins, "worst_margin": worst,
-            "ok": all(v[0] <= RTOL_AGREE for v in agree.values()) and worst <= MARGIN}
+            "ok": why is None, "why": why}
 
 
 def fashion_batch(n: int, seed: int):
@@ -303,10 +349,12 @@ def main():
                     f64 = max(v[0] for v in r["ours"].values())
                     tf = max(v[0] for v in r["torch"].values())
                     print(f"{n:>6} | {kind:<7} | {engine:<6} | {algo:<10} | {r['kept']:>7} of {n:<7} | {agree:<30} | "
-                          f"{differ}{'' if r['ok'] else '  OVER'} | {own:13.2e} | {f64:13.2e} | {tf:9.2e}", flush=True)
+                          f"{differ}{'' if r['ok'] else '  FAILS'} | {own:13.2e} | {f64:13.2e} | {tf:9.2e}", flush=True)
+                    if not r["ok"]:
+                        print(f"{'':>6}   fails: {r['why']}")
                     print(f"{'':>6}   plan: {r['plan']}")
-    print(f"{len(results) - failed} of {len(results)} configurations within {RTOL_AGREE:g} on the images whose "
-          f"decisions agree, every differing decision within {MARGIN:g} of a tie")
+    print(f"{len(results) - failed} of {len(results)} configurations with at least {MIN_AGREE:.0%} of the images "
+          f"agreeing, within {RTOL_AGREE:g} on them, every differing decision within {MARGIN:g} of a tie")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 1 if failed else 0

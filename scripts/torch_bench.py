@@ -7,7 +7,8 @@ in a CUDA graph (torch.cuda.graphs), at several batch sizes, in one run; microse
 Each form is warmed up first (our module plans each batch size there, PyTorch's cuDNN picks its
 algorithms: torch.backends.cudnn.benchmark on, TF32 off as in every comparison of ours), then timed
 with CUDA events over --steps steps, --repeats times; the median is printed. The optimizer is
-torch.optim.SGD with momentum 0.9 (foreach), the same for both modules.
+torch.optim.SGD with momentum 0.9, its fused kernel (--sgd foreach for the other), the same for both
+modules. scripts/bench.py times PyTorch's LeNet in every form, torch.compile's included.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def main() -> int:
     ap.add_argument("--engine", default="auto", choices=("auto", "legacy", "graph", "ours"))
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--sgd", choices=("fused", "foreach"), default="fused",
+                    help="torch.optim.SGD's implementation for both modules (default: fused)")
     ap.add_argument("--json")
     ap.add_argument("--check", type=int, metavar="STEPS",
                     help="no timing: STEPS eager steps of our module at each batch size, printing each loss "
@@ -66,7 +69,7 @@ def main() -> int:
                            (f"ours ({args.engine})", lambda: lt.LeNet(engine=args.engine).cuda())):
             for form in ("eager", "cuda graph"):
                 model = make()
-                opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+                opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, **{args.sgd: True})
 
                 def step():
                     opt.zero_grad(set_to_none=False)
@@ -101,7 +104,7 @@ def main() -> int:
                     times.append(a.elapsed_time(b) * 1e3 / args.steps)
                 us = statistics.median(times)
                 result[(name, form)] = us
-                rows.append({"batch": n, "module": name, "form": form, "us": us})
+                rows.append({"batch": n, "module": name, "form": form, "sgd": args.sgd, "us": us})
                 print(f"{n:>6} | {name:<14} | {form:<10} | {us:9.1f} | {n / us:8.2f}", flush=True)
         for form in ("eager", "cuda graph"):
             ratio = result[("torch LeNet", form)] / result[(f"ours ({args.engine})", form)]

@@ -158,6 +158,9 @@ def test_schedule_table_is_the_schedule_step_by_step(kind):
      "cannot open"),
     (["--search", "optuna", "--trials", "4"], "nothing to choose"),
     (["--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--epochs", "2", "4"], "one value"),
+    (["--lr", "0.1", "0.2", "--validation", "0"], "say so with --rank-on-test"),
+    (["--rank-on-test", "--validation", "5"], "give one"),
+    (["--rank-on-test", "--test-every-model"], "every model is evaluated on the test split already"),
 ])
 def test_bad_input_is_one_line_before_the_gpu_and_writes_nothing(flags, words, dataset, tmp_path):
     out = tmp_path / "out"
@@ -183,6 +186,181 @@ def test_validation_larger_than_the_split_is_refused(dataset, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+# ------------------------------------------------------------------ the ranked split (Note [the ranked split])
+
+def test_a_sweep_of_several_models_holds_out_a_validation_split_by_default(dataset):
+    """The last sixth of the training images, out of training, the pixel statistics of the rest; one
+    model holds nothing out; the test split is ranked on only with --rank-on-test."""
+    from lenet import data
+
+    run = sweep.prepare(parse("--data-dir", dataset, "--lr", 0.1, 0.2))
+    (tx, ty), (vx, vy), (sx, _) = run["train"], run["evals"], run["test"]
+    assert len(vx) == 40 // sweep.VALIDATION_SHARE == run["settings"]["validation"] and len(tx) == 40 - len(vx)
+    assert run["train_size"] == len(tx) and run["settings"]["train_size"] == len(tx)
+    whole = data.load_split(dataset, "train")
+    assert np.array_equal(vx, whole[0][-len(vx):]) and np.array_equal(vy, whole[1][-len(vx):])
+    assert np.array_equal(tx, whole[0][:-len(vx)]) and (run["mean"], run["std"]) == data.pixel_stats(tx)
+    assert not np.array_equal(vx[: len(sx)], sx[: len(vx)])
+    one = sweep.prepare(parse("--data-dir", dataset))                          # one model: nothing ranked
+    assert one["settings"]["validation"] == 0 and one["evals"][0] is one["test"][0]
+    told = sweep.prepare(parse("--data-dir", dataset, "--lr", 0.1, 0.2, "--rank-on-test"))
+    assert told["settings"]["validation"] == 0 and told["evals"][0] is told["test"][0] and len(told["train"][0]) == 40
+    given = sweep.prepare(parse("--data-dir", dataset, "--lr", 0.1, 0.2, "--validation", 10))
+    assert len(given["evals"][0]) == 10 and len(given["train"][0]) == 30
+    study = sweep.prepare(parse("--data-dir", dataset, "--search", "optuna", "--trials", 3, "--lr", 0.1, 0.2)) \
+        if _has_optuna() else None
+    assert study is None or study["settings"]["validation"] == 40 // sweep.VALIDATION_SHARE
+    with pytest.raises(ValueError, match="too few to hold out"):
+        sweep.validation_size(parse("--lr", 0.1, 0.2), 5, 2)
+
+
+def _has_optuna() -> bool:
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Each configuration's accuracy on a split: the validation split prefers lr 0.1, the test split lr 0.2, so
+# a sweep that ranked on the test split would crown another winner.
+SCORES = {"validation": {0.05: 0.80, 0.1: 0.90, 0.2: 0.85}, "test": {0.05: 0.70, 0.1: 0.75, 0.2: 0.95}}
+
+
+class _FakePack:
+    """lenet.pack.Pack's surface as GridSweep and StudySweep drive it, without a GPU: every epoch each model
+    scores SCORES on the split it was handed (``which`` names it), its weights its learning rate."""
+
+    made: list = []   # the split each pack was handed to evaluate on
+
+    def __init__(self, configs, train, evals, *, models=None, which=None, **_):
+        self.evals, self.which, self.steps = evals, which, 1
+        self.split = which(evals)
+        _FakePack.made.append(self.split)
+        self.slots, self.results = [], []
+        for k, c in enumerate(configs):
+            self.assign(k, c)
+
+    def assign(self, k, config, tag=None, fresh=True):
+        from lenet.pack import Result
+
+        r = Result(config, k, tag=tag)
+        self.slots += [None] * (k + 1 - len(self.slots))
+        self.slots[k] = r
+        self.results.append(r)
+        return r
+
+    @property
+    def active(self):
+        return [k for k, r in enumerate(self.slots) if r is not None and not r.done]
+
+    def release(self, k):
+        self.slots[k] = None
+
+    def begin_epoch(self):
+        return None
+
+    def steps_of(self, orders, first=0, stop=None):
+        return self.steps
+
+    def end_epoch(self, seconds):
+        done = []
+        for r in self.slots:
+            if r is None or r.done:
+                continue
+            r.accuracy.append(SCORES[self.split][r.config.lr] - 0.01 * (r.config.epochs - len(r.accuracy) - 1))
+            r.loss.append(0.5)
+            r.train_loss.append(0.5)
+            if r.done:
+                r.weights = r.params = np.full(4, r.config.lr, np.float32)
+                r.velocity = np.zeros(4, np.float32)
+                done.append(r)
+        return done
+
+    def close(self):
+        pass
+
+
+def _no_gpu_sweep(monkeypatch, run):
+    """The seams a sweep reads its splits through, without a GPU: Sweep.datasets hands the host arrays to
+    the (fake) pack, Sweep.evaluate_on_test is counted. Returns the list of weights the test split saw."""
+    from lenet import pack as pack_module
+    from lenet import study as study_module
+    from lenet.sweep_results import Sweep
+
+    def which(split):
+        for name, ref in (("test", run["test"]), ("validation", run["evals"] if run["settings"]["validation"] else None),
+                          ("train", run["train"])):
+            if ref is not None and len(split[0]) == len(ref[0]) and np.array_equal(split[0], ref[0]):
+                return name
+        return "?"
+
+    tested = []
+
+    def on_test(self, weights, policy):
+        tested.append(float(weights[0]))
+        return SCORES["test"][round(float(weights[0]), 4)], 0.3
+
+    _FakePack.made = []
+    for module in (pack_module, study_module):   # a grid imports it when it runs a pack, the study at its import
+        monkeypatch.setattr(module, "Pack", lambda *a, **kw: _FakePack(*a, which=which, **kw))
+    monkeypatch.setattr(Sweep, "datasets", lambda self: (self.run_info["train"], self.run_info["evals"]))
+    monkeypatch.setattr(Sweep, "evaluate_on_test", on_test)
+    return tested
+
+
+def test_the_default_ranks_on_held_out_images_and_the_test_split_is_read_once_by_the_winner(dataset, monkeypatch,
+                                                                                            capsys):
+    from lenet import cli
+
+    args = parse("--data-dir", dataset, "--lr", 0.05, 0.1, 0.2, "--epochs", 2, "--quiet")
+    run = sweep.prepare(args)
+    tested = _no_gpu_sweep(monkeypatch, run)
+    grid = sweep.GridSweep(args, run, cli.policy_from(args), None, run["configs"])
+    assert grid.run() == 0
+    assert _FakePack.made == ["validation"]                  # every model evaluated on held-out training images
+    assert [round(w, 4) for w in tested] == [0.1]            # the test split read once, by the validation winner
+    out = capsys.readouterr().out
+    assert "ranked on the validation split" in out and "best 90.00% on the validation split" in out
+    assert "the winner on the test split (seen now, once, by it alone): 75.00%" in out
+
+
+def test_every_model_on_the_test_split_is_reported_apart_and_never_ranked_on(dataset, monkeypatch, capsys, tmp_path):
+    from lenet import cli
+
+    args = parse("--data-dir", dataset, "--lr", 0.05, 0.1, 0.2, "--epochs", 2, "--quiet", "--test-every-model",
+                 "--out", tmp_path / "out")
+    run = sweep.prepare(args)
+    sweep.open_out(run["out"], False, run["settings"], False)
+    tested = _no_gpu_sweep(monkeypatch, run)
+    grid = sweep.GridSweep(args, run, cli.policy_from(args), None, run["configs"])
+    monkeypatch.setattr(grid, "save_best", lambda row, r: None)   # the checkpoint's export: not this test's
+    assert grid.run() == 0
+    assert sorted(round(w, 4) for w in tested) == [0.05, 0.1, 0.2]   # once each, the winner's reused
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["best"]["config"]["lr"] == 0.1 and summary["test_accuracy"] == 0.75   # not lr 0.2's 0.95
+    rows = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert {r["config"]["lr"]: r["test_accuracy"] for r in rows} == SCORES["test"]
+    assert all(r["split"] == "validation" for r in rows)
+    assert (tmp_path / "out" / "results.csv").read_text().splitlines()[0].endswith(",test_accuracy")
+    assert "(test 95.00%, not ranked on)" in capsys.readouterr().out
+
+
+def test_ranking_on_the_test_split_is_said_on_every_line_that_names_a_best(dataset, monkeypatch, capsys):
+    from lenet import cli
+
+    args = parse("--data-dir", dataset, "--lr", 0.05, 0.1, 0.2, "--seeds", "0-1", "--epochs", 2, "--quiet",
+                 "--rank-on-test")
+    run = sweep.prepare(args)
+    tested = _no_gpu_sweep(monkeypatch, run)
+    assert sweep.GridSweep(args, run, cli.policy_from(args), None, run["configs"]).run() == 0
+    assert _FakePack.made == ["test"] and tested == []
+    out = capsys.readouterr().out
+    bests = [x for x in out.splitlines() if "best" in x or "winner" in x or "ranked" in x]
+    assert bests and all("test split" in x or x.startswith("the winner alone") for x in bests), bests
+    assert "no estimate for unseen images" in out
+
+
 def test_an_earlier_sweep_is_kept_unless_resumed_or_overwritten(dataset, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -206,6 +384,7 @@ def test_a_broken_pack_state_is_one_line_on_resume(dataset, tmp_path):
     from lenet import cli, data   # sweep.json as prepare() writes it, so that only pack.npz is wrong
 
     root, (tx, _), (vx, _), cache, _ = cli.run_splits(args)
+    args.validation = sweep.validation_size(args, len(tx), 1)   # one model: nothing held out
     (out / "sweep.json").write_text(json.dumps(sweep.settings_of(args, data.fingerprint(root, cache), len(tx), len(vx))))
     (out / "pack.npz").write_bytes(b"not an npz")
     before = sorted(p.name for p in out.iterdir())
@@ -274,6 +453,63 @@ def test_a_failed_trial_leaves_its_place_in_the_budget(tmp_path):
             numbers.append(t.number)
             s.tell(t, 0.1)
     assert numbers == [1, 2, 3, 4, 5]
+
+
+def test_a_spent_budget_asks_for_no_trial_and_one_asked_beyond_it_is_no_failure(tmp_path, monkeypatch, capsys):
+    """Note [trial budget]: once the budget's trials are there a worker asks for none; a trial another worker's
+    ask pushed beyond it (a race near the end) is told FAIL with "beyond the budget", never trained, and the
+    finished study reports it as that, not as a failure."""
+    from lenet import study
+    from lenet.study import StudySweep
+
+    args = _args(tmp_path)
+    s = study.open_study(args, sweep.settings_of(args, "abc", 50000, 10000))
+    worker = StudySweep.__new__(StudySweep)   # its ask() and finish() alone: no pack, no GPU
+    worker.study, worker.args, worker.worker, worker.exhausted = s, args, "here:1", False
+    worker.dists, worker.fixed = study.space(args)
+    worker.rows, worker.bar, worker.out, worker.split = [], None, None, "validation"
+    for _ in range(args.trials - 1):
+        trial, _ = worker.ask()
+        s.tell(trial, 0.5)
+    other = s.ask(worker.dists)                 # another worker's ask, admitted: the budget's last trial
+    assert study.admitted(s, other, args.trials)
+    monkeypatch.setattr(study, "spent", lambda *a: False)   # this worker checked before the other asked
+    assert worker.ask() is None and worker.exhausted
+    monkeypatch.undo()
+    late = s.get_trials(deepcopy=False)[-1]
+    assert late.number == args.trials and late.state == optuna.trial.TrialState.FAIL
+    assert late.user_attrs["lenet"] == study.BEYOND and study.outcome(late) == "asked beyond the budget (never trained)"
+    s.tell(other, 0.6)
+    made = len(s.get_trials(deepcopy=False))
+    worker.exhausted = False
+    assert worker.ask() is None and len(s.get_trials(deepcopy=False)) == made   # spent: no trial made to be failed
+    assert worker.finish(None) == 0
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert "5 complete" in line and "1 asked beyond the budget (never trained)" in line and "fail" not in line, line
+
+
+def test_a_waiting_trial_enqueued_again_is_admitted_where_the_budget_is_otherwise_spent(tmp_path):
+    """An interrupted trial (FAIL, its parameters enqueued again) leaves its place to the waiting one: the
+    budget counts it as spent for a new trial, not for the waiting one."""
+    from lenet import study
+
+    args = _args(tmp_path)
+    s = study.open_study(args, sweep.settings_of(args, "abc", 50000, 10000))
+    dists, _ = study.space(args)
+    trials = [s.ask(dists) for _ in range(args.trials)]
+    for i, t in enumerate(trials):
+        if i == 2:   # a worker stopped while it trained this one (StudySweep.interrupted)
+            t.set_user_attr("lenet", "interrupted")
+            s.tell(t, state=optuna.trial.TrialState.FAIL)
+            s.enqueue_trial(t.params, skip_if_exists=False)
+        else:
+            s.tell(t, 0.5)
+    assert not study.spent(s, args.trials)
+    again = s.ask(dists)
+    assert again.params == s.trials[2].params and study.admitted(s, again, args.trials)
+    s.tell(again, 0.7)
+    assert study.spent(s, args.trials)
+    assert study.outcome(s.trials[2]) == "interrupted (enqueued again)"
 
 
 def test_a_study_made_with_other_flags_is_refused(tmp_path):
@@ -377,6 +613,57 @@ def test_the_workers_results_merge_into_one(tmp_path):
     assert [r["trial"] for r in merged] == [0, 1, 2, 3] and [r["worker"] for r in merged] == [0, 1, 1, 0]
     assert len((tmp_path / "o" / "results.csv").read_text().splitlines()) == 5
     assert json.loads((tmp_path / "o" / "summary.json").read_text())["gpus"] == ["0", "1"]
+
+
+def test_optunas_objective_and_pruner_see_the_validation_split_alone(dataset, monkeypatch, capsys):
+    """Every value a trial reports (what the median pruner reads) and tells (the objective) is its accuracy
+    on the held-out images; the study's best is the validation winner, and the test split is read once,
+    by it."""
+    from lenet import cli
+    from lenet.study import StudySweep
+
+    args = parse("--data-dir", dataset, "--search", "optuna", "--trials", 3, "--sampler", "grid", "--lr", 0.05, 0.1,
+                 0.2, "--epochs", 2, "--pack-size", 2, "--quiet")
+    run = sweep.prepare(args)
+    tested = _no_gpu_sweep(monkeypatch, run)
+    assert StudySweep(args, run, cli.policy_from(args), None).run() == 0
+    assert _FakePack.made == ["validation"]
+    trials = [t for t in run["study"].get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(trials) == 3
+    for t in trials:
+        val = SCORES["validation"][t.params["lr"]]
+        assert t.value == pytest.approx(val) and t.intermediate_values == {1: pytest.approx(val - 0.01),
+                                                                           2: pytest.approx(val)}
+    assert run["study"].best_trial.params["lr"] == 0.1 and [round(w, 4) for w in tested] == [0.1]
+    assert "on the validation split" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("other", ["running", "better", "worse"])
+def test_a_study_reads_the_test_split_only_for_its_winner_once_it_is_known(dataset, monkeypatch, capsys, other):
+    """Two workers of one study: another worker's trial still running (the winner not known yet), or done
+    better than every trial of this worker (the winner is the other's): this worker reads no test split.
+    Done worse: this worker trained the study's winner, and reads the test split once, by it."""
+    from lenet import cli
+    from lenet.study import StudySweep
+
+    args = parse("--data-dir", dataset, "--search", "optuna", "--trials", 4, "--sampler", "grid", "--lr", 0.05, 0.1,
+                 0.2, "--epochs", 2, "--pack-size", 2, "--quiet")
+    run = sweep.prepare(args)
+    tested = _no_gpu_sweep(monkeypatch, run)
+    theirs = run["study"].ask()                 # the other worker's trial
+    theirs.set_user_attr("out", "/elsewhere")
+    if other != "running":
+        run["study"].tell(theirs, 0.99 if other == "better" else 0.5)
+    worker = StudySweep(args, run, cli.policy_from(args), None)
+    assert worker.run() == 0
+    out = capsys.readouterr().out
+    mine = max((r for r in worker.rows), key=lambda r: r["final"])
+    if other == "running":
+        assert tested == [] and "trials of the study still run elsewhere" in out
+    elif other == "better":
+        assert tested == [] and f"the study's winner is trial {theirs.number}" in out and "/elsewhere/best" in out
+    else:
+        assert [round(w, 4) for w in tested] == [mine["config"]["lr"]] and "seen now, once, by it alone" in out
 
 
 @pytest.mark.parametrize("extra,keeps", [([], False), (["--ema", "off", "0.999"], True), (["--ema", "0.999"], True),

@@ -75,7 +75,7 @@ def test_a_deterministic_sweep_trains_each_model_as_lenet_train_does(dataset, tm
 
     out = tmp_path / "sweep"
     small = [a for a in SMALL if a not in ("--flip", "off")] + ["--flip", "on"]   # 2000 = 31 x 64 + 16
-    r = sweep("--data-dir", dataset, "--seeds", "0-2", "--lr", 0.07, *small, "--out", out)
+    r = sweep("--data-dir", dataset, "--seeds", "0-2", "--lr", 0.07, *small, "--rank-on-test", "--out", out)
     assert r.returncode == 0, r.stderr
     got = {g["config"]["seed"]: g for g in rows(out)}
     winner = json.loads((out / "summary.json").read_text())["best"]["config"]["seed"]
@@ -93,6 +93,48 @@ def test_a_deterministic_sweep_trains_each_model_as_lenet_train_does(dataset, tm
         if seed == winner:
             best, _, _ = ckpt.load(out / "best" / "checkpoint.npz")
             assert np.array_equal(np.asarray(best), np.asarray(params)), f"seed {seed}: the winner's weights differ"
+
+
+def test_by_default_a_sweep_ranks_on_held_out_images_and_reads_the_test_split_once_by_the_winner(
+        dataset, tmp_path, monkeypatch):  # noqa: F811
+    """Note [the ranked split] in lenet/sweep.py on a real sweep: no --validation, yet every row is ranked on
+    held-out training images, the test split is read once (Sweep.evaluate_on_test, counted), by the winner's
+    weights, and its number is what the winner's own weights score there."""
+    import numpy as np
+
+    from lenet import checkpoint as ckpt
+    from lenet import sweep as program
+    from lenet.sweep_results import Sweep
+
+    seen, original = [], Sweep.evaluate_on_test
+
+    def counted(self, weights, policy):
+        seen.append(np.array(weights, copy=True))
+        return original(self, weights, policy)
+    monkeypatch.setattr(Sweep, "evaluate_on_test", counted)
+    out = tmp_path / "out"
+    assert program.main(["--data-dir", str(dataset), "--lr", "0.05", "0.1", "--seeds", "0-1", *SMALL,
+                         "--out", str(out)]) == 0
+    got = rows(out)
+    assert len(got) == 4 and all(g["split"] == "validation" for g in got)
+    settings = json.loads((out / "sweep.json").read_text())
+    assert settings["validation"] == 2000 // program.VALIDATION_SHARE and settings["train_size"] == 2000 - 333
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["split"] == "validation" and summary["best"]["final"] == max(g["final"] for g in got)
+    assert len(seen) == 1, f"the test split was read {len(seen)} times"
+    params, _, meta = ckpt.load(out / "best" / "checkpoint.npz")
+    assert meta["sweep_row"] == summary["best"]["trial"]
+    assert np.array_equal(seen[0], ckpt.weights(params, meta)[0])   # the winner's weights, and only them
+    assert 0.5 < summary["test_accuracy"] <= 1.0
+    # --test-every-model: each model once, apart; the ranking and the winner the same
+    seen.clear()
+    every = tmp_path / "every"
+    assert program.main(["--data-dir", str(dataset), "--lr", "0.05", "0.1", "--seeds", "0-1", *SMALL,
+                         "--test-every-model", "--out", str(every)]) == 0
+    assert len(seen) == 4 and all("test_accuracy" in g for g in rows(every))
+    again = json.loads((every / "summary.json").read_text())
+    assert again["best"]["config"] == summary["best"]["config"]   # --deterministic: the same sweep, ranked alike
+    assert abs(again["test_accuracy"] - summary["test_accuracy"]) <= 0.002   # the same weights (a near tie may flip)
 
 
 def test_a_sweep_stopped_by_a_signal_resumes_to_what_an_uninterrupted_one_gives(dataset, tmp_path, monkeypatch):  # noqa: F811

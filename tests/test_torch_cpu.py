@@ -133,3 +133,67 @@ def test_an_engine_and_its_model_go_with_their_module(lt):
     assert engine_id not in lt._engines
     with pytest.raises(ValueError, match=f"no lenet.torch engine {engine_id}"):
         lt._engine(engine_id)
+
+
+def test_images_requiring_a_gradient_under_ours_are_refused_at_the_forward_in_one_line(lt):
+    """engine="ours" runs no cuDNN and no kernel of ours computes conv1's unmasked input gradient: the
+    forward refuses images that require a gradient, before any model is made or anything changes; where a
+    gradient is not being recorded, or the engine can compute it, nothing is refused for it."""
+    model = lt.LeNet(engine="ours")
+    x = torch.zeros(2, 1, 28, 28, requires_grad=True)
+    with pytest.raises(ValueError) as e:
+        model(x)
+    assert "cannot compute the images' gradient" in str(e.value) and "x.detach()" in str(e.value)
+    assert "\n" not in str(e.value) and model._engine.model is None and model._engine.held is None
+    with torch.no_grad(), pytest.raises(ValueError, match="runs on CUDA tensors"):
+        model(x)
+    with pytest.raises(ValueError, match="runs on CUDA tensors"):
+        model(x.detach())
+    for engine in ("auto", "legacy", "graph"):
+        assert lt.LeNet(engine=engine)._engine.no_input_grad is None
+        with pytest.raises(ValueError, match="runs on CUDA tensors"):
+            lt.LeNet(engine=engine)(x)
+
+
+class _Unplannable:
+    """A model whose step cannot be planned (what the planner raises where no engine serves an operation)."""
+
+    made: list = []
+
+    def __init__(self, max_batch, policy, cuda_graph, plan_cache, input_grad):
+        self.max_batch, self.input_grad, self.closed = max_batch, input_grad, False
+        _Unplannable.made.append(self)
+
+    def plan(self, n):
+        from descriptors.algorithms import AlgorithmNotSupportedError
+
+        raise AlgorithmNotSupportedError("no engine runs stage conv1 under this policy")
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_model_whose_plan_fails_never_replaces_the_modules(lt, monkeypatch):
+    """A backward that asks for a model the planner cannot plan (the images' gradient, a larger batch) leaves
+    the module's model as it was, holding the forward it held; the failed one is closed."""
+    import contextlib
+
+    import cupy
+
+    from lenet import model as model_module
+
+    monkeypatch.setattr(model_module, "LeNet", _Unplannable)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda index=None: contextlib.nullcontext())
+    engine = lt.LeNet(engine="auto")._engine
+    before = type("Planned", (), {"max_batch": 64, "input_grad": False})()
+    device = torch.device("cuda", 0)
+    engine.model, engine.device, engine.held = before, device, ("the forward it holds",)
+    from descriptors.algorithms import AlgorithmNotSupportedError
+
+    for n, want in ((8, True), (128, False)):
+        _Unplannable.made = []
+        with pytest.raises(AlgorithmNotSupportedError):
+            engine._model(n, device, want)
+        assert engine.model is before and engine.held == ("the forward it holds",)
+        assert len(_Unplannable.made) == 1 and _Unplannable.made[0].closed

@@ -86,9 +86,10 @@ def test_the_images_gradient_matches_pytorchs_in_float64(torch, engine, n):
     model = lt.LeNet(engine=engine).cuda()
     model.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
     xs = x.cuda().requires_grad_()
-    if engine == "ours":   # no kernel of ours computes conv1's input gradient: one line, naming why
+    if engine == "ours":   # no kernel of ours computes conv1's input gradient: one line at the forward, naming why
         with pytest.raises(ValueError, match="unmasked input gradient"):
-            torch.nn.functional.cross_entropy(model(xs), y.cuda()).backward()
+            model(xs)
+        assert model._engine.model is None   # refused before anything changed
         return
     torch.nn.functional.cross_entropy(model(xs), y.cuda()).backward()
     assert xs.grad is not None and xs.grad.shape == xs.shape
@@ -102,6 +103,49 @@ def test_the_images_gradient_matches_pytorchs_in_float64(torch, engine, n):
     model.requires_grad_(False)
     model(img)[0, int(y[0])].backward()
     assert img.grad is not None and float(img.grad.abs().sum()) > 0
+
+
+def test_a_refused_or_failed_images_gradient_leaves_the_module_able_to_train(torch, monkeypatch):
+    """engine="ours": the module refuses images that require a gradient at the forward; the operator called
+    directly (past the module's check) refuses at the backward, and a backward whose new model cannot be
+    planned (the refusal bypassed: the planner's own AlgorithmNotSupportedError) fails too; after each the
+    module keeps the model it had and trains on."""
+    import torch.nn.functional as F
+
+    import lenet.torch as lt
+    from descriptors.algorithms import AlgorithmNotSupportedError
+    from lenet import params as P
+
+    _, x, y = _batch(torch, 64)
+    x, y = x.cuda(), y.cuda()
+    model = lt.LeNet(engine="ours").cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    def train(steps: int) -> list[float]:
+        losses = []
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+    xs = x.clone().requires_grad_()
+    with pytest.raises(ValueError, match="cannot compute the images' gradient"):
+        model(xs)
+    first = train(1)
+    kept = model._engine.model
+    params = [model.get_parameter(name) for name in P.NAMES]
+    with pytest.raises(ValueError, match="cannot compute the images' gradient"):
+        F.cross_entropy(torch.ops.lenet.forward(xs, params, model._engine.id), y).backward()
+    assert model._engine.model is kept
+    monkeypatch.setattr(lt._Engine, "check_input_grad", lambda self: None)
+    with pytest.raises(AlgorithmNotSupportedError, match="no engine runs stage conv1"):
+        F.cross_entropy(torch.ops.lenet.forward(xs, params, model._engine.id), y).backward()
+    assert model._engine.model is kept and not kept.input_grad
+    monkeypatch.undo()
+    losses = first + train(30)
+    assert all(np.isfinite(losses)) and losses[-1] < losses[0], losses
 
 
 def test_opcheck_passes_with_the_images_gradient(torch):

@@ -9,7 +9,8 @@ common=($(python3 -c "from lenet.pack import Config; print(' '.join(Config(epoch
 tta=--tta
 for a in "$@"; do [ "$a" = --no-tta ] && tta=; done
 flags=(); for a in "$@"; do [ "$a" != --no-tta ] && flags+=("$a"); done
-python3 -m lenet sweep --quiet --seeds 0-2 --epochs "${EPOCHS:-2}" ${tta:---no-tta} "${flags[@]}" --overwrite \
+python3 -m lenet sweep --quiet --seeds 0-2 --epochs "${EPOCHS:-2}" ${tta:---no-tta} "${flags[@]}" --rank-on-test \
+    --overwrite \
     --out "$out/sweep" > "$out/sweep.log" 2>&1 || { tail -3 "$out/sweep.log"; exit 1; }
 python3 -m lenet train --quiet "${common[@]}" $tta "${flags[@]}" --overwrite --out "$out/lone" \
     > "$out/lone.log" 2>&1 || { tail -3 "$out/lone.log"; exit 1; }
