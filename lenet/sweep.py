@@ -518,8 +518,8 @@ def main(argv=None) -> int:
         from . import study
 
         study.check(args)
-        cli.run_splits(args)   # the dataset, checked here once (each worker reads it again)
-        return workers.run(args, list(sys.argv[1:] if argv is None else argv), start_plotter(args))
+        root = cli.run_splits(args)[0]   # the dataset, checked here once (each worker reads it again)
+        return workers.run(args, list(sys.argv[1:] if argv is None else argv), start_plotter(args), root)
     from .model import check_pack
 
     check_pack(policy, 2)   # an engine for every operation of a pack, before anything is read

@@ -251,6 +251,22 @@ class Workers:
         return summary
 
 
+def test_winner(checkpoint: Path, root, gpu: str) -> tuple[float, int] | None:
+    """(accuracy, images) of the merged winner on the test split, read once, by it alone (Note [the ranked
+    split] in lenet/sweep.py): `lenet predict` on GPU ``gpu``, where no worker did it (the winner's worker
+    reads the test split only if no trial was running elsewhere when it ended). None where it fails."""
+    import re
+
+    from . import data
+
+    images, labels = (data._file(Path(root), stem) for stem in data.SPLITS["test"])
+    r = subprocess.run([sys.executable, "-m", "lenet.predict", "--checkpoint", str(checkpoint), str(images),
+                        "--labels", str(labels), "--device", "gpu"], stdin=subprocess.DEVNULL, capture_output=True,
+                       text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
+    m = re.search(r"^accuracy ([0-9.]+)% on (\d+) images$", r.stdout, re.M)
+    return (float(m.group(1)) / 100, int(m.group(2))) if r.returncode == 0 and m else None
+
+
 def _lines(path: Path) -> list[str]:
     try:
         return path.read_text(errors="replace").splitlines()
@@ -263,7 +279,7 @@ def last_line(log: Path) -> str:
     return files.show(lines[-1]) if lines else "(its log is empty)"
 
 
-def run(args, argv: list[str], plotter=None) -> int:
+def run(args, argv: list[str], plotter=None, root=None) -> int:
     """lenet sweep --gpus: check, start the workers, wait, merge, report (module docstring)."""
     from .sweep_results import label_of
 
@@ -286,6 +302,13 @@ def run(args, argv: list[str], plotter=None) -> int:
         print(f"no model finished on {len(gpus)} GPUs ({seconds:.1f} s)", flush=True)
         return 2 if failed else 0
     best = summary["best"]
+    winner = w.out / "best" / "checkpoint.npz"
+    if (best is not None and summary["split"] == "validation" and "test_accuracy" not in summary and root is not None
+            and winner.is_file()):
+        tested = test_winner(winner, root, gpus[0])
+        if tested is not None:
+            summary["test_accuracy"], summary["test_images"] = tested
+            files.write_atomic(w.out / "summary.json", (json.dumps(summary, indent=1, default=float) + "\n").encode())
     line = (f"{summary['models']} models on {len(gpus)} GPUs in {seconds:.1f} s, ranked on the {summary['split']} "
             f"split")
     if best is not None:
