@@ -145,7 +145,21 @@ class Workers:
 
     # -- running
 
+    def _pass_on(self, signum, frame) -> None:
+        """Note [stopping the workers]: the first SIGINT or SIGTERM goes to every worker, once."""
+        if self.signum is None:
+            self.signum = signum
+            for _, p, _ in self.procs:
+                if p.poll() is None:
+                    try:
+                        p.send_signal(signum)
+                    except ProcessLookupError:
+                        pass
+
     def start(self, gpus: list[str]) -> None:
+        """Start a worker on each GPU (its CUDA_VISIBLE_DEVICES value), the signal handlers first: a signal
+        while they start reaches those already started, and each started after it."""
+        self._handlers = {s: signal.signal(s, self._pass_on) for s in (signal.SIGINT, signal.SIGTERM)}
         out = self.out
         out.mkdir(parents=True, exist_ok=True)
         if self.args.overwrite:
@@ -170,26 +184,18 @@ class Workers:
                                     env={**env, "CUDA_VISIBLE_DEVICES": gpu})
             log.close()
             self.procs.append((gpu, proc, out / f"gpu{i}.log"))
+            if self.signum is not None:
+                proc.send_signal(self.signum)
             print(f"worker {i} on GPU {gpu}: pid {proc.pid}, log {files.show(out / f'gpu{i}.log')}", flush=True)
 
     def wait(self) -> list[tuple[str, int, str]]:
         """Wait for every worker, passing a SIGINT or SIGTERM on to all of them once (Note [stopping the
         workers]); the (GPU, exit status, last log line) of each that failed."""
-        def passed_on(signum, frame):
-            if self.signum is None:
-                self.signum = signum
-                for _, p, _ in self.procs:
-                    if p.poll() is None:
-                        try:
-                            p.send_signal(signum)
-                        except ProcessLookupError:
-                            pass
-        old = {s: signal.signal(s, passed_on) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             while any(p.poll() is None for _, p, _ in self.procs):
                 time.sleep(0.2)
         finally:
-            for s, h in old.items():
+            for s, h in getattr(self, "_handlers", {}).items():
                 signal.signal(s, h)
         failed = []
         for gpu, p, log in self.procs:
