@@ -138,7 +138,7 @@ class _Parser(cli.Parser):
 
 
 def parser() -> cli.Parser:
-    p = _Parser(prog=cli.prog("sweep"),
+    p = _Parser(prog=cli.prog("sweep"), allow_abbrev=False,   # --gpus is taken out of a worker's flags by name
                    description="Train many LeNet-5 configurations at once, K models in one step on one GPU: a grid "
                                "of the values given, or an Optuna study (--search optuna). Each training flag takes "
                                "one or more values; the defaults are the README's fast Fashion-MNIST recipe.")

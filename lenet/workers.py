@@ -150,16 +150,39 @@ class Workers:
         if self.signum is None:
             self.signum = signum
             for _, p, _ in self.procs:
-                if p.poll() is None:
-                    try:
-                        p.send_signal(signum)
-                    except ProcessLookupError:
-                        pass
+                self._signal(p, signum)
+
+    def _signal(self, p, signum: int, again: bool = False) -> None:
+        if p.poll() is None and (again or p.pid not in self._signalled):
+            self._signalled.add(p.pid)
+            try:
+                p.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def _stop_now(self) -> None:
+        """A second signal (lenet/interrupt.py leaves at once): the workers get it too and stop at once."""
+        for _, p, _ in self.procs:
+            self._signal(p, self.signum or signal.SIGTERM, again=True)
 
     def start(self, gpus: list[str]) -> None:
-        """Start a worker on each GPU (its CUDA_VISIBLE_DEVICES value), the signal handlers first: a signal
-        while they start reaches those already started, and each started after it."""
+        """Start a worker on each GPU (its CUDA_VISIBLE_DEVICES value), the signal handling first: a signal
+        while they start reaches those already started, and each started after it (Note [stopping the
+        workers]); where a start fails, those started are stopped."""
+        from . import interrupt
+
+        self._signalled: set = set()
+        interrupt.hand_over(True)   # the first signal is ours to pass on; a second ends this process at once
+        interrupt.before_exit(self._stop_now)
         self._handlers = {s: signal.signal(s, self._pass_on) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._start(gpus)
+        except BaseException:
+            for _, p, _ in self.procs:
+                self._signal(p, signal.SIGTERM, again=True)
+            raise
+
+    def _start(self, gpus: list[str]) -> None:
         out = self.out
         out.mkdir(parents=True, exist_ok=True)
         if self.args.overwrite:
@@ -185,7 +208,7 @@ class Workers:
             log.close()
             self.procs.append((gpu, proc, out / f"gpu{i}.log"))
             if self.signum is not None:
-                proc.send_signal(self.signum)
+                self._signal(proc, self.signum)
             print(f"worker {i} on GPU {gpu}: pid {proc.pid}, log {files.show(out / f'gpu{i}.log')}", flush=True)
 
     def wait(self) -> list[tuple[str, int, str]]:
@@ -195,8 +218,11 @@ class Workers:
             while any(p.poll() is None for _, p, _ in self.procs):
                 time.sleep(0.2)
         finally:
+            from . import interrupt
+
             for s, h in getattr(self, "_handlers", {}).items():
                 signal.signal(s, h)
+            interrupt.hand_over(False)
         failed = []
         for gpu, p, log in self.procs:
             if p.returncode not in (0, 130, 143) or (p.returncode != 0 and self.signum is None):
@@ -236,11 +262,12 @@ class Workers:
         if best is not None:
             src = self.out / f"gpu{best['worker']}" / "best"
             own = summaries.get(best["worker"], {})
-            if (own.get("best") or {}).get("trial") == best["trial"]:
+            theirs = (own.get("best") or {}).get("trial") == best["trial"]   # that worker's winner is the winner
+            if theirs:
                 for k in ("test_accuracy", "test_loss", "train_command"):
                     if k in own:
                         summary[k] = own[k]
-            if src.is_dir():
+            if theirs and src.is_dir():
                 tmp = out / ".best.incoming"
                 shutil.rmtree(tmp, ignore_errors=True)
                 shutil.copytree(src, tmp)

@@ -268,34 +268,54 @@ def test_a_model_larger_than_the_gpu_is_refused_in_one_line():
 
 
 @pytest.mark.parametrize("n", [64, 2100, 8192])
-def test_a_gpu_that_holds_one_block_an_sm_runs_the_same_step(n):
+def test_a_gpu_that_holds_one_block_an_sm_runs_the_same_step(n, monkeypatch):
     """Note [launch shapes from the device] in lenet/kernels/launch.py: every launch of ours given enough extra
-    dynamic shared memory that one block fills an SM. With the grids unchanged (several waves where the shape
-    asks for more blocks an SM than now fit), four steps of --engine ours under --deterministic (no timing
-    decides anything: the tail form's tuned cuBLASLt products would) are bit-identical to the unsqueezed
-    run: no kernel waits for another block's progress, so a smaller GPU cannot deadlock. With the grids the
-    occupancy API now allows (one block an SM), they run too, their sums in another order: within 1e-5."""
-    from lenet.kernels import launch
+    dynamic shared memory that one block fills an SM (the occupancy API then says 1 for every stage kernel).
+    With the grids unchanged (more blocks than now fit: several waves), four steps of --engine ours under
+    --deterministic (no timing decides anything: the tail form's tuned cuBLASLt products would) are
+    bit-identical to the unsqueezed run: no kernel waits for another block's progress, so a smaller GPU
+    cannot deadlock. With the grids the occupancy API now allows (one block an SM), they run too, their sums in
+    another order: within 1e-5."""
+    import contextlib
+
+    from lenet.kernels import launch, sm_count, stages
     from lenet.model import LeNet
     rng = np.random.default_rng(n)
     x, y = rng.standard_normal((n, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+    grids = []
+    real = stages.Launch
+
+    def recording(fn, grid, *a, **k):   # the stage kernels' grids (their reductions' too)
+        grids.append(grid[0])
+        return real(fn, grid, *a, **k)
+    monkeypatch.setattr(stages, "Launch", recording)
 
     def train(squeeze):
-        import contextlib
+        grids.clear()
         with squeeze or contextlib.nullcontext():
             m = LeNet(max_batch=n, seed=3, momentum=0.9, cuda_graph=True,
                       policy=Policy(engine="ours", deterministic=True))
+            if squeeze is not None and squeeze.follow:
+                for ks in stages.kernels().values():
+                    for mod in ks.forward + ks.backward:
+                        if mod.runs_on(stages.kernel_arch()):
+                            fn = stages.function(mod)
+                            assert launch.resident(fn, mod.threads * max(mod.images or (1,)),
+                                                   mod.smem_bytes(max(mod.images or (0,)))) == 1, mod.name
             m.load_batch(x, y)
             losses = []
             for _ in range(4):
                 m.step(n, 0.05)
                 losses.append(m.loss())
-            grids = sorted({(r["layer"], r["op"], r["algo"]) for r in m.describe(n) if r["layer"] in ("conv1", "conv2")})
-            out = m.flat_state()[0], losses, grids
+            names = sorted({(r["layer"], r["op"], r["algo"]) for r in m.describe(n) if r["layer"] in ("conv1", "conv2")})
+            out = m.flat_state()[0], losses, names, max(grids)
             m.close()
             return out
     plain, waves, one = train(None), train(launch.squeezed(follow=False)), train(launch.squeezed(follow=True))
     assert plain[2] == waves[2] == one[2], "the squeeze changed which kernels run"
+    assert waves[3] == plain[3] and one[3] <= sm_count(), (plain[3], waves[3], one[3])
+    if n >= 2 * sm_count():
+        assert plain[3] > sm_count(), "no grid of more than one block an SM: the test squeezes nothing"
     assert np.array_equal(plain[0], waves[0]) and plain[1] == waves[1], "the same grids in more waves changed a bit"
     assert_close(one[0], plain[0], f"n={n} one block an SM", 1e-5)
     np.testing.assert_allclose(one[1], plain[1], rtol=1e-5)

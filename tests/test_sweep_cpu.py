@@ -762,14 +762,32 @@ def test_the_workers_each_get_their_gpu_and_a_dying_one_is_named(tmp_path, monke
 
 
 def test_a_signal_reaches_every_worker_once(tmp_path, monkeypatch):
+    """Note [stopping the workers]: a program's signal handling (lenet/interrupt.py, cli.run) hands the first
+    SIGINT to the workers' parent, which passes it on to each worker once and ends with one line, 130."""
     import signal
-    import threading
 
-    w = _workers(tmp_path, monkeypatch, slow=100)
-    w.check()
-    w.start(["0", "1"])
-    threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
-    failed = w.wait()
-    assert w.signum == signal.SIGINT and failed == []
-    assert [p.returncode for _, p, _ in w.procs] == [130, 130]
-    assert all("stopped by SIGINT" in log.read_text() for _, _, log in w.procs)
+    w = _workers(tmp_path, monkeypatch, slow=300)
+    script = tmp_path / "parent.py"
+    script.write_text(f"""import sys
+sys.path.insert(0, {str(ROOT)!r})
+from lenet import cli, sweep, workers
+workers.Workers.command = {w.command!r}
+workers.gpu_count = lambda: 2
+args = sweep.parser().parse_args(["--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--gpus", "all",
+                                  "--out", {str(tmp_path / 'o')!r}])
+cli.run(lambda: workers.run(args, ["--gpus", "all"]), "lenet sweep")
+""")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    import time
+    for _ in range(100):   # both workers started
+        if all((tmp_path / "o" / f"gpu{i}.log").exists() for i in (0, 1)):
+            break
+        time.sleep(0.1)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert p.returncode == 130 and len(lines) == 1 and lines[0].startswith("stopped by SIGINT: 2 workers"), err
+    logs = [(tmp_path / "o" / f"gpu{i}.log").read_text() for i in (0, 1)]
+    assert all(log.count("stopped by SIGINT") == 1 for log in logs), logs

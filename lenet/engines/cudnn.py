@@ -230,7 +230,8 @@ class Cudnn:
                 cands = named
             import cupy
 
-            cands = within_free_memory(cands, cupy.cuda.runtime.memGetInfo()[0], excluded)
+            free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()   # CuPy's cached blocks too
+            cands = within_free_memory(cands, free, excluded)
             if not cands:
                 raise AlgorithmNotSupportedError(
                     f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "

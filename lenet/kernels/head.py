@@ -280,7 +280,8 @@ class TailLaunches:
                  models: int = 1, mask: bool = True, share: int = 1):
         K, null, f0 = models, np.uint64(0), np.float32(0)
         fn = kernel(pack_module("head_tail", K), "head_tail_kernel")
-        fits = resident(fn, TAIL_WARPS * 32)   # Note [launch shapes from the device] in lenet/kernels/launch.py
+        # Note [launch shapes from the device] in lenet/kernels/launch.py; a lone run's grid (share 1): its build's
+        fits = resident(fn if share != 1 else kernel("head_tail", "head_tail_kernel"), TAIL_WARPS * 32)
         blocks = tail_blocks(n, max(1, min(shape.group, fits)), share)
         if blocks > 1 and K * blocks > rows.shape[0]:
             raise ValueError(f"the tail's {blocks} blocks need more partial rows than the {rows.shape[0]} kept")

@@ -97,7 +97,7 @@ def table(arch: int | None = None) -> dict:
     """The heuristic's rows for compute capability ``arch`` (default: what our kernels are compiled for
     in this process, lenet.kernels.arch()): those of the newest generation at most it."""
     arch = kernel_arch() if arch is None else int(arch)
-    return HEURISTIC[max(g for g in HEURISTIC if g <= arch)]
+    return HEURISTIC[max((g for g in HEURISTIC if g <= arch), default=min(HEURISTIC))]
 
 
 # conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
@@ -299,7 +299,8 @@ def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, a
         if getattr(getattr(a, "data", None), "ptr", 0) % 16:
             raise ValueError(f"our stage forward reads its {name} as float4s: they must start on a 16-byte boundary")
     fn, threads, smem = function(m, models), m.threads * cand.images, m.smem_bytes(cand.images)
-    grid = cand.grid(n, models if share is None else share, resident(fn, threads, smem))
+    grid = cand.grid(n, models if share is None else share, resident(function(m, models if share != 1 else 1),
+                                                                      threads, smem))
     return Launch(fn, (grid, models), (threads,), (x, w, b, y, arg, np.int32(n), np.int32(ps)), stream, smem)
 
 
@@ -315,8 +316,9 @@ def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w,
         if getattr(getattr(a, "data", None), "ptr", 0) % 16:   # conv2's versions 6 and 7 move 16 bytes at a time
             raise ValueError(f"our stage backward moves its {name} 16 bytes at a time: it must start on a 16-byte "
                              "boundary")
-    fn = function(m, models)
-    grid = cand.grid(n, models if share is None else share, resident(fn, m.threads, m.smem_bytes(0)))
+    fn = function(m, models)   # each model on its lone run's grid (share 1): the plain build's residency, its grid
+    grid = cand.grid(n, models if share is None else share,
+                     resident(function(m, models if share != 1 else 1), m.threads, m.smem_bytes(0)))
     reduce = kernel(pack_module("stage_reduce", models), "stage_reduce_kernel")
     if part.shape[0] < grid * models:
         raise ValueError(f"partial-sum buffer has {part.shape[0]} rows, the launch needs {grid * models}")
