@@ -61,7 +61,9 @@ class Parser(argparse.ArgumentParser):
         return super().parse_known_args(out, namespace)
 
     def error(self, message: str):  # noqa: D102
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        from .files import escaped
+
+        self.exit(2, f"{self.prog}: error: {escaped(message)}\n")
 
     def exit(self, status=0, message=None):  # noqa: D102
         if not startup.started_early():
@@ -272,6 +274,7 @@ def run(main, name: str = "") -> None:
     from . import files, interrupt
 
     interrupt.guard(name)   # Note [signals from the first line] in lenet/interrupt.py
+    files.hold_writes()     # Note [nothing written before the checks] in lenet/files.py
     files.library_caches()  # before CuPy's import: Note [cache folders] in lenet/files.py
     for stream in (sys.stdout, sys.stderr):   # a name of bad bytes is printed escaped, never a traceback
         if hasattr(stream, "reconfigure"):
@@ -285,7 +288,7 @@ def run(main, name: str = "") -> None:
         line = known_failure(e)
         if line is None:
             raise
-        print(f"{head} {line}", file=sys.stderr)
+        print(f"{head} {files.escaped(line)}", file=sys.stderr)   # one line, whatever a name in it holds
         code = 2
     leave(code or 0)
 
