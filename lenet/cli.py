@@ -51,14 +51,33 @@ class Parser(argparse.ArgumentParser):
                        for s in a.option_strings}
         out, i = [], 0
         while i < len(args):
+            if args[i] == "--":   # the rest are inputs, whatever they start with
+                out += args[i:]
+                break
             if args[i] in takes_value and i + 1 < len(args) and args[i + 1].startswith("-") \
                     and args[i + 1] not in self._option_string_actions:
                 out.append(f"{args[i]}={args[i + 1]}")
                 i += 2
                 continue
+            if self._unknown_flag(args[i]):
+                from .files import show
+
+                self.error(f"unrecognized argument '{show(args[i])}': none of this program's flags; an input whose "
+                           f"name starts with '-' is given as ./{show(args[i])}")
             out.append(args[i])
             i += 1
         return super().parse_known_args(out, namespace)
+
+    def _unknown_flag(self, arg: str) -> bool:
+        """Whether ``arg`` looks like a flag and is none of ours, in a program that takes inputs: argparse
+        would take it for a flag and say an input is missing (predict -dash.png: "required: INPUT")."""
+        if not any(not a.option_strings for a in self._actions) or not arg.startswith("-") or arg in ("-", "--"):
+            return False
+        if self._negative_number_matcher.match(arg):
+            return False
+        name = arg.split("=", 1)[0]
+        return name not in self._option_string_actions and not (
+            name.startswith("--") and any(o.startswith(name) for o in self._option_string_actions))
 
     def error(self, message: str):  # noqa: D102
         from .files import escaped
