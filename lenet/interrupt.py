@@ -42,15 +42,21 @@ def _ignore(signum, frame) -> None:
     """The Python-level handler: the thread below acts (Note [signals from the first line])."""
 
 
-def guard(prog: str = "") -> None:
-    """Install the handling above, once per process (``prog``: the program's name in its line)."""
+def guard(prog: str = "", restore=None) -> None:
+    """Install the handling above, once per process (``prog``: the program's name in its line; ``restore``:
+    the signal mask to restore once it is in place, where the package's first line held the signals back
+    already: Note [a signal before the handlers] in lenet/__init__.py)."""
     if prog:
         _state["prog"] = prog
     if _state["installed"] or threading.current_thread() is not threading.main_thread():
+        if restore is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, restore)
         return
     # Held back while the handling is put in place (Note [a signal while guarding]): one that comes now
     # is delivered when the mask is restored, to the pipe and the thread.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(NAMES)) if hasattr(signal, "pthread_sigmask") else None
+    if restore is not None:
+        mask = restore
     try:
         r, w = os.pipe()
         os.set_blocking(w, False)
