@@ -355,7 +355,14 @@ def leave(code: int) -> None:
     here, and an unexpected exception still leaves through the interpreter with its traceback.
     A cache entry still being written (files.write_later, a compiled module) is waited for first."""
     from .files import discard_temporaries, wait_for_writes
+    from .interrupt import leaving
 
+    for stream in (sys.stdout, sys.stderr):   # its last line out before the writes are waited for
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    leaving(code)   # a signal from here on ends it with this status, without a second line
     wait_for_writes()
     if "lenet.kernels.nvrtc" in sys.modules:   # compiles may still run on their threads
         sys.modules["lenet.kernels.nvrtc"].hold_writes()

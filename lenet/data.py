@@ -77,7 +77,7 @@ class _Gunzip:
 
 def _gzip_bytes(path: Path, label: str = "") -> bytes:
     """A gzip file's bytes, in one read; a file larger than any IDX dataset's is refused first."""
-    with files.open_input(path, label, "file in IDX format", DataError) as f:
+    with files.open_input(path, label, "IDX file", DataError) as f:
         return _whole(f, files.show(path))
 
 
@@ -101,7 +101,7 @@ def read_idx(path, *, ndim: int | None = None, data: bytes | None = None, label:
     the caller read them already; ``label``: the flag that named the file (its messages name it).
     """
     shown = files.show(path) if not label else f"{label} {files.show(path)}"
-    f = files.open_input(path, label, "file in IDX format", DataError) if data is None else io.BytesIO(data)
+    f = files.open_input(path, label, "IDX file", DataError) if data is None else io.BytesIO(data)
     path = shown   # every message below names the file as the user gave it, escaped
     with f:
         gz = f.read(2) == b"\x1f\x8b"
@@ -225,7 +225,7 @@ def source_digest(path: Path, cache: Path | None = None, data: bytes | None = No
     if data is not None:
         h.update(data)
     else:
-        with files.open_input(path, "", "file in IDX format", DataError) as f:   # 16 MB a read: the GIL is taken back once a block
+        with files.open_input(path, "", "IDX file", DataError) as f:   # 16 MB a read: the GIL is taken back once a block
             for block in iter(lambda: f.read(16 << 20), b""):
                 h.update(block)
     digest = h.hexdigest()

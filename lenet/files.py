@@ -257,6 +257,10 @@ class InputError(ValueError):
     """A file a program reads that is not there or not a regular file; names it and what is allowed."""
 
 
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiouAEIOU' else 'a'} {noun}"
+
+
 def _lead(label: str, path) -> str:
     return f"{label} {show(path)}".strip() if label else show(path)
 
@@ -267,7 +271,7 @@ def check_input_file(path, label: str = "", noun: str = "file", error=InputError
     nothing, a symlink loop, a folder, a pipe, a socket or a device (which a read would block on or never
     end). ``noun`` says what was wanted ("checkpoint")."""
     if not os.fspath(path):
-        raise error(f"{label or 'a file name'} is empty: give a {noun}")
+        raise error(f"{label or 'a file name'} is empty: give {_a(noun)}")
     if "\0" in os.fspath(path):
         raise error(f"{_lead(label, path)}: a file name cannot hold a NUL byte")
     lead = _lead(label, path)
@@ -278,11 +282,11 @@ def check_input_file(path, label: str = "", noun: str = "file", error=InputError
     if kind == "missing":
         raise error(f"{lead}: no such {noun}")
     if kind == "folder":
-        raise error(f"{lead} is a folder, not a {noun}")
+        raise error(f"{lead} is a folder, not {_a(noun)}")
     if kind in ("dangling", "loop"):
-        raise error(f"{lead} is {words}; give a {noun}")
+        raise error(f"{lead} is {words}; give {_a(noun)}")
     if kind != "file":
-        raise error(f"{lead} is {words}, not a regular file; give a {noun}")
+        raise error(f"{lead} is {words}, not a regular file; give {_a(noun)}")
     return Path(path)
 
 
@@ -296,7 +300,7 @@ def open_input(path, label: str = "", noun: str = "file", error=InputError):
         raise error(f"{_lead(label, path)}: cannot read ({e.strerror or e})") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise error(f"{_lead(label, path)} is not a regular file; give a {noun}")
+        raise error(f"{_lead(label, path)} is not a regular file; give {_a(noun)}")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
@@ -306,7 +310,7 @@ def read_input(path, label: str = "", noun: str = "file", error=InputError, limi
     with open_input(path, label, noun, error) as f:
         size = os.fstat(f.fileno()).st_size
         if limit is not None and size > limit:
-            raise error(f"{_lead(label, path)}: {size} bytes, more than the {limit} a {noun} can hold")
+            raise error(f"{_lead(label, path)}: {size} bytes, more than the {limit} {_a(noun)} can hold")
         try:
             return f.read()
         except OSError as e:

@@ -34,7 +34,7 @@ import time
 GRACE_S = 2.0   # a program that stops gracefully gets this long to leave by itself on a second signal
 
 NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
-_state = {"installed": False, "handed": False, "seen": 0, "prog": ""}
+_state = {"installed": False, "handed": False, "seen": 0, "prog": "", "leaving": None}
 _before_exit = []   # callables run (briefly) before leaving: what is being written finishes or goes
 
 
@@ -84,6 +84,13 @@ def hand_over(on: bool = True) -> None:
     _state["handed"], _state["seen"] = bool(on), 0
 
 
+def leaving(code: int) -> None:
+    """The program has said its last line and leaves with ``code`` once its writes in flight end (lenet.cli.leave):
+    a signal meanwhile cuts them short (their temporaries removed) and leaves with that status, without a
+    second line."""
+    _state["leaving"] = code
+
+
 def before_exit(fn) -> None:
     """Run ``fn()`` before leaving on a signal (each at most once; exceptions ignored)."""
     _before_exit.append(fn)
@@ -107,12 +114,15 @@ def _watch(fd: int) -> None:
 
 
 def leave(signum: int) -> None:
-    """One line, the writes in flight finished or removed, then exit 128 + signum without teardown."""
+    """One line, the writes in flight finished or removed, then exit 128 + signum without teardown (or, where
+    the program was leaving already, with its own status and no line: ``leaving``)."""
     prog = _state["prog"] or _program_name()
     what = "a second " if _state["handed"] else ""
     line = f"{prog}: interrupted by {what}{NAMES.get(signum, signum)}\n"
+    code = _state["leaving"]
     try:
-        os.write(2, line.encode())
+        if code is None:
+            os.write(2, line.encode())
     except OSError:
         pass
     while _before_exit:
@@ -120,7 +130,7 @@ def leave(signum: int) -> None:
             _before_exit.pop()()
         except BaseException:   # noqa: BLE001 - leaving regardless
             pass
-    os._exit(128 + signum)
+    os._exit(128 + signum if code is None else code)
 
 
 def _program_name() -> str:

@@ -142,12 +142,12 @@ def load_inputs(paths: list[str], invert: bool) -> tuple[np.ndarray, list[str]]:
     suffix (PICTURES), else an IDX image file by its content."""
     images, names = [], []
     for s in paths:
-        p = files.check_input_file(s, "", "file: an IDX image file or a PNG/JPEG picture", data.DataError)
+        p = files.check_input_file(s, "", "IDX image file or PNG/JPEG picture", data.DataError)
         if p.suffix.lower() in PICTURES:
             images.append(read_picture(p, invert)[None])
             names.append(p.name)
             continue
-        with files.open_input(p, "", "file: an IDX image file or a PNG/JPEG picture", data.DataError) as f:
+        with files.open_input(p, "", "IDX image file or PNG/JPEG picture", data.DataError) as f:
             head = f.read(4)
         if head[:2] == b"\x1f\x8b" or head[:2] == b"\x00\x00":
             a = data.read_idx(p, ndim=3)
