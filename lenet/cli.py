@@ -85,10 +85,12 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {escaped(message)}\n")
 
     def exit(self, status=0, message=None):  # noqa: D102
-        if not startup.started_early():
-            super().exit(status, message)
+        from .interrupt import last_line
+
         if message:
-            sys.stderr.write(message)
+            last_line(message, status)   # one last line, whatever signal comes (lenet/interrupt.py)
+        if not startup.started_early():
+            super().exit(status)
         leave(status)   # start_gpu's threads may be inside an import or a CUDA call
 
 
@@ -307,7 +309,7 @@ def run(main, name: str = "") -> None:
         line = known_failure(e)
         if line is None:
             raise
-        print(f"{head} {files.escaped(line)}", file=sys.stderr)   # one line, whatever a name in it holds
+        interrupt.last_line(f"{head} {files.escaped(line)}", 2)   # one line, whatever a name in it holds
         code = 2
     leave(code or 0)
 
@@ -355,14 +357,14 @@ def leave(code: int) -> None:
     here, and an unexpected exception still leaves through the interpreter with its traceback.
     A cache entry still being written (files.write_later, a compiled module) is waited for first."""
     from .files import discard_temporaries, wait_for_writes
-    from .interrupt import leaving
+    from .interrupt import last_line
 
     for stream in (sys.stdout, sys.stderr):   # its last line out before the writes are waited for
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    leaving(code)   # a signal from here on ends it with this status, without a second line
+    last_line(None, code)   # a signal from here on ends it with this status, without a second line
     wait_for_writes()
     if "lenet.kernels.nvrtc" in sys.modules:   # compiles may still run on their threads
         sys.modules["lenet.kernels.nvrtc"].hold_writes()

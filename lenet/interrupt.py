@@ -84,11 +84,30 @@ def hand_over(on: bool = True) -> None:
     _state["handed"], _state["seen"] = bool(on), 0
 
 
-def leaving(code: int) -> None:
-    """The program has said its last line and leaves with ``code`` once its writes in flight end (lenet.cli.leave):
-    a signal meanwhile cuts them short (their temporaries removed) and leaves with that status, without a
-    second line."""
-    _state["leaving"] = code
+_exit_lock = threading.Lock()   # one last line: the program's own, or a signal's
+
+
+def last_line(text: str | None, code: int) -> None:
+    """The program's last line (``text`` to stderr, if any), and from now on it leaves with ``code`` once its
+    writes in flight end (lenet.cli.leave): a signal meanwhile cuts them short (their temporaries removed)
+    and leaves with that status, without a second line. Where a signal's line came first, nothing is printed
+    and this waits for that thread to end the process: one line either way."""
+    with _exit_lock:
+        if not _state.get("signalled"):
+            if _state["leaving"] is not None:   # this program's own last line was said already
+                return
+            if text:
+                try:
+                    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+            _state["leaving"] = code
+            return
+    if not _state["installed"]:
+        return
+    while True:   # the signal's thread is leaving the process (os._exit)
+        time.sleep(1.0)
 
 
 def before_exit(fn) -> None:
@@ -119,12 +138,15 @@ def leave(signum: int) -> None:
     prog = _state["prog"] or _program_name()
     what = "a second " if _state["handed"] else ""
     line = f"{prog}: interrupted by {what}{NAMES.get(signum, signum)}\n"
-    code = _state["leaving"]
-    try:
+    with _exit_lock:   # the program's own last line, or this one (last_line)
+        code = _state["leaving"]
+        _state["signalled"] = True
         if code is None:
-            os.write(2, line.encode())
-    except OSError:
-        pass
+            _state["leaving"] = 128 + signum
+            try:
+                os.write(2, line.encode())
+            except OSError:
+                pass
     while _before_exit:
         try:
             _before_exit.pop()()
