@@ -262,7 +262,7 @@ def run_splits(args):
     for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
                                                                              len(test_x))):
         if want is not None and want > have:
-            raise data.DataError(f"{flag} {want} is more than the {have} images of {root}'s "
+            raise data.DataError(f"{flag} {want} is more than the {have} images of {data.files.show(root)}'s "
                                  f"{'training' if flag == '--train-size' else 'test'} split; give at most {have}")
     return root, (train_x[: args.train_size], train_y[: args.train_size]), \
         (test_x[: args.test_size], test_y[: args.test_size]), cache, pending

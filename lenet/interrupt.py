@@ -19,8 +19,15 @@ replacement met Python's own handler: a KeyboardInterrupt traceback from guard()
 (tests/test_hostile_cpu.py, a SIGINT 0.1 s in, once in a CI run). So guard() blocks SIGINT and SIGTERM
 while it sets up (pthread_sigmask; the main thread is the process's only one then) and restores the mask
 once the pipe, the handlers and the thread are in place: a signal that came meanwhile is delivered then,
-to the pipe, and handled as any later one. Before guard() runs (the interpreter's start, runpy), Python's
-own handling stays.
+to the pipe, and handled as any later one. The package's first line holds them back already, before any
+import of ours (Note [a signal before the handlers] in lenet/__init__.py), and guard() restores the mask
+that line found. Before that line (the interpreter's start, site, runpy finding the module), Python's own
+handling stays.
+
+Note [one last line]: a run says one last line, its own (an error, through ``last_line``) or a signal's,
+never both: a SIGINT that came while a run without a GPU printed its error, and waited for its cache
+writes, added "interrupted by SIGINT" under it. Once the program's line is out, a signal cuts the writes
+short (their temporaries removed) and leaves with the program's status, silently.
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ def space(args) -> tuple[dict, dict]:
 # the open for ever), a journal holds whole lines of JSON objects (Optuna's own reader stops at a byte it
 # cannot decode, with a line naming neither), a sqlite file starts with SQLite's header; a study that is
 # there is read without writing and its flags compared with this worker's (``check_study``). The study is
-# made (or loaded: never made twice, which appends to a journal) by ``open_study`` once the checks passed.
+# made (or loaded: never made twice, which appends to a journal) by ``open_study`` once the checks passed and
+# the GPU is there: a run that cannot train leaves the storage as it was.
 JOURNAL_LIMIT = 1 << 30   # bytes of a journal file read to check it
 
 
