@@ -11,7 +11,7 @@ import sys as _sys
 
 _held_mask = None
 if _sys.argv and (_sys.argv[0] == "-m" or _sys.argv[0].rsplit("/", 1)[-1].split(".")[0] in (
-        "lenet", "lenet-train", "lenet-train-step", "lenet-export", "lenet-predict")):
+        "lenet", "lenet-train", "lenet-train-step", "lenet-export", "lenet-predict", "lenet-sweep")):
     try:
         import _signal
 

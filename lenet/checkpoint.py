@@ -107,10 +107,20 @@ def check_meta(path, meta: dict, resuming: bool = False) -> dict:
             raise bad(f"has no {k} count ({v!r})")
     if resuming and not isinstance(meta.get("history"), list):
         raise bad("has no history of its epochs")
+    if resuming and not all(_epoch_record(h) for h in meta["history"]):
+        raise bad("has a history whose records are not its epochs' (an epoch number and its losses and accuracy)")
     running = meta.get("running_loss", 0.0)
     if resuming and (isinstance(running, bool) or not isinstance(running, (int, float)) or not np.isfinite(running)):
         raise bad("has a non-finite running loss")
     return meta
+
+
+def _epoch_record(h) -> bool:
+    """Whether ``h`` is an epoch's record as lenet.train writes it (what its plot and report read)."""
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(h, dict) and isinstance(h.get("epoch"), int) and not isinstance(h.get("epoch"), bool) and all(
+        number(h[k]) for k in ("train_loss", "test_loss", "test_accuracy", "seconds", "wall_s") if k in h)
 
 
 def weights(params_flat: np.ndarray, meta: dict) -> tuple[np.ndarray, str]:

@@ -145,7 +145,7 @@ def load_inputs(paths: list[str], invert: bool) -> tuple[np.ndarray, list[str]]:
         p = files.check_input_file(s, "", "IDX image file or PNG/JPEG picture", data.DataError)
         if p.suffix.lower() in PICTURES:
             images.append(read_picture(p, invert)[None])
-            names.append(p.name)
+            names.append(files.show(p.name))
             continue
         with files.open_input(p, "", "IDX image file or PNG/JPEG picture", data.DataError) as f:
             head = f.read(4)
@@ -154,11 +154,25 @@ def load_inputs(paths: list[str], invert: bool) -> tuple[np.ndarray, list[str]]:
             if a.dtype != np.uint8 or a.shape[1:] != (28, 28):
                 raise data.DataError(f"{files.show(p)}: IDX images must be uint8 28x28, got {a.dtype} {a.shape[1:]}")
             images.append(a)
-            names += [f"{files.show(p.name)}[{i}]" for i in range(len(a))]
+            names.append((files.show(p.name), len(a)))   # listed as name[i] only where shown (main)
         else:
             images.append(read_picture(p, invert)[None])
             names.append(files.show(p.name))
     return np.concatenate(images), names
+
+
+def shown_names(names: list, k: int) -> list[str]:
+    """The first ``k`` images' names: a picture's name, an IDX file's images as name[i]; never more built than
+    shown (an IDX file may hold millions)."""
+    out = []
+    for n in names:
+        if len(out) >= k:
+            break
+        if isinstance(n, tuple):
+            out += [f"{n[0]}[{i}]" for i in range(min(n[1], k - len(out)))]
+        else:
+            out.append(n)
+    return out
 
 
 def main(argv=None) -> int:
@@ -197,10 +211,10 @@ def main(argv=None) -> int:
         p /= p.sum(1, keepdims=True)
         preds.append(np.stack([p.argmax(1), p.max(1)], 1))
     pr = np.concatenate(preds)
-    for name, (c, conf) in list(zip(names, pr))[: args.show]:
+    for name, (c, conf) in zip(shown_names(names, args.show), pr):
         print(f"{name}: {int(c)} {classes[int(c)]} (p={conf:.3f})")
-    if len(names) > args.show:
-        print(f"... {len(names) - args.show} more")
+    if len(images) > args.show:
+        print(f"... {len(images) - args.show} more")
     if labels is not None:
         acc = float((pr[:, 0].astype(int) == labels).mean())
         print(f"accuracy {100 * acc:.2f}% on {len(labels)} images")

@@ -89,7 +89,6 @@ def keep_bytecode() -> str | None:
     Python checks each cached file against its source's size and modification time, writes it
     atomically, and skips a folder it cannot write."""
     from ._early import KEPT, bytecode_setting
-    from .files import after_checks, write_later
 
     if KEPT and sys.pycache_prefix == KEPT[0]:   # set on the program's first line (Note [bytecode from the first line])
         folder = KEPT[0]
@@ -101,6 +100,8 @@ def keep_bytecode() -> str | None:
             return None
         if os.path.isdir(folder):
             sys.pycache_prefix = folder   # read from now on; written once the checks passed
+    from .files import after_checks, write_later
+
     # Note [nothing written before the checks] in lenet/files.py: Python reads the kept bytecode from the first
     # line, and writes it (the folder made where it was not there) once the program's checks passed, with
     # the modules imported before then.
