@@ -552,8 +552,8 @@ def _pack_file(path: Path) -> dict:
         raise ValueError(f"{bad} (a history or running loss is not one); {fix}")
     for name, a in arrays.items():
         if a.dtype.kind != "f" or a.shape != (k * P.TOTAL,) or not np.all(np.isfinite(a)):
-            raise ValueError(f"{bad} (its {name} are not {k} models' {P.TOTAL} finite numbers, {k * P.TOTAL} in "
-                             f"all); {fix}")
+            raise ValueError(f"{bad} (its {name} are not {k * P.TOTAL} finite numbers, {P.TOTAL} for each of its "
+                             f"{k} model{'s' * (k > 1)}); {fix}")
     return arrays | state
 
 

@@ -196,7 +196,7 @@ def _case_pack_length(w):
              "history": [{"accuracy": [], "loss": [], "train_loss": [], "seconds": 0.0}]}
     np.savez(w / "s" / "pack.npz", params=np.zeros(7, np.float32), velocity=np.zeros(7, np.float32),
              ema=np.zeros(7, np.float32), state=np.array(json.dumps(state)))
-    return RESUME, "is not the state of a pack in flight (its params are not 1 models'"
+    return RESUME, "is not the state of a pack in flight (its params are not 34880 finite numbers"
 
 
 def _case_results_row(w):
