@@ -47,7 +47,9 @@ def load(path, label: str = "") -> tuple[np.ndarray, np.ndarray, dict]:
                 if missing:
                     raise CheckpointError(f"{lead} is an .npz without {', '.join(missing)}: not a checkpoint (an "
                                           f"export, perhaps); {WHAT}")
-                params, velocity, meta = z["params"], z["velocity"], json.loads(str(z["meta"]))
+                files.check_npz(z, lead, {"params": 8 * P.TOTAL, "velocity": 8 * P.TOTAL, "ema": 8 * P.TOTAL,
+                                          "meta": 256 << 20}, CheckpointError)
+                params, velocity, meta = z["params"], z["velocity"], files.json_of(str(z["meta"]))
                 ema = z["ema"] if "ema" in z.files else None
     except CheckpointError:
         raise

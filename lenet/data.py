@@ -194,7 +194,7 @@ def _remember(cache: Path, key: str, entry) -> None:
 def _index(cache: Path) -> dict:
     """index.json as a dict of entries; {} where it is missing, not a regular file, or not an object."""
     try:
-        v = json.loads(files.read_input(cache / "index.json", limit=64 << 20).decode())
+        v = files.json_of(files.read_input(cache / "index.json", limit=64 << 20).decode())
         return v if isinstance(v, dict) else {}
     except (OSError, ValueError):   # files.InputError is a ValueError: a pipe there is never read
         return {}

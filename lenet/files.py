@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import stat
 import sys
@@ -303,6 +304,37 @@ def open_input(path, label: str = "", noun: str = "file", error=InputError):
         raise error(f"{_lead(label, path)} is not a regular file; give {_a(noun)}")
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
+
+
+def json_of(data) -> object:
+    """json.loads, with a document nested too deeply for Python's parser (a RecursionError) a ValueError as
+    any other that is not JSON: what every stored file we read goes through."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def check_npz(z, lead: str, limits: dict, error=InputError) -> None:
+    """Each array of the open .npz ``z`` (numpy.lib.npyio.NpzFile) named in ``limits`` holds at most that many
+    bytes, read from its header before any of it is: an absurd header (a shape of 10**12) is refused, never
+    allocated. One ``error`` line naming the file (``lead``) otherwise."""
+    import numpy as np
+
+    for name, most in limits.items():
+        if name not in z.files:
+            continue
+        try:
+            with z.zip.open(name + ".npy") as m:
+                version = np.lib.format.read_magic(m)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(m)
+        except Exception:   # noqa: BLE001 - not an array NumPy reads: the caller's load says so
+            raise error(f"{lead}: its {name} is not a readable array") from None
+        size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+        if size > most:
+            raise error(f"{lead}: its {name} declares {size:,} bytes (shape {tuple(shape)}), more than the {most:,} "
+                        f"it can hold")
 
 
 def read_input(path, label: str = "", noun: str = "file", error=InputError, limit: int | None = None) -> bytes:

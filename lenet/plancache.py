@@ -50,7 +50,9 @@ def _document(path: Path):
     key = (str(path), st.st_size, st.st_mtime_ns)
     doc = _READ.get(key)
     if doc is None:   # a regular file only: a pipe there is refused (a ValueError), never waited on
-        doc = json.loads(read_input(path, "plan cache", "plan cache file").decode())
+        from .files import json_of
+
+        doc = json_of(read_input(path, "plan cache", "plan cache file").decode())
         _READ.clear()
         _READ[key] = doc
     return doc

@@ -482,10 +482,10 @@ def open_recorded_libraries() -> dict:
     import ctypes
     import json
 
-    from .files import read_input
+    from .files import json_of, read_input
 
     try:
-        record = json.loads(read_input(_libraries_file(), limit=1 << 20).decode())   # a pipe there is never read
+        record = json_of(read_input(_libraries_file(), limit=1 << 20).decode())   # a pipe there is never read
         if record.get("environment") != _library_environment():
             return {}
         libc = ctypes.CDLL(None)

@@ -136,12 +136,15 @@ def check(args) -> None:
     parses, or a journal file in a folder that exists) and what is there already (Note [a storage checked,
     then made])."""
     space(args)
+    if not args.study or not args.study.isprintable():
+        raise ValueError(f"--study '{show(args.study)}': give a name of printable characters (default: lenet-sweep)")
     url = args.storage
     if url is None:
         return
     if url == "":
         raise ValueError("--storage is empty: give a journal file (study.log) or a database URL "
                          "(sqlite:///study.db)")
+
     if "://" in url:
         try:
             from sqlalchemy.engine import make_url
@@ -183,7 +186,7 @@ def _check_file(path: str, url: str, header: bytes | None, what: str) -> None:
     lines = files.read_input(path, "--storage", what[2:], limit=JOURNAL_LIMIT).split(b"\n")
     for i, line in enumerate(lines[:-1]):   # the last, unfinished line: a write in flight, as Optuna reads it
         try:
-            op = __import__("json").loads(line.decode("utf-8"))
+            op = files.json_of(line.decode("utf-8"))
         except ValueError:
             op = None
         if not isinstance(op, dict) or "op_code" not in op:

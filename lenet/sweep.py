@@ -449,10 +449,10 @@ def _settings_file(path: Path, settings: dict) -> dict:
     bad = ValueError(f"--resume: {files.show(path)} is not a sweep's settings file (an object of "
                      f"{', '.join(RESUME_KEYS)})")
     try:
-        before = json.loads(files.read_input(path, "--resume", "sweep's settings file", limit=64 << 20).decode())
-    except UnicodeDecodeError:
-        raise bad from None
-    except json.JSONDecodeError:
+        before = files.json_of(files.read_input(path, "--resume", "sweep's settings file", limit=64 << 20).decode())
+    except files.InputError:
+        raise
+    except ValueError:   # not UTF-8, not JSON
         raise bad from None
     if not isinstance(before, dict) or any(k not in before for k in RESUME_KEYS):
         raise bad
@@ -501,7 +501,7 @@ def _rows_file(path: Path) -> list[dict]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line.decode())
+            row = files.json_of(line.decode())
         except ValueError:
             if i == len(lines) - 1:   # unfinished: a line cut by a kill
                 continue
@@ -524,8 +524,10 @@ def _pack_file(path: Path) -> dict:
     fix = "remove it to run that pack again from its start"
     try:
         with files.open_input(path, "--resume", "pack state") as f, np.load(f, allow_pickle=False) as z:
+            files.check_npz(z, bad, {k: 8 * P.TOTAL * MAX_PACK * 64 for k in ("params", "velocity", "ema")}
+                            | {"state": 256 << 20}, ValueError)
             arrays = {k: z[k] for k in ("params", "velocity", "ema")}
-            state = json.loads(str(z["state"]))
+            state = files.json_of(str(z["state"]))
     except files.InputError:
         raise
     except (OSError, KeyError, ValueError, TypeError, EOFError, AttributeError, zipfile.BadZipFile):
