@@ -253,7 +253,31 @@ def _case_dash(w):
     return ["predict", "--checkpoint", "c.npz", "-dash.png"], "./-dash.png"
 
 
+def _case_nested_meta(w):
+    np.savez(w / "c.npz", params=np.zeros(P.TOTAL, np.float32), velocity=np.zeros(P.TOTAL, np.float32),
+             meta=np.array("[" * 100000 + "]" * 100000))
+    return ["export", "c.npz", "--to", "m.npz"], "c.npz is not a LeNet checkpoint"
+
+
+def _case_absurd_npz_header(w):
+    import io
+    import zipfile
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": "<f4", "fortran_order": False, "shape": (10**12,)})
+    meta = io.BytesIO()
+    np.save(meta, np.array(json.dumps({"format": 1})))
+    with zipfile.ZipFile(w / "c.npz", "w") as z:
+        for name in ("params", "velocity"):
+            z.writestr(f"{name}.npy", head.getvalue())
+        z.writestr("meta.npy", meta.getvalue())
+    return ["train", "--quiet", "--data-dir", "DATA", "--resume", "c.npz"], "its params declares 4,000,000,000,000 bytes"
+
+
 CASES = {
+    "a checkpoint whose record is nested too deeply": _case_nested_meta,
+    "a checkpoint whose array header declares 10**12 numbers": _case_absurd_npz_header,
+    "--study ''": _newline(lambda w: None, OPTUNA + ["--lr", "0.1:0.2", "--study", ""], "--study '': give a name"),
     "train-step --dump over an existing file": _case_dump_existing,
     "train-step --dump over a run's checkpoint, --overwrite or not": _case_dump_checkpoint,
     "--dump a symlink loop": _case_dump_loop,
