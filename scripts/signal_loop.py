@@ -35,16 +35,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def dataset(root: Path) -> Path:
+def dataset(root: Path, images: int) -> Path:
+    """Fashion-MNIST's shape (``images`` training images, a sixth of that for test), gzipped: smooth images
+    (a blurred gradient and noise), so that gzip has work as on the real files."""
     import numpy as np
 
     root.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     names = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-    for split, n in (("train", 40), ("test", 20)):
-        for stem, a in zip(names[split], (rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
-                                          rng.integers(0, 10, n, dtype=np.uint8))):
+    for split, n in (("train", images), ("test", max(20, images // 6))):
+        pixels = (np.add.outer(np.arange(28), np.arange(28)) * 4)[None] + rng.integers(0, 8, (n, 1, 1))
+        pixels = (pixels + rng.integers(0, 3, (n, 28, 28))).clip(0, 255).astype(np.uint8)
+        for stem, a in zip(names[split], (pixels, rng.integers(0, 10, n, dtype=np.uint8))):
             raw = bytes([0, 0, 8, a.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in a.shape) + a.tobytes()
             (root / (stem + ".gz")).write_bytes(gzip.compress(raw, mtime=0))
     return root
@@ -70,11 +73,12 @@ def bare_start(python: str, env: dict) -> float:
     return statistics.median(times)
 
 
-def one(python, program, sig, offset, work: Path, data: Path, env: dict) -> str:
+def one(python, program, sig, offset, work: Path, data: Path, env: dict, extra=()) -> str:
     tmp, out = work / "tmp", work / "out"
     shutil.rmtree(work, ignore_errors=True)
     tmp.mkdir(parents=True)
-    cmd = [python, "-m", "lenet", program, "--quiet", "--data-dir", str(data), "--epochs", "1", "--out", str(out)]
+    cmd = [python, "-m", "lenet", program, "--quiet", "--data-dir", str(data), "--epochs", "1", "--out", str(out),
+           *extra]
     p = subprocess.Popen(cmd, env={**env, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, cwd=work)
     time.sleep(max(0.0, offset - 0.003))
@@ -105,27 +109,33 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--programs", nargs="+", default=["train", "sweep"])
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--images", type=int, default=60000, help="training images of the dataset (default: 60000)")
+    ap.add_argument("--data-cache", action="store_true",
+                    help="let the runs keep inflated copies (default: --no-data-cache, every run inflates)")
     args = ap.parse_args()
+    extra = () if args.data_cache else ("--no-data-cache",)
     base = Path(tempfile.mkdtemp(prefix="lenet-signal-loop-"))
     try:
         env = {k: v for k, v in os.environ.items() if k not in ("LENET_DATA", "LENET_DATA_CACHE")}
         env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(base / "cache"), HOME=str(base / "home"),
                    MPLCONFIGDIR=str(base / "mpl"))
         (base / "home").mkdir()
-        data = dataset(base / "data")
+        data = dataset(base / "data", args.images)
         start = bare_start(args.python, env)
         print(f"python -c pass: {start * 1000:.0f} ms (median of 10); 1.5x: {1.5 * start * 1000:.0f} ms")
         for program in args.programs:   # warm: caches and bytecode as a second run has them
             for _ in range(2):
+                t = time.monotonic()
                 subprocess.run([args.python, "-m", "lenet", program, "--quiet", "--data-dir", str(data), "--epochs",
-                                "1"], env=env, capture_output=True, timeout=120, cwd=base)
+                                "1", *extra], env=env, capture_output=True, timeout=120, cwd=base)
+            print(f"lenet {program} unsignalled: {time.monotonic() - t:.2f} s to its no-GPU line")
         print(f"{'program':<8} {'signal':<8} {'offset':>7}  good  ended-first  interpreter  bad")
         for program in args.programs:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 for offset in args.offsets:
                     counts: dict = {}
                     for i in range(args.runs):
-                        r = one(args.python, program, sig, offset, base / "run", data, env)
+                        r = one(args.python, program, sig, offset, base / "run", data, env, extra)
                         counts[r] = counts.get(r, 0) + 1
                     print(f"{program:<8} {sig.name:<8} {offset:7.3f}  {counts.get('good', 0):4}  "
                           f"{counts.get('ended first', 0):11}  {counts.get('interpreter', 0):11}  "
