@@ -118,7 +118,7 @@ def main() -> int:
     try:
         env = {k: v for k, v in os.environ.items() if k not in ("LENET_DATA", "LENET_DATA_CACHE")}
         env.update(PYTHONPATH=str(ROOT), XDG_CACHE_HOME=str(base / "cache"), HOME=str(base / "home"),
-                   MPLCONFIGDIR=str(base / "mpl"))
+                   MPLCONFIGDIR=str(base / "mpl"), PYTHONDONTWRITEBYTECODE="1")   # the checkout stays as it is
         (base / "home").mkdir()
         data = dataset(base / "data", args.images)
         start = bare_start(args.python, env)
