@@ -58,5 +58,5 @@ def keep_bytecode_early() -> None:
         base = cache_base()
         folder = None if base is None else os.path.join(base, "lenet", "bytecode")
     if keep and folder and os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK):
-        sys.pycache_prefix = folder   # read from here; written once the program's checks passed (lenet/files.py,
-        KEPT.append(folder)           # Note [nothing written before the checks])
+        sys.pycache_prefix, sys.dont_write_bytecode = folder, False
+        KEPT.append(folder)

@@ -98,14 +98,15 @@ def keep_bytecode() -> str | None:
         folder = _bytecode_folder(bytecode_setting())
         if folder is None:
             return None
-        if os.path.isdir(folder):
-            sys.pycache_prefix = folder   # read from now on; written once the checks passed
     from .files import after_checks, write_later
 
-    # Note [nothing written before the checks] in lenet/files.py: Python reads the kept bytecode from the first
-    # line, and writes it (the folder made where it was not there) once the program's checks passed, with
-    # the modules imported before then.
-    after_checks(lambda: _write_bytecode(folder))
+    # Note [nothing written before the checks] in lenet/files.py: a folder that is there is used at once, as
+    # Python uses __pycache__ (it writes what is missing or stale there); one that is not is made once the
+    # program's checks passed, with the bytecode of the modules imported before then (a first run's only).
+    if os.path.isdir(folder):
+        sys.pycache_prefix, sys.dont_write_bytecode = folder, False
+    else:
+        after_checks(lambda: _write_bytecode(folder))
     if _prune_due(folder):
         write_later(prune_bytecode, folder)
     return folder
@@ -125,8 +126,8 @@ def _write_bytecode(folder: str) -> None:
 
 
 def _bytecode_of_imported(folder: str) -> None:
-    """The bytecode of every module imported so far whose source is newer than its bytecode in ``folder``
-    (or that has none there): what Python would have written as it imported them."""
+    """The bytecode of every module imported so far that has none in ``folder`` (made just now): what Python
+    would have written there as it imported them."""
     import importlib.util
     import py_compile
 
@@ -137,8 +138,7 @@ def _bytecode_of_imported(folder: str) -> None:
             continue
         try:
             cached = importlib.util.cache_from_source(src)
-            if not cached.startswith(folder) or (os.path.exists(cached)
-                                                 and os.stat(cached).st_mtime >= os.stat(src).st_mtime):
+            if not cached.startswith(folder) or os.path.exists(cached):
                 continue
             py_compile.compile(src, cfile=cached, doraise=True)
         except (OSError, ValueError, SyntaxError, py_compile.PyCompileError):
