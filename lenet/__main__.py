@@ -62,9 +62,12 @@ def main(argv=None) -> int:
         print(f"lenet (lenet-cudnn {__version__})")
         return 0
     module = args[0].replace("-", "_")
-    if module not in {m for m, _, _ in PROGRAMS}:
-        print(f"lenet: error: unknown program {args[0]!r}; run one of the programs below", file=sys.stderr)
-        _list(sys.stderr)
+    if module not in {m for m, _, _ in PROGRAMS}:   # one line, as every other error (the list: lenet --help)
+        from .files import show
+
+        names = ", ".join(m.replace("_", "-") for m, _, _ in PROGRAMS)
+        given = f"unknown program '{show(args[0])}'" if args[0] else "the program's name is empty"
+        print(f"lenet: error: {given}; run one of: {names} (lenet --help lists them)", file=sys.stderr)
         return 2
     from . import cli
 

@@ -26,7 +26,7 @@ def is_program_start() -> bool:
     if argv0 == "-m":   # python -m lenet.PROGRAM, while its module is being found
         return True
     return os.path.basename(argv0).split(".")[0] in ("lenet", "lenet-train", "lenet-train-step", "lenet-export",
-                                                     "lenet-predict")
+                                                     "lenet-predict", "lenet-sweep")
 
 
 def cache_base() -> str | None:

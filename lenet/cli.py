@@ -51,23 +51,46 @@ class Parser(argparse.ArgumentParser):
                        for s in a.option_strings}
         out, i = [], 0
         while i < len(args):
+            if args[i] == "--":   # the rest are inputs, whatever they start with
+                out += args[i:]
+                break
             if args[i] in takes_value and i + 1 < len(args) and args[i + 1].startswith("-") \
                     and args[i + 1] not in self._option_string_actions:
                 out.append(f"{args[i]}={args[i + 1]}")
                 i += 2
                 continue
+            if self._unknown_flag(args[i]):
+                from .files import show
+
+                self.error(f"unrecognized argument '{show(args[i])}': none of this program's flags; an input whose "
+                           f"name starts with '-' is given as ./{show(args[i])}")
             out.append(args[i])
             i += 1
         return super().parse_known_args(out, namespace)
 
+    def _unknown_flag(self, arg: str) -> bool:
+        """Whether ``arg`` looks like a flag and is none of ours, in a program that takes inputs: argparse
+        would take it for a flag and say an input is missing (predict -dash.png: "required: INPUT")."""
+        if not any(not a.option_strings for a in self._actions) or not arg.startswith("-") or arg in ("-", "--"):
+            return False
+        if self._negative_number_matcher.match(arg):
+            return False
+        name = arg.split("=", 1)[0]
+        return name not in self._option_string_actions and not (
+            name.startswith("--") and any(o.startswith(name) for o in self._option_string_actions))
+
     def error(self, message: str):  # noqa: D102
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        from .files import escaped
+
+        self.exit(2, f"{self.prog}: error: {escaped(message)}\n")
 
     def exit(self, status=0, message=None):  # noqa: D102
-        if not startup.started_early():
-            super().exit(status, message)
+        from .interrupt import last_line
+
         if message:
-            sys.stderr.write(message)
+            last_line(message, status)   # one last line, whatever signal comes (lenet/interrupt.py)
+        if not startup.started_early():
+            super().exit(status)
         leave(status)   # start_gpu's threads may be inside an import or a CUDA call
 
 
@@ -239,7 +262,7 @@ def run_splits(args):
     for flag, want, have in (("--train-size", args.train_size, len(train_x)), ("--test-size", args.test_size,
                                                                              len(test_x))):
         if want is not None and want > have:
-            raise data.DataError(f"{flag} {want} is more than the {have} images of {root}'s "
+            raise data.DataError(f"{flag} {want} is more than the {have} images of {data.files.show(root)}'s "
                                  f"{'training' if flag == '--train-size' else 'test'} split; give at most {have}")
     return root, (train_x[: args.train_size], train_y[: args.train_size]), \
         (test_x[: args.test_size], test_y[: args.test_size]), cache, pending
@@ -272,6 +295,7 @@ def run(main, name: str = "") -> None:
     from . import files, interrupt
 
     interrupt.guard(name)   # Note [signals from the first line] in lenet/interrupt.py
+    files.hold_writes()     # Note [nothing written before the checks] in lenet/files.py
     files.library_caches()  # before CuPy's import: Note [cache folders] in lenet/files.py
     for stream in (sys.stdout, sys.stderr):   # a name of bad bytes is printed escaped, never a traceback
         if hasattr(stream, "reconfigure"):
@@ -285,7 +309,7 @@ def run(main, name: str = "") -> None:
         line = known_failure(e)
         if line is None:
             raise
-        print(f"{head} {line}", file=sys.stderr)
+        interrupt.last_line(f"{head} {files.escaped(line)}", 2)   # one line, whatever a name in it holds
         code = 2
     leave(code or 0)
 
@@ -333,7 +357,14 @@ def leave(code: int) -> None:
     here, and an unexpected exception still leaves through the interpreter with its traceback.
     A cache entry still being written (files.write_later, a compiled module) is waited for first."""
     from .files import discard_temporaries, wait_for_writes
+    from .interrupt import last_line
 
+    for stream in (sys.stdout, sys.stderr):   # its last line out before the writes are waited for
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    last_line(None, code)   # a signal from here on ends it with this status, without a second line
     wait_for_writes()
     if "lenet.kernels.nvrtc" in sys.modules:   # compiles may still run on their threads
         sys.modules["lenet.kernels.nvrtc"].hold_writes()

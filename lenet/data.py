@@ -75,20 +75,22 @@ class _Gunzip:
         return b"".join(parts)
 
 
-def _gzip_bytes(path: Path) -> bytes:
+def _gzip_bytes(path: Path, label: str = "") -> bytes:
     """A gzip file's bytes, in one read; a file larger than any IDX dataset's is refused first."""
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_BYTES:
-                raise DataError(f"{path}: {size} bytes of gzip, more than the {MAX_BYTES >> 30} GiB an IDX "
-                                f"file of a dataset for LeNet can hold")
-            return f.read()
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    with files.open_input(path, label, "IDX file", DataError) as f:
+        return _whole(f, files.show(path))
 
 
-def read_idx(path, *, ndim: int | None = None, data: bytes | None = None) -> np.ndarray:
+def _whole(f, shown: str) -> bytes:
+    """An open gzip file's bytes, in one read; a file larger than any IDX dataset's is refused first."""
+    size = os.fstat(f.fileno()).st_size
+    if size > MAX_BYTES:
+        raise DataError(f"{shown}: {size} bytes of gzip, more than the {MAX_BYTES >> 30} GiB an IDX file of a "
+                        f"dataset for LeNet can hold")
+    return f.read()
+
+
+def read_idx(path, *, ndim: int | None = None, data: bytes | None = None, label: str = "") -> np.ndarray:
     """Read one IDX file (raw or gzipped), validating magic, dims and size.
 
     Note [bounded IDX reading]: the header is read first and the data after it is read up to
@@ -96,20 +98,16 @@ def read_idx(path, *, ndim: int | None = None, data: bytes | None = None) -> np.
     header says is an error found after reading that much, never a memory spike. A gzip file's
     compressed bytes are read whole (a file of more than MAX_BYTES is refused first), then
     inflated as far as that (Note [inflating beside threads]). ``data``: the file's bytes, when
-    the caller read them already.
+    the caller read them already; ``label``: the flag that named the file (its messages name it).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise DataError(f"{path} is a folder, not an IDX file")
-    try:
-        f = open(path, "rb") if data is None else io.BytesIO(data)
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    shown = files.show(path) if not label else f"{label} {files.show(path)}"
+    f = files.open_input(path, label, "IDX file", DataError) if data is None else io.BytesIO(data)
+    path = shown   # every message below names the file as the user gave it, escaped
     with f:
         gz = f.read(2) == b"\x1f\x8b"
         f.seek(0)
         try:
-            src = _Gunzip(data if data is not None else _gzip_bytes(path)) if gz else f
+            src = _Gunzip(data if data is not None else _whole(f, path)) if gz else f
             head = src.read(4)
             if len(head) < 4:
                 raise DataError(f"{path}: too short for an IDX header ({len(head)} bytes)")
@@ -131,7 +129,7 @@ def read_idx(path, *, ndim: int | None = None, data: bytes | None = None) -> np.
                                 f"{MAX_BYTES >> 30} GiB an IDX file of a dataset for LeNet can hold")
             body = src.read(want + 1)   # see Note [bounded IDX reading]
         except (OSError, EOFError, zlib.error) as e:
-            raise DataError(f"{path}: corrupt gzip data ({e})") from None
+            raise DataError(f"{path}: corrupt gzip data ({files.escaped(str(e))})") from None
     if len(body) != want:
         if len(body) < want:
             raise DataError(f"{path}: truncated: header says {dims} ({want} data bytes), file has {len(body)}")
@@ -150,12 +148,13 @@ def idx_bytes(a: np.ndarray) -> bytes:
 def _file(root: Path, stem: str) -> Path:
     for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
         p = root / name
-        if p.is_file():
+        kind, words = files.what_is(p)
+        if kind == "file":
             return p
-        if p.exists():   # a folder, a pipe, a device where the file should be: say what it is
-            kind = "a folder" if p.is_dir() else "not a regular file (a pipe, a socket or a device)"
-            raise NotAFile(f"{files.show(p)} is {kind}, not an IDX file")
-    raise DataError(f"{root}: no {stem} or {stem}.gz")
+        if kind != "missing":   # a folder, a pipe, a link to nothing where the file should be: say what it is
+            raise NotAFile(f"{files.show(p)} is {words}, " + ("not an IDX file" if kind == "folder" else
+                                                               "not a regular file holding an IDX file"))
+    raise DataError(f"{files.show(root)}: no {stem} or {stem}.gz")
 
 
 def cache_dir() -> Path | None:
@@ -193,10 +192,11 @@ def _remember(cache: Path, key: str, entry) -> None:
 
 
 def _index(cache: Path) -> dict:
+    """index.json as a dict of entries; {} where it is missing, not a regular file, or not an object."""
     try:
-        v = json.loads((cache / "index.json").read_text())
+        v = files.json_of(files.read_input(cache / "index.json", limit=64 << 20).decode())
         return v if isinstance(v, dict) else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError):   # files.InputError is a ValueError: a pipe there is never read
         return {}
 
 
@@ -206,7 +206,7 @@ _index_lock = threading.Lock()   # index.json's read-modify-write, from the thre
 def _remembered(path: Path, cache: Path | None) -> tuple[str, list, str | None]:
     """(index key, state, the digest index.json remembers for the file as it is now, or None)."""
     st = path.stat()
-    key, state = str(path.resolve()), [st.st_size, st.st_mtime_ns]
+    key, state = os.path.realpath(path), [st.st_size, st.st_mtime_ns]
     hit = _index(cache).get(key) if cache is not None else None
     if isinstance(hit, dict) and hit.get("state") == state and isinstance(hit.get("digest"), str):
         return key, state, hit["digest"]
@@ -225,27 +225,28 @@ def source_digest(path: Path, cache: Path | None = None, data: bytes | None = No
     if data is not None:
         h.update(data)
     else:
-        with open(path, "rb") as f:   # 16 MB a read: the GIL is taken back once a block (Note [inflating beside threads])
+        with files.open_input(path, "", "IDX file", DataError) as f:   # 16 MB a read: the GIL is taken back once a block
             for block in iter(lambda: f.read(16 << 20), b""):
                 h.update(block)
     digest = h.hexdigest()
-    if cache is not None:
-        try:
-            cache.mkdir(parents=True, exist_ok=True)
-            _remember(cache, key, {"state": state, "digest": digest})
-        except (OSError, ValueError):
-            pass   # a cache that cannot be written costs the speed only
+    if cache is not None:   # once the checks passed (Note [nothing written before the checks] in lenet/files.py)
+        files.write_when_allowed(_remember_quietly, cache, key, {"state": state, "digest": digest})
     return digest
+
+
+def _remember_quietly(cache: Path, key: str, entry) -> None:
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        _remember(cache, key, entry)
+    except (OSError, ValueError):
+        pass   # a cache that cannot be written costs the speed only
 
 
 def forget(path: Path, cache: Path | None) -> None:
     """Drop ``path`` from the cache's index (a file that did not validate: nothing to remember of it)."""
     if cache is None:
         return
-    try:
-        _remember(cache, str(Path(path).resolve()), None)
-    except (OSError, ValueError):
-        pass
+    files.write_when_allowed(_remember_quietly, cache, os.path.realpath(path), None)
 
 
 def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None = None) -> np.ndarray:
@@ -271,6 +272,8 @@ def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None
         digest = source_digest(path, cache, raw)
     entry = cache / f"{digest}-{path.name[:-3]}.npy"
     try:
+        if files.what_is(entry)[0] != "file":   # not there, or a pipe or a link to nothing: never read
+            raise FileNotFoundError(entry)
         a = np.load(entry, mmap_mode="r", allow_pickle=False)
         if a.dtype == np.uint8 and a.ndim == ndim and min(a.shape) > 0:
             try:
@@ -324,13 +327,13 @@ def load_split(root, split: str, cache: Path | None = None, pending: list | None
     images, labels = (read_idx_cached(img_p, ndim=3, cache=cache, pending=mine),
                       read_idx_cached(lab_p, ndim=1, cache=cache, pending=mine))
     if images.dtype != np.uint8 or labels.dtype != np.uint8:
-        raise DataError(f"{img_p if images.dtype != np.uint8 else lab_p}: expected unsigned bytes (type 0x08)")
+        raise DataError(f"{files.show(img_p if images.dtype != np.uint8 else lab_p)}: expected unsigned bytes (type 0x08)")
     if images.shape[1:] != (28, 28):
-        raise DataError(f"{img_p}: images are {images.shape[1]}x{images.shape[2]}, LeNet takes 28x28")
+        raise DataError(f"{files.show(img_p)}: images are {images.shape[1]}x{images.shape[2]}, LeNet takes 28x28")
     if images.shape[0] != labels.shape[0]:
-        raise DataError(f"{img_p} has {images.shape[0]} images but {lab_p} has {labels.shape[0]} labels")
+        raise DataError(f"{files.show(img_p)} has {images.shape[0]} images but {files.show(lab_p)} has {labels.shape[0]} labels")
     if labels.max() >= 10:
-        raise DataError(f"{lab_p}: labels must be in 0..9, found {int(labels.max())}")
+        raise DataError(f"{files.show(lab_p)}: labels must be in 0..9, found {int(labels.max())}")
     if pending is None:
         commit(mine, cache)
     return images, labels
@@ -387,6 +390,8 @@ def find_dataset(data_dir=None) -> Path | None:
         if problem:
             raise DataError(problem)
         return root
+    if data_dir is not None and not os.fspath(data_dir):
+        return None   # --data-dir '': no folder at all (not_found_message says so), never the current one
     for root in candidates(data_dir):
         try:
             if root.is_dir() and _complete(root):
@@ -398,11 +403,16 @@ def find_dataset(data_dir=None) -> Path | None:
 
 def _folder_problem(label: str, root: Path) -> str | None:
     """Why ``root`` (given by ``label``) is no dataset folder, in one line; None where it is one."""
+    if not os.fspath(root):
+        return f"{label} is empty: give a folder holding the four IDX files"
     try:
-        if not root.exists():
+        kind, words = files.what_is(root)
+        if kind == "missing":
             return f"{label} {files.show(root)}: no such folder"
-        if not root.is_dir():
-            return f"{label} {files.show(root)} is a file, not a folder holding the four IDX files"
+        if kind in ("dangling", "loop"):
+            return f"{label} {files.show(root)} is {words}; give a folder holding the four IDX files"
+        if kind != "folder":
+            return f"{label} {files.show(root)} is {words}, not a folder holding the four IDX files"
         missing = missing_files(root)
     except OSError as e:
         return files.os_error(e, label)
@@ -430,12 +440,12 @@ def missing_files(root: Path) -> list[str]:
 
 def not_found_message(data_dir=None) -> str:
     if data_dir is not None:
-        problem = _folder_problem("--data-dir", Path(data_dir))
+        problem = _folder_problem("--data-dir", data_dir if data_dir == "" else Path(data_dir))
         if problem:
             return problem
-    partial = [f"{p} lacks {', '.join(missing_files(p))}" for p in candidates(data_dir)
+    partial = [f"{files.show(p)} lacks {', '.join(missing_files(p))}" for p in candidates(data_dir)
                if p.is_dir() and 0 < len(missing_files(p)) < 4]
-    where = ", ".join(str(p) for p in candidates(data_dir))
+    where = ", ".join(files.show(p) for p in candidates(data_dir))
     return (f"no IDX dataset found (looked in: {where}{'; ' + '; '.join(partial) if partial else ''}); get "
             f"Fashion-MNIST with 'apt-get install dataset-fashion-mnist' or put the four IDX files in "
             f"./data/fashion-mnist or a directory named by --data-dir or $LENET_DATA")

@@ -62,18 +62,8 @@ def check_target(to: Path, checkpoint, overwrite: bool) -> None:
     """--to is a file this program may write: never a run's checkpoint (its own input or another run's),
     and an existing file only with --overwrite. One line otherwise."""
     files.check_output_file(to, "--to", inputs=[checkpoint])
-    if not to.exists():
-        return
-    try:
-        ckpt.load(to)
-        theirs = True
-    except ckpt.CheckpointError:
-        theirs = False
-    if theirs:
-        raise files.OutputError(f"--to {files.show(to)} is a run's checkpoint: an export never replaces one; "
-                                f"write to another file")
-    if not overwrite:
-        raise files.OutputError(f"--to {files.show(to)} exists; replace it with --overwrite, or write to another file")
+    ckpt.refuse_overwriting(to, "--to")
+    files.check_output_file(to, "--to", overwrite=overwrite)
 
 
 def main(argv=None) -> int:
@@ -82,9 +72,10 @@ def main(argv=None) -> int:
         raise files.OutputError("--to is empty: give a .safetensors or .npz file")
     to = Path(args.to)
     if to.suffix not in SUFFIXES:
-        raise ValueError(f"--to must end in .safetensors or .npz, got {files.show(to.name)!r}")
+        raise ValueError(f"--to must end in .safetensors or .npz, got {files.show(to.name)}")
     if to.suffix == ".safetensors":
         _safetensors()   # before anything is read
+    files.check_input_file(args.checkpoint, "", "checkpoint", ckpt.CheckpointError)
     check_target(to, args.checkpoint, args.overwrite)
     params, _, meta = ckpt.load(args.checkpoint)
     ckpt.check_meta(args.checkpoint, meta)
@@ -95,7 +86,7 @@ def main(argv=None) -> int:
     cfg = meta["config"]
     save(state, to, {"format": "lenet-cudnn", "epoch": meta["epoch"], "mean": repr(cfg["mean"]),
                      "std": repr(cfg["std"]), "dataset": str(cfg.get("dataset", "")), "weights": which})
-    print(f"wrote {to} ({which}): {', '.join(f'{k} {tuple(v.shape)}' for k, v in state.items())}")
+    print(f"wrote {files.show(to)} ({which}): {', '.join(f'{k} {tuple(v.shape)}' for k, v in state.items())}")
     return 0
 
 

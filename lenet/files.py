@@ -10,8 +10,11 @@ never a mix, and a temporary that was being written is removed.
 
 from __future__ import annotations
 
+import errno
 import io
+import json
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -103,14 +106,18 @@ def _cache_root() -> Path | None:
         return _root[(xdg, home)]
     base = _early.cache_base()
     base = None if base is None else Path(base)
-    root, why = None, f"HOME={home or '(unset)'} is not a folder that exists"
-    if base is not None:
+    root, why = None, f"HOME={show(home) or '(unset)'} is not a folder that exists"
+    if base is not None and not _gate_open.is_set():   # planned, made once the checks passed (Note [nothing
+        if _can_make(base / "lenet"):                  # written before the checks]); not decided yet
+            return base / "lenet"
+        why = f"{show(base / 'lenet')} cannot be made"
+    elif base is not None:
         try:
             (base / "lenet").mkdir(parents=True, exist_ok=True)
             root = base / "lenet" if _writable(base / "lenet") else None
-            why = f"{base / 'lenet'} is not writable"
+            why = f"{show(base / 'lenet')} is not writable"
         except OSError as e:
-            why = f"{base / 'lenet'} cannot be made ({e.strerror or e})"
+            why = f"{show(base / 'lenet')} cannot be made ({e.strerror or e})"
     _root[(xdg, home)] = root
     if root is None:   # one line a run, however many caches ask
         print(f"warning: no cache folder ({why}); running without the caches of earlier runs", file=sys.stderr)
@@ -155,13 +162,26 @@ def _keep_or_own(variable: str, default: str, name: str) -> None:
 
 
 def _own_folder(name: str) -> str:
-    """<cache_root()>/<name>, or a folder of this run's own, removed when it ends."""
+    """<cache_root()>/<name>, or a folder of this run's own in the temporary folder, removed when it ends:
+    named here, made by the library that uses it (nothing is made before the checks: Note [nothing written
+    before the checks])."""
     root = cache_root()
     if root is not None:
         return str(root / name)
-    own = tempfile.mkdtemp(prefix=f"lenet-{name}-")
+    own = os.path.join(temporary_base(), f"lenet-{name}-{os.getpid()}")
     leftover(own)
     return own
+
+
+def temporary_base() -> str:
+    """The temporary folder, as tempfile would choose it ($TMPDIR, $TEMP, $TMP, /tmp, /var/tmp, /usr/tmp) but
+    without its probe: tempfile.gettempdir() writes a file of a random name into each candidate to try it,
+    which a signal's os._exit leaves behind (a 0-byte file in $TMPDIR, once in 32 SIGTERMs)."""
+    for where in (os.environ.get("TMPDIR"), os.environ.get("TEMP"), os.environ.get("TMP"), "/tmp", "/var/tmp",
+                  "/usr/tmp"):
+        if where and os.path.isabs(where) and os.path.isdir(where) and os.access(where, os.W_OK | os.X_OK):
+            return where
+    return os.getcwd()
 
 
 def _can_make(folder: Path) -> bool:
@@ -184,13 +204,149 @@ class OutputError(ValueError):
     """An output path that cannot or must not be written; names the flag and what is allowed."""
 
 
+def escaped(text: str) -> str:
+    """``text`` as one printable line: a byte no encoding takes (a name of bad bytes reaches Python as
+    surrogates) as \\xff, a newline, a tab or any other control character as its escape (\\n, \\x1b).
+    What every message goes through (``show`` for a name; cli.run and the parser for the whole line)."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:   # a surrogate that no byte made
+        raw = text.encode("utf-8", "backslashreplace")
+    text = raw.decode("utf-8", "backslashreplace")
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def show(path) -> str:
-    """A path as a one-line message shows it: bytes the terminal cannot take escaped (a name of bad bytes
-    reaches Python as surrogates), and a very long one cut to its ends with its length."""
+    """A path (or any name a user gave) as a one-line message shows it: escaped (``escaped``), and a very
+    long one cut to its ends with its length."""
     s = os.fspath(path) if not isinstance(path, str) else path
-    s = os.fsdecode(s) if isinstance(s, bytes) else s
-    s = s.encode("utf-8", "backslashreplace").decode("utf-8").replace("\n", "\\n")
+    s = escaped(os.fsdecode(s) if isinstance(s, bytes) else s)
     return s if len(s) <= 120 else f"{s[:60]}...{s[-30:]} ({len(s)} characters)"
+
+
+def what_is(path) -> tuple[str, str]:
+    """(kind, words) of what ``path`` names, following links: kind one of "file" (a regular file), "folder",
+    "missing", "dangling" (a link to nothing), "loop" (a symlink loop), "special" (a pipe, a socket, a
+    device); words say it in a message ("a symlink loop", "a pipe (FIFO)"). Never blocks, never raises
+    for the name's sake (a name the system refuses: its OSError)."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "loop", "a symlink loop (a link that leads back to itself)"
+        if e.errno in (errno.ENOENT, errno.ENOTDIR):
+            if os.path.islink(p):
+                return "dangling", f"a link to {show(os.readlink(p))}, which does not exist"
+            return "missing", "missing"
+        raise
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return "file", "a file"
+    if stat.S_ISDIR(mode):
+        return "folder", "a folder"
+    if stat.S_ISFIFO(mode):
+        return "special", "a pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "special", "a socket"
+    return "special", "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a file or folder"
+
+
+class InputError(ValueError):
+    """A file a program reads that is not there or not a regular file; names it and what is allowed."""
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiouAEIOU' else 'a'} {noun}"
+
+
+def _lead(label: str, path) -> str:
+    return f"{label} {show(path)}".strip() if label else show(path)
+
+
+def check_input_file(path, label: str = "", noun: str = "file", error=InputError) -> Path:
+    """The one check of a file a program reads: a regular file (through links), or one ``error`` line naming
+    it (``label``: the flag that gave it, "" for a positional argument) as what it is: missing, a link to
+    nothing, a symlink loop, a folder, a pipe, a socket or a device (which a read would block on or never
+    end). ``noun`` says what was wanted ("checkpoint")."""
+    if not os.fspath(path):
+        raise error(f"{label or 'a file name'} is empty: give {_a(noun)}")
+    if "\0" in os.fspath(path):
+        raise error(f"{_lead(label, path)}: a file name cannot hold a NUL byte")
+    lead = _lead(label, path)
+    try:
+        kind, words = what_is(path)
+    except OSError as e:
+        raise error(f"{lead}: {e.strerror or e}") from None
+    if kind == "missing":
+        raise error(f"{lead}: no such {noun}")
+    if kind == "folder":
+        raise error(f"{lead} is a folder, not {_a(noun)}")
+    if kind in ("dangling", "loop"):
+        raise error(f"{lead} is {words}; give {_a(noun)}")
+    if kind != "file":
+        raise error(f"{lead} is {words}, not a regular file; give {_a(noun)}")
+    return Path(path)
+
+
+def open_input(path, label: str = "", noun: str = "file", error=InputError):
+    """``path`` opened for reading in binary, after check_input_file; opened without blocking and checked
+    again on the open file (a pipe put there meanwhile is refused, never waited on)."""
+    check_input_file(path, label, noun, error)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise error(f"{_lead(label, path)}: cannot read ({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise error(f"{_lead(label, path)} is not a regular file; give {_a(noun)}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def json_of(data) -> object:
+    """json.loads, with a document nested too deeply for Python's parser (a RecursionError) a ValueError as
+    any other that is not JSON: what every stored file we read goes through."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def check_npz(z, lead: str, limits: dict, error=InputError) -> None:
+    """Each array of the open .npz ``z`` (numpy.lib.npyio.NpzFile) named in ``limits`` holds at most that many
+    bytes, read from its header before any of it is: an absurd header (a shape of 10**12) is refused, never
+    allocated. One ``error`` line naming the file (``lead``) otherwise."""
+    import numpy as np
+
+    for name, most in limits.items():
+        if name not in z.files:
+            continue
+        try:
+            with z.zip.open(name + ".npy") as m:
+                version = np.lib.format.read_magic(m)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(m)
+        except Exception:   # noqa: BLE001 - not an array NumPy reads: the caller's load says so
+            raise error(f"{lead}: its {name} is not a readable array") from None
+        size = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+        if size > most:
+            raise error(f"{lead}: its {name} declares {size:,} bytes (shape {tuple(shape)}), more than the {most:,} "
+                        f"it can hold")
+
+
+def read_input(path, label: str = "", noun: str = "file", error=InputError, limit: int | None = None) -> bytes:
+    """The bytes of the file ``path`` (open_input); ``limit``: a file larger than that is refused unread."""
+    with open_input(path, label, noun, error) as f:
+        size = os.fstat(f.fileno()).st_size
+        if limit is not None and size > limit:
+            raise error(f"{_lead(label, path)}: {size} bytes, more than the {limit} {_a(noun)} can hold")
+        try:
+            return f.read()
+        except OSError as e:
+            raise error(f"{_lead(label, path)}: cannot read ({e.strerror or e})") from None
 
 
 def os_error(e: OSError, what: str = "") -> str:
@@ -213,7 +369,7 @@ def write_atomic(path, data: bytes) -> None:
     try:
         fd, tmp = temporary(path.parent, prefix=f".{path.name}.")
     except OSError as e:
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+        raise OutputError(f"cannot write {show(path)}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -225,7 +381,7 @@ def write_atomic(path, data: bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(e, OSError):
-            raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+            raise OutputError(f"cannot write {show(path)}: {e.strerror or e}") from None
         raise
     finally:
         finished(tmp)
@@ -260,12 +416,94 @@ def _fsync_dir(folder: Path) -> None:
 
 _writes: list[threading.Thread] = []   # started by write_later, joined by wait_for_writes
 
+# Note [nothing written before the checks]: a program writes nothing of its own accord (a cache's entry, a
+# cache folder, the bytecode Python keeps for it, a study in --storage, CuPy's and matplotlib's folders)
+# before every check that needs no GPU has passed: a flag error, a bad dataset or an output in the way leaves
+# the user's HOME, TMPDIR and storage as they were. A program's start (``hold_writes``, lenet.startup.begin and
+# lenet.cli.run) holds such writes back; ``checks_passed``, which each program calls once its last check that
+# needs no GPU passed (right before it asks for the GPU), makes the cache root, runs the writes held back (on
+# threads: write_later) and the callables ``after_checks`` registered. A run that fails a check leaves
+# through os._exit with the writes still held: they never happen. Outside a program (a library's user, the
+# tests) nothing is held.
+_gate = {"held": False}
+_held: list = []                  # (fn, args) of write_later calls held back
+_after_checks: list = []          # callables run when the checks pass
+_gate_open = threading.Event()    # set while writes are allowed
+_gate_open.set()
+
+
+def hold_writes() -> None:
+    """Note [nothing written before the checks]: from here, until checks_passed(). Also names the temporary
+    folder for tempfile (temporary_base), so that no library's tempfile call probes it."""
+    if tempfile.tempdir is None:
+        tempfile.tempdir = temporary_base()
+    with _writes_lock:
+        if not _gate["held"] and not _gate.get("passed"):
+            _gate["held"] = True
+            _gate_open.clear()
+
+
+def writes_allowed() -> bool:
+    return _gate_open.is_set()
+
+
+def wait_for_checks(timeout: float | None = None) -> bool:
+    """Block until the program's checks passed (at once outside a program); True once they have."""
+    return _gate_open.wait(timeout)
+
+
+def after_checks(fn) -> None:
+    """Run ``fn()`` once the checks passed (now, where nothing is held)."""
+    with _writes_lock:
+        if _gate_open.is_set():
+            held = False
+        else:
+            _after_checks.append(fn)
+            held = True
+    if not held:
+        fn()
+
+
+def checks_passed() -> None:
+    """Every check that needs no GPU passed: what was held back may be written now (Note [nothing written
+    before the checks])."""
+    with _writes_lock:
+        if _gate_open.is_set():
+            return
+        _gate["held"], _gate["passed"] = False, True
+        jobs, calls = list(_held), list(_after_checks)
+        _held.clear()
+        _after_checks.clear()
+        _gate_open.set()
+    if jobs or calls:
+        cache_root()   # made now, where it was planned
+    for fn in calls:
+        try:
+            fn()
+        except Exception:   # noqa: BLE001 - a cache that cannot be set up costs speed only
+            pass
+    for fn, args in jobs:
+        write_later(fn, *args)
+
+
+def write_when_allowed(fn, *args) -> None:
+    """``fn(*args)`` now where writes are allowed, else on a thread once the checks passed (write_later)."""
+    if _gate_open.is_set():
+        fn(*args)
+    else:
+        write_later(fn, *args)
+
 
 def write_later(fn, *args) -> None:
     """Run ``fn(*args)``, a write nothing in this run reads back (a cache's new entry), on a thread of
-    its own, so the run goes on meanwhile. The thread is not a daemon: an interpreter that exits
+    its own, so the run goes on meanwhile; held back until the checks passed (Note [nothing written before
+    the checks]). The thread is not a daemon: an interpreter that exits
     waits for it, and a program that leaves through os._exit (cli.leave) calls wait_for_writes
     first, so a write is never cut short and no temporary file is left behind."""
+    with _writes_lock:
+        if not _gate_open.is_set():
+            _held.append((fn, args))
+            return
     t = threading.Thread(target=fn, args=args, name="lenet-cache-write")
     with _writes_lock:   # started and listed at once: start-up threads write too (a join met one unstarted)
         t.start()
@@ -303,45 +541,64 @@ def append_line(path, line: str) -> None:
 
 
 def same_file(a, b) -> bool:
-    """Whether two paths name one file (through links, relative paths, ..)."""
-    a, b = Path(a), Path(b)
+    """Whether two paths name one file (through links, relative paths, ..); never raises (a symlink loop
+    names no file)."""
     try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
+        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    except (OSError, ValueError):
         return False
 
 
-def check_output_file(path, flag: str, inputs=()) -> Path:
-    """The file a program will write: its folder exists and is writable, it is not a folder, and
-    it is none of the program's ``inputs``. One-line OutputError otherwise (a name the system refuses
-    too: too long, or holding a byte it takes no file name with)."""
+def same_place(a, b) -> bool:
+    """Whether two paths name one file or one place for a file, through links (os.path.realpath: never
+    raises, a loop resolved as far as it goes)."""
+    return same_file(a, b) or os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output_file(path, flag: str, inputs=(), overwrite: bool | None = None) -> Path:
+    """The one check of a file a program will write (before anything is read or written): a name the
+    system takes, nothing there or a regular file (never a folder, a pipe, a device, a link to nothing or a
+    symlink loop), none of the program's ``inputs``, in a folder that exists and is writable; an existing
+    file only with ``overwrite`` (None: the caller's own rule). One-line OutputError otherwise."""
     try:
-        return _check_output_file(path, flag, inputs)
+        return _check_output_file(path, flag, inputs, overwrite)
     except OSError as e:
         raise OutputError(os_error(e, flag)) from None
 
 
-def _check_output_file(path, flag: str, inputs=()) -> Path:
+def _check_output_file(path, flag: str, inputs=(), overwrite: bool | None = None) -> Path:
     path = _named(path, flag)
+    kind, words = what_is(path)
+    if kind == "folder":
+        raise OutputError(f"{flag} {show(path)} is a folder; give a file name")
+    if kind in ("dangling", "loop"):
+        raise OutputError(f"{flag} {show(path)} is {words}; give a file name")
+    if kind not in ("file", "missing"):
+        raise OutputError(f"{flag} {show(path)} is {words}, not a regular file; give a file name")
     for i in inputs:
-        if i is not None and (same_file(path, i) or path.resolve() == Path(i).resolve()):
-            raise OutputError(f"{flag} {path} is also an input of this program ({i}); write to another file")
-    if path.is_dir():
-        raise OutputError(f"{flag} {path} is a folder; give a file name")
+        if i is not None and same_place(path, i):
+            raise OutputError(f"{flag} {show(path)} is also an input of this program ({show(i)}); write to "
+                              f"another file")
     parent = path.parent
-    if not parent.exists():
-        raise OutputError(f"{flag} {path}: the folder {parent} does not exist")
-    if not parent.is_dir():
-        raise OutputError(f"{flag} {path}: {_first_file(parent)} is a file, not a folder")
+    pkind, pwords = what_is(parent)
+    if pkind == "missing":
+        blocker = _first_file(parent)
+        if blocker is not None:
+            raise OutputError(f"{flag} {show(path)}: {show(blocker)} is {what_is(blocker)[1]}, not a folder")
+        raise OutputError(f"{flag} {show(path)}: the folder {show(parent)} does not exist")
+    if pkind != "folder":
+        raise OutputError(f"{flag} {show(path)}: {show(parent)} is {pwords}, not a folder")
     if not _writable(parent):
-        raise OutputError(f"{flag} {path}: the folder {parent} is not writable")
+        raise OutputError(f"{flag} {show(path)}: the folder {show(parent)} is not writable")
+    if kind == "file" and overwrite is False:
+        raise OutputError(f"{flag} {show(path)} exists; replace it with --overwrite, or write to another file")
     return path
 
 
 def check_output_dir(path, flag: str) -> Path:
     """A folder a program will write into: it is a writable folder, or the nearest folder above
     it that exists is writable (so it can be made). Checks only: makes nothing. One line otherwise
-    (a name the system refuses, a link to nowhere, too)."""
+    (a name the system refuses, a link to nowhere, a symlink loop, too)."""
     try:
         return _check_output_dir(path, flag)
     except OSError as e:
@@ -359,19 +616,39 @@ def _named(path, flag: str) -> Path:
 
 def _check_output_dir(path, flag: str) -> Path:
     path = _named(path, flag)
-    if path.is_symlink() and not path.exists():
-        raise OutputError(f"{flag} {show(path)} is a link to {show(os.readlink(path))}, which does not exist")
-    if path.exists() and not path.is_dir():
-        raise OutputError(f"{flag} {path} is a file, not a folder; give a folder")
+    kind, words = what_is(path)
+    if kind == "file":
+        raise OutputError(f"{flag} {show(path)} is a file, not a folder; give a folder")
+    if kind in ("dangling", "loop"):
+        raise OutputError(f"{flag} {show(path)} is {words}; give a folder")
+    if kind not in ("folder", "missing"):
+        raise OutputError(f"{flag} {show(path)} is {words}, not a folder; give a folder")
     blocker = _first_file(path)
     if blocker is not None:
-        raise OutputError(f"{flag} {path}: {blocker} is a file, not a folder")
+        raise OutputError(f"{flag} {show(path)}: {show(blocker)} is {what_is(blocker)[1]}, not a folder")
     existing = path
-    while not existing.exists():
+    while what_is(existing)[0] == "missing" and existing != existing.parent:
         existing = existing.parent
+    ekind, ewords = what_is(existing)
+    if ekind != "folder":
+        raise OutputError(f"{flag} {show(path)}: {show(existing)} is {ewords}, not a folder")
     if not _writable(existing):
-        raise OutputError(f"{flag} {path}: the folder {existing} is not writable")
+        raise OutputError(f"{flag} {show(path)}: the folder {show(existing)} is not writable")
     return path
+
+
+def check_files_in(folder: Path, names, flag: str) -> None:
+    """Each of ``names`` in ``folder`` (what a program writes there) is nothing yet, a regular file, or (a
+    name ending in /) a folder: never a pipe, a device, a link to nothing or a symlink loop, which a write
+    would block on or go through."""
+    for name in names:
+        want_dir = name.endswith("/")
+        p = folder / name.rstrip("/")
+        kind, words = what_is(p)
+        if kind == "missing" or kind == ("folder" if want_dir else "file"):
+            continue
+        raise OutputError(f"{flag} {show(folder)}: {show(p)} is {words}, not a "
+                          f"{'folder' if want_dir else 'regular file'}; remove it, or write to another folder")
 
 
 def _first_file(path: Path) -> Path | None:
@@ -379,8 +656,9 @@ def _first_file(path: Path) -> Path | None:
     p = Path()
     for part in path.parts:
         p = p / part
-        if p.exists() and not p.is_dir():
-            return p
-        if not p.exists():
+        kind = what_is(p)[0]
+        if kind == "missing":
             return None
+        if kind != "folder":
+            return p
     return None

@@ -19,8 +19,15 @@ replacement met Python's own handler: a KeyboardInterrupt traceback from guard()
 (tests/test_hostile_cpu.py, a SIGINT 0.1 s in, once in a CI run). So guard() blocks SIGINT and SIGTERM
 while it sets up (pthread_sigmask; the main thread is the process's only one then) and restores the mask
 once the pipe, the handlers and the thread are in place: a signal that came meanwhile is delivered then,
-to the pipe, and handled as any later one. Before guard() runs (the interpreter's start, runpy), Python's
-own handling stays.
+to the pipe, and handled as any later one. The package's first line holds them back already, before any
+import of ours (Note [a signal before the handlers] in lenet/__init__.py), and guard() restores the mask
+that line found. Before that line (the interpreter's start, site, runpy finding the module), Python's own
+handling stays.
+
+Note [one last line]: a run says one last line, its own (an error, through ``last_line``) or a signal's,
+never both: a SIGINT that came while a run without a GPU printed its error, and waited for its cache
+writes, added "interrupted by SIGINT" under it. Once the program's line is out, a signal cuts the writes
+short (their temporaries removed) and leaves with the program's status, silently.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import time
 GRACE_S = 2.0   # a program that stops gracefully gets this long to leave by itself on a second signal
 
 NAMES = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
-_state = {"installed": False, "handed": False, "seen": 0, "prog": ""}
+_state = {"installed": False, "handed": False, "seen": 0, "prog": "", "leaving": None}
 _before_exit = []   # callables run (briefly) before leaving: what is being written finishes or goes
 
 
@@ -42,15 +49,21 @@ def _ignore(signum, frame) -> None:
     """The Python-level handler: the thread below acts (Note [signals from the first line])."""
 
 
-def guard(prog: str = "") -> None:
-    """Install the handling above, once per process (``prog``: the program's name in its line)."""
+def guard(prog: str = "", restore=None) -> None:
+    """Install the handling above, once per process (``prog``: the program's name in its line; ``restore``:
+    the signal mask to restore once it is in place, where the package's first line held the signals back
+    already: Note [a signal before the handlers] in lenet/__init__.py)."""
     if prog:
         _state["prog"] = prog
     if _state["installed"] or threading.current_thread() is not threading.main_thread():
+        if restore is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, restore)
         return
     # Held back while the handling is put in place (Note [a signal while guarding]): one that comes now
     # is delivered when the mask is restored, to the pipe and the thread.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(NAMES)) if hasattr(signal, "pthread_sigmask") else None
+    if restore is not None:
+        mask = restore
     try:
         r, w = os.pipe()
         os.set_blocking(w, False)
@@ -78,6 +91,32 @@ def hand_over(on: bool = True) -> None:
     _state["handed"], _state["seen"] = bool(on), 0
 
 
+_exit_lock = threading.Lock()   # one last line: the program's own, or a signal's
+
+
+def last_line(text: str | None, code: int) -> None:
+    """The program's last line (``text`` to stderr, if any), and from now on it leaves with ``code`` once its
+    writes in flight end (lenet.cli.leave): a signal meanwhile cuts them short (their temporaries removed)
+    and leaves with that status, without a second line. Where a signal's line came first, nothing is printed
+    and this waits for that thread to end the process: one line either way."""
+    with _exit_lock:
+        if not _state.get("signalled"):
+            if _state["leaving"] is not None:   # this program's own last line was said already
+                return
+            if text:
+                try:
+                    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+                    sys.stderr.flush()
+                except (OSError, ValueError):
+                    pass
+            _state["leaving"] = code
+            return
+    if not _state["installed"]:
+        return
+    while True:   # the signal's thread is leaving the process (os._exit)
+        time.sleep(1.0)
+
+
 def before_exit(fn) -> None:
     """Run ``fn()`` before leaving on a signal (each at most once; exceptions ignored)."""
     _before_exit.append(fn)
@@ -101,20 +140,26 @@ def _watch(fd: int) -> None:
 
 
 def leave(signum: int) -> None:
-    """One line, the writes in flight finished or removed, then exit 128 + signum without teardown."""
+    """One line, the writes in flight finished or removed, then exit 128 + signum without teardown (or, where
+    the program was leaving already, with its own status and no line: ``leaving``)."""
     prog = _state["prog"] or _program_name()
     what = "a second " if _state["handed"] else ""
     line = f"{prog}: interrupted by {what}{NAMES.get(signum, signum)}\n"
-    try:
-        os.write(2, line.encode())
-    except OSError:
-        pass
+    with _exit_lock:   # the program's own last line, or this one (last_line)
+        code = _state["leaving"]
+        _state["signalled"] = True
+        if code is None:
+            _state["leaving"] = 128 + signum
+            try:
+                os.write(2, line.encode())
+            except OSError:
+                pass
     while _before_exit:
         try:
             _before_exit.pop()()
         except BaseException:   # noqa: BLE001 - leaving regardless
             pass
-    os._exit(128 + signum)
+    os._exit(128 + signum if code is None else code)
 
 
 def _program_name() -> str:

@@ -42,11 +42,17 @@ def _document(path: Path):
     """The plan cache file at ``path``, parsed; read once while it is unchanged (its size and modification
     time): the start-up thread's look at it (``stored_engines``) serves the model's own read (PlanCache).
     Raises OSError (FileNotFoundError where there is none) and ValueError (not JSON, not UTF-8)."""
+    from .files import read_input, what_is
+
+    if what_is(path)[0] == "missing":
+        raise FileNotFoundError(path)
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     doc = _READ.get(key)
-    if doc is None:
-        doc = json.loads(path.read_bytes().decode())
+    if doc is None:   # a regular file only: a pipe there is refused (a ValueError), never waited on
+        from .files import json_of
+
+        doc = json_of(read_input(path, "plan cache", "plan cache file").decode())
         _READ.clear()
         _READ[key] = doc
     return doc

@@ -169,6 +169,18 @@ def sweep_png(curves: list[dict], split: str) -> bytes:
     return buf.getvalue()
 
 
+def _error_file():
+    """A file for the child's stderr with no name anywhere (memfd_create): tempfile's would be made in TMPDIR,
+    where a signal's os._exit between its making and its unlinking left it (Note [nothing written before the
+    checks] in lenet/files.py); elsewhere than Linux, tempfile's."""
+    if hasattr(os, "memfd_create"):
+        try:
+            return open(os.memfd_create("lenet-plot-stderr", getattr(os, "MFD_CLOEXEC", 0)), "w+")
+        except OSError:
+            pass
+    return tempfile.TemporaryFile(mode="w+")
+
+
 class Plotter:
     """The trainer's side: ``draw(history)`` asks the child for a drawing of ``path`` (None: the path
     is told later, ``path = ...``, before the first drawing) and returns at once; ``close()`` waits
@@ -176,7 +188,7 @@ class Plotter:
 
     def __init__(self, path: Path | None = None):
         self.path = Path(path) if path is not None else None
-        self._err = tempfile.TemporaryFile(mode="w+")   # a file, not a pipe: the child never blocks on it
+        self._err = _error_file()   # a file, not a pipe: the child never blocks on it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT),
                                                                        os.environ.get("PYTHONPATH")) if p))
         self._proc = subprocess.Popen([sys.executable, "-m", "lenet.plot"], stdin=subprocess.PIPE,
@@ -268,17 +280,19 @@ def main(argv=None) -> int:
     # more than a later one). A drawing of made-up curves here, to have that done before any ask,
     # kept the child busy past a fast run's first 9 to 14 epochs on an H100 machine, so that the
     # run's last drawing waited for a static layer made late (writing 0.12 s where 0.04 s).
-    curves = Curves()
+    made = {"curves": Curves() if matplotlib_writes_nothing() else None}   # else once asked (below)
     history, due = [], None   # the records so far; the curve ask to act on once what arrived is read
 
     def act():
         if due is not None:
+            curves = made["curves"] = made["curves"] or Curves()
             if due["write"]:
                 files.write_atomic(Path(due["path"]), curves.png(history, due["epochs"]))
             else:
                 curves.prepare(history, due["epochs"])
 
     for asks in _asks(sys.stdin.fileno()):
+        files.checks_passed()   # the trainer asks once its checks passed: our writes may begin
         for ask in asks:
             if "sweep" in ask:
                 act()
@@ -291,6 +305,20 @@ def main(argv=None) -> int:
         act()
         due = None
     return 0
+
+
+def matplotlib_writes_nothing() -> bool:
+    """Whether matplotlib's import and a figure would write nothing: its configuration and cache folders are
+    there, with its font list (a first import makes them). The child imports it at once only then, else once
+    the trainer's first drawing comes, after every check of the trainer's passed (Note [nothing written
+    before the checks] in lenet/files.py: a flag error in a fresh HOME made ~/.config/matplotlib)."""
+    import glob
+
+    mine = os.environ.get("MPLCONFIGDIR")
+    home = os.path.expanduser("~")
+    config = mine or os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "matplotlib")
+    cache = mine or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "matplotlib")
+    return os.path.isdir(config) and bool(glob.glob(os.path.join(glob.escape(cache), "fontlist-v*.json")))
 
 
 def _asks(fd: int):
@@ -319,5 +347,6 @@ if __name__ == "__main__":
     from .cli import leave
     from .startup import keep_bytecode
 
+    files.hold_writes()   # until the trainer's first ask (main): Note [nothing written before the checks]
     keep_bytecode()   # before matplotlib's import (Note [bytecode cache] in lenet/startup.py)
     leave(main())   # the trainer waits for this process: no interpreter teardown (Note [fast exit])

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import cli, data
+from . import cli, data, files
 
 FASHION = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
            "Ankle boot")
@@ -123,54 +123,74 @@ def read_picture(path: Path, invert: bool) -> np.ndarray:
             with Image.open(path) as im:   # reads the header only: the size is known before decoding
                 w, h = im.size
                 if w * h > MAX_PICTURE_PIXELS:
-                    raise data.DataError(f"{path}: a {w}x{h} picture ({w * h:,} pixels); {too_big}")
+                    raise data.DataError(f"{files.show(path)}: a {w}x{h} picture ({w * h:,} pixels); {too_big}")
                 g = im.convert("L").resize((28, 28), Image.BILINEAR)
         except (Image.DecompressionBombWarning, Image.DecompressionBombError):
-            raise data.DataError(f"{path}: a picture larger than Pillow reads safely; {too_big}") from None
+            raise data.DataError(f"{files.show(path)}: a picture larger than Pillow reads safely; {too_big}") from None
         except (UnidentifiedImageError, OSError) as e:
-            raise data.DataError(f"{path}: not a readable picture ({e})") from None
+            why = "not a picture Pillow knows" if isinstance(e, UnidentifiedImageError) else files.escaped(str(e))
+            raise data.DataError(f"{files.show(path)}: not a readable picture ({why})") from None
     a = np.asarray(g, dtype=np.uint8)
     return 255 - a if invert else a
 
 
+PICTURES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
 def load_inputs(paths: list[str], invert: bool) -> tuple[np.ndarray, list[str]]:
+    """Every input read and checked: a regular file each (files.check_input_file), a picture by its name's
+    suffix (PICTURES), else an IDX image file by its content."""
     images, names = [], []
     for s in paths:
-        p = Path(s)
-        if p.is_dir():
-            raise data.DataError(f"{p} is a folder; give IDX image files or PNG/JPEG pictures")
-        if p.exists() and not p.is_file():
-            raise data.DataError(f"{p} is not a regular file (a device or a pipe); give IDX image files or "
-                                 f"PNG/JPEG pictures")
-        if not p.is_file():
-            raise data.DataError(f"{p}: no such file")
-        head = p.read_bytes()[:4]
+        p = files.check_input_file(s, "", "IDX image file or PNG/JPEG picture", data.DataError)
+        if p.suffix.lower() in PICTURES:
+            images.append(read_picture(p, invert)[None])
+            names.append(files.show(p.name))
+            continue
+        with files.open_input(p, "", "IDX image file or PNG/JPEG picture", data.DataError) as f:
+            head = f.read(4)
         if head[:2] == b"\x1f\x8b" or head[:2] == b"\x00\x00":
             a = data.read_idx(p, ndim=3)
             if a.dtype != np.uint8 or a.shape[1:] != (28, 28):
-                raise data.DataError(f"{p}: IDX images must be uint8 28x28, got {a.dtype} {a.shape[1:]}")
+                raise data.DataError(f"{files.show(p)}: IDX images must be uint8 28x28, got {a.dtype} {a.shape[1:]}")
             images.append(a)
-            names += [f"{p.name}[{i}]" for i in range(len(a))]
+            names.append((files.show(p.name), len(a)))   # listed as name[i] only where shown (main)
         else:
             images.append(read_picture(p, invert)[None])
-            names.append(p.name)
+            names.append(files.show(p.name))
     return np.concatenate(images), names
+
+
+def shown_names(names: list, k: int) -> list[str]:
+    """The first ``k`` images' names: a picture's name, an IDX file's images as name[i]; never more built than
+    shown (an IDX file may hold millions)."""
+    out = []
+    for n in names:
+        if len(out) >= k:
+            break
+        if isinstance(n, tuple):
+            out += [f"{n[0]}[{i}]" for i in range(min(n[1], k - len(out)))]
+        else:
+            out.append(n)
+    return out
 
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    params, _, meta = ckpt.load(args.checkpoint)
+    params, _, meta = ckpt.load(args.checkpoint, "--checkpoint")
     ckpt.check_meta(args.checkpoint, meta)
     images, names = load_inputs(args.inputs, args.invert)
     labels = None
-    if args.labels:
-        labels = data.read_idx(args.labels, ndim=1)
+    if args.labels is not None:
+        labels = data.read_idx(args.labels, ndim=1, label="--labels")
+        shown = f"--labels {files.show(args.labels)}"
         if len(args.inputs) != 1 or len(labels) != len(images):
-            raise data.DataError(f"{args.labels}: {len(labels)} labels for {len(images)} images "
+            raise data.DataError(f"{shown}: {len(labels)} labels for {len(images)} images "
                                  "(--labels goes with a single IDX input of the same count)")
         if len(labels) and int(labels.max()) >= 10:
-            raise data.DataError(f"{args.labels}: labels from {int(labels.min())} to {int(labels.max())}; LeNet's "
+            raise data.DataError(f"{shown}: labels from {int(labels.min())} to {int(labels.max())}; LeNet's "
                                  f"are 0 to 9")
+    files.checks_passed()   # Note [nothing written before the checks] in lenet/files.py
     where, line = device(args.device)   # every check above needs no GPU
     print(line)
     cfg = meta["config"]
@@ -191,10 +211,10 @@ def main(argv=None) -> int:
         p /= p.sum(1, keepdims=True)
         preds.append(np.stack([p.argmax(1), p.max(1)], 1))
     pr = np.concatenate(preds)
-    for name, (c, conf) in list(zip(names, pr))[: args.show]:
+    for name, (c, conf) in zip(shown_names(names, args.show), pr):
         print(f"{name}: {int(c)} {classes[int(c)]} (p={conf:.3f})")
-    if len(names) > args.show:
-        print(f"... {len(names) - args.show} more")
+    if len(images) > args.show:
+        print(f"... {len(images) - args.show} more")
     if labels is not None:
         acc = float((pr[:, 0].astype(int) == labels).mean())
         print(f"accuracy {100 * acc:.2f}% on {len(labels)} images")

@@ -98,12 +98,51 @@ def keep_bytecode() -> str | None:
         folder = _bytecode_folder(bytecode_setting())
         if folder is None:
             return None
-        sys.pycache_prefix, sys.dont_write_bytecode = folder, False
-    from .files import write_later
+    from .files import after_checks, write_later
 
+    # Note [nothing written before the checks] in lenet/files.py: a folder that is there is used at once, as
+    # Python uses __pycache__ (it writes what is missing or stale there); one that is not is made once the
+    # program's checks passed, with the bytecode of the modules imported before then (a first run's only).
+    if os.path.isdir(folder):
+        sys.pycache_prefix, sys.dont_write_bytecode = folder, False
+    else:
+        after_checks(lambda: _write_bytecode(folder))
     if _prune_due(folder):
         write_later(prune_bytecode, folder)
     return folder
+
+
+def _write_bytecode(folder: str) -> None:
+    """Python writes this process's bytecode into ``folder`` from now on (made if need be), and the modules
+    imported before now that have none there get theirs, on a thread (files.write_later)."""
+    from .files import write_later
+
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        return
+    sys.pycache_prefix, sys.dont_write_bytecode = folder, False
+    write_later(_bytecode_of_imported, folder)
+
+
+def _bytecode_of_imported(folder: str) -> None:
+    """The bytecode of every module imported so far that has none in ``folder`` (made just now): what Python
+    would have written there as it imported them."""
+    import importlib.util
+    import py_compile
+
+    for m in list(sys.modules.values()):
+        spec = getattr(m, "__spec__", None)
+        src = getattr(spec, "origin", None)
+        if not (isinstance(src, str) and src.endswith(".py") and os.path.isfile(src)):
+            continue
+        try:
+            cached = importlib.util.cache_from_source(src)
+            if not cached.startswith(folder) or os.path.exists(cached):
+                continue
+            py_compile.compile(src, cfile=cached, doraise=True)
+        except (OSError, ValueError, SyntaxError, py_compile.PyCompileError):
+            continue
 
 
 def _bytecode_folder(setting) -> str | None:
@@ -169,6 +208,7 @@ def begin(then=None) -> None:
     from . import files, interrupt
 
     interrupt.guard()   # Note [signals from the first line] in lenet/interrupt.py
+    files.hold_writes()   # Note [nothing written before the checks] in lenet/files.py
     one_blas_thread()
     keep_bytecode()
     files.library_caches()   # before CuPy's import (the preload thread's): Note [cache folders] in lenet/files.py
@@ -338,6 +378,10 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     finally:
         _cudnn_found.set()
     recorded = open_recorded_libraries()   # Note [opening cuBLASLt without the GIL]
+    if not os.path.isdir(os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")):
+        from .files import wait_for_checks
+
+        wait_for_checks()   # CuPy's import makes its cache folder: not before the checks (lenet/files.py)
     import cupy
 
     from . import blas
@@ -440,9 +484,10 @@ def open_recorded_libraries() -> dict:
     import ctypes
     import json
 
+    from .files import json_of, read_input
+
     try:
-        with open(_libraries_file()) as f:
-            record = json.load(f)
+        record = json_of(read_input(_libraries_file(), limit=1 << 20).decode())   # a pipe there is never read
         if record.get("environment") != _library_environment():
             return {}
         libc = ctypes.CDLL(None)
@@ -602,10 +647,15 @@ def starting(engine: str, batches=()):
     wait = True
     try:
         yield
-    except ValueError:   # a bad dataset or value (data.DataError too): cli.run says so in one line
+        from .files import checks_passed
+
+        checks_passed()   # the block held the program's last checks that need no GPU (lenet/files.py)
+    except BaseException:   # a bad dataset or value (data.DataError too): cli.run says so in one line
         wait = not _started_early   # and leaves through os._exit, so a program started early need not wait
         raise
     finally:
-        if wait:
+        from .files import writes_allowed
+
+        if wait and writes_allowed():   # else the preload may wait for the checks (CuPy's import): never joined
             pre.thread.join()
             start_gpu_driver().join()

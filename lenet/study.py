@@ -36,8 +36,9 @@ import signal
 import socket
 import time
 
+from .files import escaped, show
 from .pack import MAX_PACK, Config, Pack, Result
-from .sweep_results import RESUME_KEYS, SWEPT, Sweep, label_of
+from .sweep_results import RESUME_KEYS, SWEPT, Sweep, config_error, label_of
 from .train import Signals, StoppedAtOnce
 
 INSTALL = "pip install '.[sweep]' (or pip install optuna)"
@@ -54,26 +55,42 @@ def optuna():
     return o
 
 
-def storage(url: str | None):
+def storage(url: str | None, create: bool = True):
     """Optuna's storage for --storage: None (in memory), an RDB URL, or a journal file; one line when it
-    cannot be opened."""
+    cannot be opened. ``create`` False: only one that is there already, opened without writing (None where
+    there is none yet: Note [a storage checked, then made])."""
     o = optuna()
     if url is None:
         return None
     try:
         if "://" in url:
-            return o.storages.RDBStorage(url)
+            if not create and _sqlite_file(url) is not None and not os.path.exists(_sqlite_file(url)):
+                return None
+            return o.storages.RDBStorage(url, skip_table_creation=not create,
+                                         skip_compatibility_check=not create)
         from optuna.storages.journal import JournalFileBackend
 
-        folder = os.path.dirname(os.path.abspath(url))
-        if not os.path.isdir(folder):
-            raise ValueError(f"--storage {url}: the folder {folder} does not exist")
+        if not create and not os.path.exists(url):
+            return None
         return o.storages.JournalStorage(JournalFileBackend(url))
     except ValueError:
         raise
     except Exception as e:  # noqa: BLE001 - SQLAlchemy's, Optuna's, the OS's: one line each
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"--storage {url}: cannot open it ({first})") from None
+        raise ValueError(f"--storage {show(url)}: cannot open it ({escaped(first[:200])})") from None
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The database file of a sqlite URL (sqlite:///study.db), or None (another database, or in memory)."""
+    if not url.startswith("sqlite:"):
+        return None
+    try:
+        from sqlalchemy.engine import make_url
+
+        name = make_url(url).database
+    except Exception:   # noqa: BLE001 - check() says what is wrong with the URL
+        return None
+    return name if name and name != ":memory:" and not name.startswith("file:") else None
 
 
 def space(args) -> tuple[dict, dict]:
@@ -101,16 +118,40 @@ def space(args) -> tuple[dict, dict]:
             fixed[d] = vs[0]
     if not dists:
         raise ValueError("--search optuna has nothing to choose: give some flag two or more values or a range")
+    for d, dist in dists.items():   # every value a trial may draw is a configuration: its ends and choices
+        for v in getattr(dist, "choices", None) or (dist.low, dist.high):
+            try:
+                Config(**{**fixed, d: v})
+            except ValueError as e:
+                raise ValueError(config_error(e)) from None
     return dists, fixed
+
+
+# Note [a storage checked, then made]: --storage is checked whole before the data is read and nothing is
+# written to it before every check that needs no GPU passed (Note [nothing written before the checks] in
+# lenet/files.py): a journal file or a sqlite database is a regular file or nothing yet (a pipe would block
+# the open for ever), a journal holds whole lines of JSON objects (Optuna's own reader stops at a byte it
+# cannot decode, with a line naming neither), a sqlite file starts with SQLite's header; a study that is
+# there is read without writing and its flags compared with this worker's (``check_study``). The study is
+# made (or loaded: never made twice, which appends to a journal) by ``open_study`` once the checks passed and
+# the GPU is there: a run that cannot train leaves the storage as it was.
+JOURNAL_LIMIT = 1 << 30   # bytes of a journal file read to check it
 
 
 def check(args) -> None:
     """Before the data is read, nothing written: the extra, the space, the storage's form (a URL that
-    parses, or a journal file in a folder that exists); open_study opens it once every other check passed."""
+    parses, or a journal file in a folder that exists) and what is there already (Note [a storage checked,
+    then made])."""
     space(args)
+    if not args.study or not args.study.isprintable():
+        raise ValueError(f"--study '{show(args.study)}': give a name of printable characters (default: lenet-sweep)")
     url = args.storage
     if url is None:
         return
+    if url == "":
+        raise ValueError("--storage is empty: give a journal file (study.log) or a database URL "
+                         "(sqlite:///study.db)")
+
     if "://" in url:
         try:
             from sqlalchemy.engine import make_url
@@ -119,13 +160,85 @@ def check(args) -> None:
         except ImportError:
             pass
         except Exception as e:  # noqa: BLE001 - SQLAlchemy's ArgumentError: one line
-            raise ValueError(f"--storage {url}: not a database URL ({e}); use e.g. sqlite:///study.db") from None
+            raise ValueError(f"--storage {show(url)}: not a database URL ({escaped(str(e))}); use e.g. "
+                             f"sqlite:///study.db") from None
+        db = _sqlite_file(url)
+        if db is not None:
+            _check_file(db, url, b"SQLite format 3\0", "a sqlite database")
         return
-    folder = os.path.dirname(os.path.abspath(url))
-    if not os.path.isdir(folder):
-        raise ValueError(f"--storage {url}: the folder {folder} does not exist")
-    if os.path.isdir(url):
-        raise ValueError(f"--storage {url} is a folder; give a journal file (or a database URL)")
+    _check_file(url, url, None, "a journal file")
+
+
+def _check_file(path: str, url: str, header: bytes | None, what: str) -> None:
+    """The file of --storage: nothing yet in a writable folder, or a regular file of the right form."""
+    from . import files
+
+    shown = f"--storage {show(url)}"
+    kind, words = files.what_is(path)
+    if kind == "missing":
+        folder = os.path.dirname(os.path.abspath(path))
+        if files.what_is(folder)[0] != "folder":
+            raise ValueError(f"{shown}: the folder {show(folder)} does not exist")
+        return
+    if kind == "folder":
+        raise ValueError(f"{shown} is a folder; give {what} (or a database URL)")
+    if kind != "file":
+        raise ValueError(f"{shown} is {words}, not a regular file; give {what}")
+    if header is not None:
+        with files.open_input(path, "--storage", what[2:]) as f:
+            data = f.read(len(header))
+        if data and not data.startswith(header):
+            raise ValueError(f"{shown}: {show(path)} is not {what} (no SQLite header); give another file")
+        return
+    lines = files.read_input(path, "--storage", what[2:], limit=JOURNAL_LIMIT).split(b"\n")
+    for i, line in enumerate(lines[:-1]):   # the last, unfinished line: a write in flight, as Optuna reads it
+        try:
+            op = files.json_of(line.decode("utf-8"))
+        except ValueError:
+            op = None
+        if not isinstance(op, dict) or "op_code" not in op:
+            raise ValueError(f"{shown}: line {i + 1} is not an entry of Optuna's journal (a JSON object with an "
+                             f"op_code); give a journal file, or a new name")
+
+
+def check_study(args, settings: dict) -> None:
+    """A study already in --storage under --study was made with this worker's flags: one line naming the
+    first flag that differs otherwise. Reads only (Note [a storage checked, then made])."""
+    st = storage(args.storage, create=False)
+    if st is None:
+        return
+    try:
+        study_id = st.get_study_id_from_name(args.study)
+    except KeyError:
+        return
+    except Exception as e:  # noqa: BLE001 - a database without Optuna's tables, say
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--storage {show(args.storage)}: cannot read it ({escaped(first[:200])})") from None
+    made = st.get_study_user_attrs(study_id).get("lenet")
+    if made is not None:
+        _same_flags(args, made, {k: settings.get(k) for k in STUDY_KEYS})
+
+
+def _same_flags(args, made: dict, mine: dict) -> None:
+    if made == mine:
+        return
+    k = next((k for k in STUDY_KEYS if made.get(k) != mine.get(k)), None)
+    if k is None:
+        return
+    theirs, ours, flag = made.get(k), mine.get(k), f"--{k.replace('_', '-')}"
+    if k == "grid" and isinstance(theirs, dict) and isinstance(ours, dict):
+        d = next((d for d in list(ours) + list(theirs) if theirs.get(d) != ours.get(d)), None)
+        if d is not None:
+            theirs, ours, flag = theirs.get(d), ours.get(d), "--seeds" if d == "seed" else f"--{d.replace('_', '-')}"
+    elif k == "data_fingerprint":
+        flag = "--data-dir (the dataset's files)"
+
+    def short(v) -> str:
+        r = escaped(repr(v))
+        return r if len(r) <= 60 else r[:57] + "..."
+    raise ValueError(f"--study {show(args.study)} in --storage {show(args.storage)} was made with other flags: "
+                     f"{flag} {short(theirs)} there, {short(ours)} here; run every worker with the same flags, or "
+                     f"name another --study")
 
 
 def open_study(args, settings: dict):
@@ -145,18 +258,19 @@ def open_study(args, settings: dict):
     st = storage(args.storage)
     mine = {k: settings.get(k) for k in STUDY_KEYS}
     try:
-        study = o.create_study(study_name=args.study, storage=st, direction="maximize", sampler=sampler,
-                               pruner=pruner, load_if_exists=True)
+        try:   # loaded where it is there: creating it again would append to a journal
+            study = o.load_study(study_name=args.study, storage=st, sampler=sampler, pruner=pruner)
+        except KeyError:
+            study = o.create_study(study_name=args.study, storage=st, direction="maximize", sampler=sampler,
+                                   pruner=pruner, load_if_exists=True)
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"--storage {args.storage}: cannot open the study {args.study!r} ({e})") from None
+        raise ValueError(f"--storage {show(args.storage)}: cannot open the study {show(args.study)} "
+                         f"({escaped(str(e)[:200])})") from None
     made = study.user_attrs.get("lenet")
     if made is None:
         study.set_user_attr("lenet", mine)
-    elif made != mine:
-        k = next(k for k in STUDY_KEYS if made.get(k) != mine.get(k))
-        raise ValueError(f"the study {args.study!r} in {args.storage} was made with other flags ({k}={made.get(k)!r}, "
-                         f"this worker has {mine.get(k)!r}); run every worker with the same flags, or name another "
-                         f"--study")
+    else:
+        _same_flags(args, made, mine)
     return study
 
 

@@ -49,7 +49,7 @@ import numpy as np
 from . import cli, data, files, startup
 from .pack import MAX_PACK, Config, packs
 from .schedule import SCHEDULES
-from .sweep_results import RESUME_KEYS, SWEPT, Sweep
+from .sweep_results import RESUME_KEYS, SWEPT, Sweep, config_error
 from .train import Signals, StoppedAtOnce, resume_args, start_plotter
 
 FAST = Config()   # the defaults: the README's fast recipe
@@ -72,14 +72,21 @@ def on_off(text: str) -> bool:
 def ema_value(text: str):
     if text.strip().lower() in ("off", "none", "no"):
         return None
-    return cli.open_unit_interval(text)
+    return ranged(cli.open_unit_interval)(text)
+
+
+# Every list a flag expands is bounded before it is built: a seed range of a hundred million took 4.7 GB
+# and a MemoryError; a grid is counted before its combinations are made.
+MAX_SEEDS = 10000      # seeds of one --seeds value
+MAX_GRID = 100000      # configurations of one grid
 
 
 def seeds(text: str) -> list[int]:
-    """'0-15', '3', '0-3,8,10-11' -> the seeds; a range must not run backwards."""
+    """'0-15', '3', '0-3,8,10-11' -> the seeds; a range must not run backwards; at most MAX_SEEDS of them,
+    counted before any is listed."""
     import argparse
 
-    out = []
+    parts, count = [], 0
     for part in text.split(","):
         part = part.strip()
         lo, dash, hi = part.partition("-")
@@ -90,8 +97,14 @@ def seeds(text: str) -> list[int]:
                                              f"0-15 or 0-3,8") from None
         if a < 0 or b < a:
             raise argparse.ArgumentTypeError(f"invalid seed range {part!r}: from A to B needs 0 <= A <= B")
-        out += range(a, b + 1)
-    return out
+        if b > 2**32 - 1:
+            raise argparse.ArgumentTypeError(f"invalid seed range {part!r}: seeds go up to {2**32 - 1}")
+        count += b - a + 1
+        if count > MAX_SEEDS:
+            raise argparse.ArgumentTypeError(f"invalid seeds {text!r}: {count:,} seeds or more; a sweep takes at "
+                                             f"most {MAX_SEEDS:,} (one model each)")
+        parts.append((a, b))
+    return [s for a, b in parts for s in range(a, b + 1)]
 
 
 def ranged(kind):
@@ -101,7 +114,13 @@ def ranged(kind):
     def parse(text: str):
         if ":" in text:
             lo, _, hi = text.partition(":")
-            a, b = kind(lo), kind(hi)
+            if ":" in hi:
+                raise argparse.ArgumentTypeError(f"invalid range {text!r}: a range is LOW:HIGH, two values")
+            try:
+                a, b = kind(lo), kind(hi)
+            except argparse.ArgumentTypeError as e:
+                why = str(e).split(": ", 1)[-1]
+                raise argparse.ArgumentTypeError(f"invalid range {text!r}: LOW:HIGH, each {why}") from None
             if not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a < b):
                 raise argparse.ArgumentTypeError(f"invalid range {text!r}: LOW:HIGH with LOW < HIGH")
             return (a, b)
@@ -119,7 +138,7 @@ FLAG_TYPES = {
     "label_smoothing": (ranged(cli.unit_interval), "label smoothings, in [0, 1)"),
     "schedule": (str, f"learning-rate schedules: {', '.join(SCHEDULES)}"),
     "warmup_epochs": (ranged(cli.nonneg_float), "warm-up epochs"),
-    "ema": (ema_value, "moving averages of the weights: a decay in (0, 1), or off"),
+    "ema": (ema_value, "moving averages of the weights: a decay in (0, 1), or off (a range for --search optuna)"),
     "shift": (ranged(cli.nonneg_int), "augmentation shifts in pixels, 0..13"),
     "flip": (on_off, "left-right mirror augmentation: on, off"),
     "batch_size": (cli.batch_size, "batch sizes (one pack per batch size and epoch count)"),
@@ -221,13 +240,20 @@ def grid(args) -> list[Config]:
         return []
     bad = [s for s in values["schedule"] if s not in SCHEDULES]
     if bad:
-        raise ValueError(f"--schedule {bad[0]}: use one of {', '.join(SCHEDULES)}")
+        raise ValueError(f"--schedule {files.show(bad[0])}: use one of {', '.join(SCHEDULES)}")
+    size = math.prod(len(values[d]) for d in SWEPT)   # counted before any is made
+    if size > MAX_GRID:
+        raise ValueError(f"the grid has {size:,} combinations of the values given; a sweep trains at most "
+                         f"{MAX_GRID:,} (give fewer values, or --search optuna --trials N)")
     out = []
     for combo in itertools.product(*(values[d] for d in SWEPT)):
         kw = dict(zip(SWEPT, combo))
         if kw["nesterov"] and kw["momentum"] == 0:
             continue   # Nesterov needs momentum: the combination does not exist
-        out.append(Config(**kw))
+        try:
+            out.append(Config(**kw))
+        except ValueError as e:   # named as the flags say it
+            raise ValueError(config_error(e)) from None
     if not out:
         raise ValueError("the grid is empty: every combination has --nesterov on with --momentum 0")
     return out
@@ -401,12 +427,11 @@ def prepare(args) -> dict:
     settings = settings_of(args, fingerprint, len(train_x), len(test_x))
     out = Path(args.out) if args.out else None
     done_rows, pack_state = _check_out(out, args, settings)
-    study = None
-    if args.search == "optuna":   # opened (or made) now: a study made with other flags is refused before the GPU
-        from .study import open_study
+    if args.search == "optuna":   # read, not made: a study made with other flags is refused before the GPU
+        from .study import check_study
 
-        study = open_study(args, settings)
-    return {"study": study, "root": root, "dataset": data.dataset_name(root), "fingerprint": fingerprint, "train": (train_x, train_y),
+        check_study(args, settings)
+    return {"study": None, "root": root, "dataset": data.dataset_name(root), "fingerprint": fingerprint, "train": (train_x, train_y),
             "evals": evals, "test": (test_x, test_y), "mean": mean, "std": std, "train_size": len(train_x),
             "out": out, "configs": configs, "settings": settings, "done_rows": done_rows, "pack_state": pack_state}
 
@@ -435,46 +460,150 @@ def validation_size(args, train_size: int, models: int) -> int:
 
 
 def _check_out(out: Path | None, args, settings: dict):
-    """--out a folder this sweep may write; with --resume, the earlier sweep's rows and pack in flight."""
+    """--out a folder this sweep may write; with --resume, the earlier sweep's rows and pack in flight, each
+    file checked whole before any of it is used."""
     if out is None:
         return [], None
     files.check_output_dir(out, "--out")
-    earlier = [n for n in OUT_FILES if (out / n).exists()]
+    files.check_files_in(out, [n + "/" if n == "best" else n for n in OUT_FILES], "--out")
+    earlier = [n for n in OUT_FILES if files.what_is(out / n)[0] != "missing"]
     if args.resume:
         made = out / "sweep.json"
-        if not made.exists():
+        if files.what_is(made)[0] == "missing":
             raise ValueError(f"--resume: {files.show(out)} holds no sweep (no sweep.json); start one without --resume")
-        try:
-            before = json.loads(made.read_text())
-        except (OSError, ValueError):
-            raise ValueError(f"--resume: {files.show(made)} is not a sweep's settings file") from None
+        before = _settings_file(made, settings)
         diff = [k for k in RESUME_KEYS if before.get(k) != settings.get(k)]
         if diff:
             raise ValueError(f"--resume: the sweep in {files.show(out)} was made with {diff[0]}="
-                             f"{before.get(diff[0])!r}, this one has {settings.get(diff[0])!r}; resume with the "
-                             f"same flags")
-        rows = []
-        if (out / "results.jsonl").exists():
-            for line in (out / "results.jsonl").read_text().splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    pass   # a line cut by a kill: that model runs again
-        state = None
-        if (out / "pack.npz").exists():
-            try:
-                with np.load(out / "pack.npz", allow_pickle=False) as z:
-                    state = {k: z[k] for k in ("params", "velocity", "ema")} | json.loads(str(z["state"]))
-                if not isinstance(state.get("configs"), list) or not isinstance(state.get("step"), int):
-                    raise ValueError("no configurations or step")
-            except (OSError, KeyError, ValueError, TypeError, EOFError, zipfile.BadZipFile):
-                raise ValueError(f"--resume: {files.show(out / 'pack.npz')} is not the state of a pack in flight; "
-                                 f"remove it to run that pack again from its start") from None
+                             f"{_short(before.get(diff[0]))}, this one has {_short(settings.get(diff[0]))}; resume "
+                             f"with the same flags")
+        rows = _rows_file(out / "results.jsonl") if files.what_is(out / "results.jsonl")[0] != "missing" else []
+        state = _pack_file(out / "pack.npz") if files.what_is(out / "pack.npz")[0] != "missing" else None
         return rows, state
     if earlier and not args.overwrite:
         raise files.OutputError(f"--out {files.show(out)} holds an earlier sweep ({', '.join(earlier)}); continue it "
                                 f"with --resume, write to a new folder, or replace it with --overwrite")
     return [], None
+
+
+def _short(v) -> str:
+    r = files.escaped(repr(v))
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _settings_file(path: Path, settings: dict) -> dict:
+    """sweep.json: an object holding every setting --resume compares, each of the type this sweep's has."""
+    bad = ValueError(f"--resume: {files.show(path)} is not a sweep's settings file (an object of "
+                     f"{', '.join(RESUME_KEYS)})")
+    try:
+        before = files.json_of(files.read_input(path, "--resume", "sweep's settings file", limit=64 << 20).decode())
+    except files.InputError:
+        raise
+    except ValueError:   # not UTF-8, not JSON
+        raise bad from None
+    if not isinstance(before, dict) or any(k not in before for k in RESUME_KEYS):
+        raise bad
+    for k in RESUME_KEYS:
+        mine, theirs = settings.get(k), before[k]
+        if theirs is not None and mine is not None and type(theirs) is not type(mine) \
+                and not (isinstance(mine, float) and type(theirs) is int):
+            raise bad
+    return before
+
+
+_STATUSES = ("complete", "pruned", "diverged")
+
+
+def _row_problem(row) -> str | None:
+    """Why a line of results.jsonl is not a model's row (lenet.sweep_results.row_of), or None."""
+    from .pack import config_from
+
+    def numbers(v):
+        return isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    if not isinstance(row, dict):
+        return "not an object"
+    if row.get("status") not in _STATUSES:
+        return f"status {_short(row.get('status'))} is none of {', '.join(_STATUSES)}"
+    if not (row.get("trial") is None or (isinstance(row.get("trial"), int) and not isinstance(row["trial"], bool))):
+        return "no trial number"
+    if not (numbers(row.get("accuracy")) and numbers(row.get("loss")) and isinstance(row.get("final"), (int, float))
+            and not isinstance(row.get("final"), bool)):
+        return "no accuracies, losses and final accuracy"
+    if not isinstance(row.get("config"), dict):
+        return "no configuration"
+    try:
+        config_from(row["config"])
+    except (ValueError, TypeError) as e:
+        return f"its configuration is not one ({files.escaped(str(e))})"
+    return None
+
+
+def _rows_file(path: Path) -> list[dict]:
+    """results.jsonl's rows, each checked; a last line without its end (cut by a kill) is left out: that model
+    runs again."""
+    raw = files.read_input(path, "--resume", "results file", limit=1 << 30)
+    lines = raw.split(b"\n")
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = files.json_of(line.decode())
+        except ValueError:
+            if i == len(lines) - 1:   # unfinished: a line cut by a kill
+                continue
+            row = None
+        why = "not JSON" if row is None else _row_problem(row)
+        if why:
+            raise ValueError(f"--resume: {files.show(path)} line {i + 1} is not a model's row ({why}); remove that "
+                             f"line to run its model again")
+        rows.append(row)
+    return rows
+
+
+def _pack_file(path: Path) -> dict:
+    """pack.npz: the pack in flight, checked whole: its configurations, histories, flags, step and running
+    losses, one per model, and its arrays of that many models' finite numbers."""
+    from . import params as P
+    from .pack import config_from
+
+    bad = f"--resume: {files.show(path)} is not the state of a pack in flight"
+    fix = "remove it to run that pack again from its start"
+    try:
+        with files.open_input(path, "--resume", "pack state") as f, np.load(f, allow_pickle=False) as z:
+            files.check_npz(z, bad, {k: 8 * P.TOTAL * MAX_PACK * 64 for k in ("params", "velocity", "ema")}
+                            | {"state": 256 << 20}, ValueError)
+            arrays = {k: z[k] for k in ("params", "velocity", "ema")}
+            state = files.json_of(str(z["state"]))
+    except files.InputError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError, EOFError, AttributeError, zipfile.BadZipFile):
+        raise ValueError(f"{bad}; {fix}") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{bad} (its state is not an object); {fix}")
+    configs, history, done = state.get("configs"), state.get("history"), state.get("done")
+    step, running = state.get("step"), state.get("running")
+    k = len(configs) if isinstance(configs, list) else 0
+    if not (k and isinstance(history, list) and isinstance(done, list) and isinstance(running, list)
+            and len(history) == len(done) == len(running) == k):
+        raise ValueError(f"{bad} (its configurations, histories, flags and running losses are not one per model); "
+                         f"{fix}")
+    if not (isinstance(step, int) and not isinstance(step, bool) and step >= 0):
+        raise ValueError(f"{bad} (no step count); {fix}")
+    try:
+        for c in configs:
+            config_from(c)
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(f"{bad} (a configuration is not one); {fix}") from None
+    keys = ("accuracy", "loss", "train_loss", "seconds")
+    if not all(isinstance(h, dict) and all(x in h for x in keys) for h in history) \
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in running):
+        raise ValueError(f"{bad} (a history or running loss is not one); {fix}")
+    for name, a in arrays.items():
+        if a.dtype.kind != "f" or a.shape != (k * P.TOTAL,) or not np.all(np.isfinite(a)):
+            raise ValueError(f"{bad} (its {name} are not {k * P.TOTAL} finite numbers, {P.TOTAL} for each of its "
+                             f"{k} model{'s' * (k > 1)}); {fix}")
+    return arrays | state
 
 
 def open_out(out: Path | None, overwrite: bool, settings: dict, resume: bool) -> None:
@@ -529,6 +658,10 @@ def main(argv=None) -> int:
     from descriptors import require_gpu
 
     gpu = require_gpu()
+    if args.search == "optuna":   # made (or loaded) once the GPU is there too (Note [a storage checked, then made])
+        from .study import open_study
+
+        run["study"] = open_study(args, run["settings"])
     check_pack_memory(args, run, policy)   # may set the packs' size: before the policy that depends on it
     policy = default_algo(args, run, policy)
     print(f"GPU {gpu} | dataset {run['dataset']} ({run['train_size']} train, {len(run['evals'][0])} "

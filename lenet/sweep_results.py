@@ -24,6 +24,18 @@ RESUME_KEYS = ("grid", "search", "trials", "validation", "train_size", "test_siz
                "pack_size", "eval_batch_size", "study", "sampler", "prune")
 
 
+def config_error(e: ValueError) -> str:
+    """A configuration's error (lenet.pack.Config names its settings) as the flags of `lenet sweep` say it."""
+    import re
+
+    text = str(e)
+    name = text.split(" ", 1)[0].rstrip(":")
+    if name in SWEPT:
+        text = ("--seeds" if name == "seed" else "--" + name.replace("_", "-")) + text[len(name):]
+    return re.sub(r"\((\d+) epochs\)", r"(--epochs \1)", text).replace("nesterov needs a momentum > 0",
+                                                                      "--nesterov on needs --momentum > 0")
+
+
 def row_of(r: Result, trial, split: str) -> dict:
     status = "pruned" if r.pruned else ("complete" if all(map(math.isfinite, r.loss)) else "diverged")
     return {"trial": trial, "status": status, "config": r.config.as_dict(),

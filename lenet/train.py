@@ -257,14 +257,15 @@ def _check_out(out: Path | None, resume: Path | None, args) -> None:
     if out is None:
         return
     files.check_output_dir(out, "--out")
-    earlier = [n for n in RUN_FILES if (out / n).exists()]
+    files.check_files_in(out, RUN_FILES, "--out")
+    earlier = [n for n in RUN_FILES if files.what_is(out / n)[0] != "missing"]
     if not earlier or args.overwrite:
         return
     if resume is None:
         raise files.OutputError(f"--out {files.show(out)} holds an earlier run ({', '.join(earlier)}); continue it "
                                 f"with --resume, write to a new folder, or replace it with --overwrite")
     own = out / "checkpoint.npz"
-    if not (files.same_file(resume, own) or resume.resolve() == own.resolve()):
+    if not files.same_place(resume, own):
         raise files.OutputError(f"--out {files.show(out)} holds another run ({', '.join(earlier)}); resuming "
                                 f"{files.show(resume)} there would write over it: resume into "
                                 f"{files.show(resume.parent)}, pick a new --out, or replace it with --overwrite")
@@ -291,14 +292,12 @@ def prepare(args) -> dict:
     _check_out(out, resume, args)
     meta = params_flat = velocity_flat = None
     if resume is not None:
-        if not resume.exists() and not resume.is_dir():
-            raise ckpt.CheckpointError(f"--resume {resume}: no such checkpoint")
-        params_flat, velocity_flat, meta = ckpt.load(resume)
+        params_flat, velocity_flat, meta = ckpt.load(resume, "--resume")
         ckpt.check_meta(resume, meta, resuming=True)
         made_fp = meta["config"].get("data_fingerprint")
         if made_fp and made_fp != config["data_fingerprint"]:
-            raise ValueError(f"{resume} was trained on other data than {root} (the dataset's files differ); "
-                             f"resume with the dataset it was trained on")
+            raise ValueError(f"--resume {files.show(resume)} was trained on other data than {files.show(root)} (the "
+                             f"dataset's files differ); resume with the dataset it was trained on")
         # More epochs may be asked for, except under cosine, whose curve depends on the total.
         diff = [k for k in RESUME_KEYS if (k != "epochs" or args.schedule == "cosine")
                 and not (k == "dataset" and made_fp)   # the content decided, whatever the folder's name
@@ -306,8 +305,8 @@ def prepare(args) -> dict:
         if diff:
             k = diff[0]
             made = meta["config"].get(k, RECIPE_OFF.get(k))
-            raise ValueError(f"{resume} was made with {k}={made!r}, this run has {k}={config.get(k)!r}; "
-                             f"resume with the same settings")
+            raise ValueError(f"--resume {files.show(resume)} was made with {k}={made!r}, this run has "
+                             f"{k}={config.get(k)!r}; resume with the same settings")
         config["mean"], config["std"] = meta["config"]["mean"], meta["config"]["std"]
     done = meta is not None and meta["epoch"] >= args.epochs and not meta.get("step")
     return {"root": root, "train": (train_x, train_y), "test": (test_x, test_y), "config": config, "out": out,

@@ -43,7 +43,10 @@ def parser() -> cli.Parser:
     p.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
     p.add_argument("--dump", metavar="PATH",
                    help="write an .npz: the batch (x, y), the parameters before (state_dict names), their "
-                        "gradients (grad.<name>) and the parameters after all steps (after.<name>)")
+                        "gradients (grad.<name>) and the parameters after all steps (after.<name>); never over "
+                        "a run's checkpoint, over another file only with --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="let --dump replace an existing file (never a run's "
+                                                            "checkpoint)")
     return p
 
 
@@ -75,8 +78,14 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     policy = cli.policy_from(args)
+    if args.overwrite and args.dump is None:
+        raise ValueError("--overwrite is for --dump PATH: without it the program writes nothing")
     if args.dump is not None:
+        from .checkpoint import refuse_overwriting
+
         files.check_output_file(args.dump, "--dump")
+        refuse_overwriting(args.dump, "--dump")
+        files.check_output_file(args.dump, "--dump", overwrite=args.overwrite)
     with startup.starting(args.engine, (args.batch_size,)):   # Note [overlapped start-up]
         x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
@@ -145,7 +154,7 @@ def main(argv=None) -> int:
     print(f"step {mean_ms * 1000:.1f} us mean over {args.steps} | {facts['images_per_s'] / 1e6:.3f} M img/s "
           f"| cuda graph {'on' if args.cuda_graph else 'off'}")
     if args.dump:
-        print(f"dump written to {args.dump}")
+        print(f"dump written to {files.show(args.dump)}")
     return 0
 
 

@@ -20,6 +20,56 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
+# Note [a session of its own]: the tests and every program they start run with a HOME, cache and config
+# folders and a temporary folder of the session's own, made here (before any test module is imported) in one
+# folder of the temporary folder the user has, and removed with everything in it when the session ends: the
+# user's HOME (~/.cache/lenet, ~/.cupy, ~/.config/matplotlib, ~/.nv) and /tmp (pytest's pytest-of-$USER,
+# which held 137 MB after a run) are left as they were. The variables that name one cache each are unset so
+# that they follow (a user's own CUPY_CACHE_DIR is no place for the tests' runs). pip keeps reading the
+# user's configuration (its package index), from where it is.
+def _pip_config() -> str | None:
+    home = os.path.expanduser("~")
+    for where in (os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "pip", "pip.conf"),
+                  os.path.join(home, ".pip", "pip.conf")):
+        if os.path.isfile(where):
+            return where
+    return None
+
+
+def _session_folders() -> Path:
+    import tempfile
+
+    pip = os.environ.get("PIP_CONFIG_FILE") or _pip_config()
+    session = Path(tempfile.mkdtemp(prefix="lenet-tests-"))
+    for name in ("home", "tmp", "cache", "config"):
+        (session / name).mkdir()
+    os.environ.update(HOME=str(session / "home"), TMPDIR=str(session / "tmp"), XDG_CACHE_HOME=str(session / "cache"),
+                      XDG_CONFIG_HOME=str(session / "config"))
+    for k in ("TEMP", "TMP", "LENET_DATA_CACHE", "LENET_PLAN_CACHE", "LENET_BYTECODE_CACHE", "LENET_KERNEL_CACHE",
+              "CUPY_CACHE_DIR", "MPLCONFIGDIR", "CUDA_CACHE_PATH", "PYTHONPYCACHEPREFIX"):
+        os.environ.pop(k, None)
+    if pip:
+        os.environ["PIP_CONFIG_FILE"] = pip
+    tempfile.tempdir = str(session / "tmp")
+    return session
+
+
+SESSION = _session_folders()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if config.option.basetemp is None:   # pytest's own temporary folders: in the session's, not /tmp/pytest-of-$USER
+        config.option.basetemp = str(SESSION / "pytest")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(SESSION, ignore_errors=True)
+
+
 REQUIRE_GPU = os.environ.get("LENET_REQUIRE_GPU") == "1"
 # The programs the tests start write no bytecode beside the sources either (they keep theirs in the
 # session's cache folder, Note [bytecode cache] in lenet/startup.py): the checkout stays as it was.

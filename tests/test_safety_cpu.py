@@ -178,7 +178,7 @@ def test_export_to_a_bad_place(tmp_path, checkpoint, to, needle):
 
 
 def test_predict_given_a_folder(tmp_path, checkpoint):
-    refused(run("lenet.predict", "--checkpoint", str(checkpoint), str(tmp_path)), "is a folder; give IDX image files")
+    refused(run("lenet.predict", "--checkpoint", str(checkpoint), str(tmp_path)), "is a folder, not an IDX image file")
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -339,7 +339,7 @@ def test_predict_refuses_a_huge_picture_before_decoding_it(tmp_path, checkpoint)
 
 
 def test_predict_names_a_device_as_not_a_regular_file(checkpoint):
-    refused(run("lenet.predict", "--checkpoint", str(checkpoint), "/dev/null"), "/dev/null is not a regular file")
+    refused(run("lenet.predict", "--checkpoint", str(checkpoint), "/dev/null"), "/dev/null is a device, not a regular file")
 
 
 @pytest.mark.parametrize("args,needle", [
