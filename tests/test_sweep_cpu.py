@@ -620,11 +620,12 @@ def test_optunas_objective_and_pruner_see_the_validation_split_alone(dataset, mo
     on the held-out images; the study's best is the validation winner, and the test split is read once,
     by it."""
     from lenet import cli
-    from lenet.study import StudySweep
+    from lenet.study import StudySweep, open_study
 
     args = parse("--data-dir", dataset, "--search", "optuna", "--trials", 3, "--sampler", "grid", "--lr", 0.05, 0.1,
                  0.2, "--epochs", 2, "--pack-size", 2, "--quiet")
     run = sweep.prepare(args)
+    run["study"] = open_study(args, run["settings"])   # as main() does, once the GPU is there
     tested = _no_gpu_sweep(monkeypatch, run)
     assert StudySweep(args, run, cli.policy_from(args), None).run() == 0
     assert _FakePack.made == ["validation"]
@@ -644,11 +645,12 @@ def test_a_study_reads_the_test_split_only_for_its_winner_once_it_is_known(datas
     better than every trial of this worker (the winner is the other's): this worker reads no test split.
     Done worse: this worker trained the study's winner, and reads the test split once, by it."""
     from lenet import cli
-    from lenet.study import StudySweep
+    from lenet.study import StudySweep, open_study
 
     args = parse("--data-dir", dataset, "--search", "optuna", "--trials", 4, "--sampler", "grid", "--lr", 0.05, 0.1,
                  0.2, "--epochs", 2, "--pack-size", 2, "--quiet")
     run = sweep.prepare(args)
+    run["study"] = open_study(args, run["settings"])   # as main() does, once the GPU is there
     tested = _no_gpu_sweep(monkeypatch, run)
     theirs = run["study"].ask()                 # the other worker's trial
     theirs.set_user_attr("out", "/elsewhere")
