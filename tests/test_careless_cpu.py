@@ -95,6 +95,7 @@ def _sweep_json(work: Path, flags) -> None:
     from lenet import data, sweep
 
     a = sweep.parser().parse_args(["--data-dir", str(work / "DATA"), *flags])
+    a.validation = sweep.validation_size(a, 40, len(sweep.grid(a)))   # as prepare() settles it (Note [the ranked split])
     (work / "s").mkdir(exist_ok=True)
     (work / "s" / "sweep.json").write_text(json.dumps(sweep.settings_of(a, data.fingerprint(work / "DATA", None),
                                                                         40 - a.validation, 20)))
