@@ -407,7 +407,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=7, help="timed runs per variant (median; default 7)")
     ap.add_argument("--algo", default="exhaustive", help="our algorithm policy (default: exhaustive)")
     ap.add_argument("--torch-forms", nargs="+", default=["quick"], metavar="FORM",
-                    help="PyTorch's forms to time: presets quick (default: eager, graph, compile+graph), nocompile, "
+                    help="PyTorch's forms to time: presets quick (default: eager, graph, compile+graph), nocompile, none, "
                          "compile, all, or patterns over MODE/BENCH/OPT such as 'graph/bench/*' "
                          "(scripts/torch_forms.py)")
     ap.add_argument("--no-tf32", dest="tf32", action="store_false",

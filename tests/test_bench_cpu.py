@@ -22,6 +22,7 @@ def test_every_form_is_a_mode_benchmark_and_optimizer_and_the_presets_name_them(
     assert {f.mode for f in quick} == {"eager", "graph", "compile+graph"} and len(quick) == 12
     assert {(f.benchmark, f.optimizer) for f in quick} == {(b, o) for b in (False, True) for o in ("foreach", "fused")}
     assert tf.select(["all"]) == forms
+    assert tf.select(["none"]) == []   # ours alone: two trees of ours compared
     assert {f.mode for f in tf.select(["compile"])} == {"compile", "compile+graph", "reduce-overhead", "max-autotune",
                                                         "max-autotune+graph"}
     assert [f.key for f in tf.select(["graph/bench/fused", "eager/*/foreach"])] == \
