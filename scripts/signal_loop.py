@@ -54,14 +54,15 @@ def dataset(root: Path, images: int) -> Path:
 
 
 def guarded(pid: int) -> bool:
-    """Whether the child has run our first line: SIGTERM blocked or caught, which Python's own start never does."""
+    """Whether the child has run our first line: SIGTERM blocked or caught, which Python's own start never does;
+    a child already gone (a zombie) counts as guarded, as tests/test_hostile_cpu.py's _guarded reads it."""
     try:
         with open(f"/proc/{pid}/status") as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
         held = int(fields["SigCgt"], 16) | int(fields["SigBlk"], 16)
     except (OSError, KeyError, ValueError):
         return True
-    return bool(held & (1 << (signal.SIGTERM - 1)))
+    return bool(held & (1 << (signal.SIGTERM - 1))) or fields.get("State", "").strip().startswith("Z")
 
 
 def bare_start(python: str, env: dict) -> float:
