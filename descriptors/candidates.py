@@ -1,7 +1,8 @@
 """A convolution problem, and cuDNN's two APIs as sources of candidates for it, behind one interface.
 
     spec = ConvSpec("fwd", 64, (1, 28, 28), (6, 1, 5, 5), epilogue="bias_relu")
-    convs = LegacyConvs()                     # or GraphConvs(): each holds the cuDNN objects it made
+    convs = LegacyConvs(name)                 # or GraphConvs(name): each holds the cuDNN objects it made,
+                                              # its candidates' ``engine`` the caller's name for it
     candidates, excluded = convs.candidates(handle, spec, policy, fused=True)
     run = convs.bind(handle, spec, candidates[0], arrays, workspace)   # a zero-argument launcher
     run()
@@ -114,7 +115,7 @@ class ConvSpec:
 class Candidate:
     """One way to run a ConvSpec: an engine's algorithm or plan, with or without its epilogue fused."""
 
-    engine: str                 # the API: "legacy" | "graph"
+    engine: str                 # the name its source was given by its caller (an engine's; "" unnamed)
     name: str                   # the algorithm or plan, as cuDNN names it
     fused: bool                 # the epilogue inside the convolution's call
     workspace_bytes: int
@@ -209,11 +210,11 @@ class _LegacyConv:
 
 class LegacyConvs:
     """cuDNN's descriptor API: its algorithms, each with the epilogue fused
-    (cudnnConvolutionBiasActivationForward, forward only) or after it."""
+    (cudnnConvolutionBiasActivationForward, forward only) or after it. ``name``: what its candidates'
+    ``engine`` says (the caller's name for this source; unnamed by default)."""
 
-    name = "legacy"
-
-    def __init__(self):
+    def __init__(self, name: str = ""):
+        self.name = name
         self._convs = _Cache()
 
     def _conv(self, handle, spec: ConvSpec, tf32: bool) -> _LegacyConv:
@@ -271,11 +272,11 @@ class LegacyConvs:
 
 class GraphConvs:
     """cuDNN's graph API: the execution plans of one graph per direction, the epilogue in the
-    graph (fused) or after it."""
+    graph (fused) or after it. ``name``: what its candidates' ``engine`` says (the caller's name for this
+    source; unnamed by default)."""
 
-    name = "graph"
-
-    def __init__(self):
+    def __init__(self, name: str = ""):
+        self.name = name
         self._graphs = _Cache()
 
     @staticmethod

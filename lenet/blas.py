@@ -187,7 +187,7 @@ class LtMatmul:
     ``bias_stride`` elements apart, the ReLU masks one (M, AUX_LD bits) mask apart.
 
     ``algos``: how many of cuBLASLt's heuristic's algorithms to keep (``algos`` lists them, best-ranked
-    first); the first runs unless ``tune`` times them all and keeps the fastest (Note [tuned matmuls]).
+    first); the first runs unless the planner, timing each (``tune``), chose another (Note [tuned matmuls]).
     """
 
     AUX_LD = 128  # the ReLU mask's leading dimension, in bits: a multiple of 128, >= N
@@ -230,6 +230,16 @@ class LtMatmul:
             setattr_(A.EPILOGUE_AUX_POINTER, aux.data.ptr)
             setattr_(A.EPILOGUE_AUX_LD, self.AUX_LD)
             self.aux = aux
+        self._layouts(a, b, m, n, batch, strides, bias, bias_stride, aux)
+        self._algorithms(lt, algos, f"{epilogue} matmul {(m, k)} x {(k, n)}")
+
+    def _layouts(self, a, b, m: int, n: int, batch: int, strides, bias, bias_stride: int, aux) -> None:
+        """cuBLASLt's matrix layouts of the three operands (and, for a batch, their strides)."""
+        L, A, f32 = self._L, self._L.MatmulDescAttribute, CUDA_R_32F
+
+        def setattr_(attr, value):
+            v = np.array([value], dtype=L.get_matmul_desc_attribute_dtype(attr))
+            L.matmul_desc_set_attribute(self.desc, attr, v.ctypes.data, v.nbytes)
         # Column-major layouts of the row-major buffers: (cols, rows), ld = cols.
         self.la = L.matrix_layout_create(f32, b.shape[1], b.shape[0], b.shape[1])    # cuBLASLt's A is b
         self._objs.append(("layout", self.la))
@@ -250,6 +260,10 @@ class LtMatmul:
                 setattr_(A.BIAS_BATCH_STRIDE, int(bias_stride))
             if aux is not None:
                 setattr_(A.EPILOGUE_AUX_BATCH_STRIDE, self.AUX_LD * m)
+
+    def _algorithms(self, lt, algos: int, what: str) -> None:
+        """The first ``algos`` of cuBLASLt's heuristic's ranking (``self.algos``); the first runs."""
+        L = self._L
         pref = L.matmul_preference_create()
         self._objs.append(("pref", pref))
         ws = np.array([lt.workspace_bytes], dtype=np.uint64)
@@ -260,34 +274,29 @@ class LtMatmul:
             L.matmul_algo_get_heuristic(lt.handle, self.desc, self.la, self.lb, self.lc, self.lc, pref,
                                         len(self._heur), self._heur.ctypes.data, count.ctypes.data)
         except L.cuBLASLtError as e:
-            raise LtUnavailable(f"cuBLASLt: {epilogue} matmul {(m, k)} x {(k, n)}: {e}") from None
+            raise LtUnavailable(f"cuBLASLt: {what}: {e}") from None
         if count[0] < 1 or self._heur["state"][0] != 0:
-            raise LtUnavailable(f"cuBLASLt has no algorithm for a {epilogue} matmul {(m, k)} x {(k, n)}")
+            raise LtUnavailable(f"cuBLASLt has no algorithm for a {what}")
         # 'algo' is the first field of a result; the heuristic's ranking, its first the default
         self.algos = [self._heur.ctypes.data + i * self._heur.itemsize for i in range(int(count[0]))
                       if self._heur["state"][i] == 0]
         self._algo, self.pick = self.algos[0], 0
 
-    def tune(self, time) -> list[float]:
-        """Keep the fastest of ``algos`` by ``time(fn)`` (ms per call of fn): their times, in order.
+    def tune(self, time, pick: int) -> float:
+        """ms per call of ``algos[pick]`` by ``time(fn)``, which it then runs: one candidate of the planner's
+        loop (``OurHead._matmul_pick`` in lenet/engines/ours_head.py).
 
         Note [tuned matmuls]: cuBLASLt's heuristic ranks algorithms by a model of the GPU, not by running
-        them, and for the head's weight gradient (120 x 256 summed over the batch) its first at 65536
-        images took 201 us on an H100, split 11 ways over 88 blocks of 132 SMs. Timing its next few
+        them, and for the head's weight gradient (120 x 256 summed over the batch) its first can split the
+        sum over too few blocks of a large GPU (docs/engines.md, "Tuned matmuls"). Timing its next few
         (other tiles and splits) is a few milliseconds at plan time, and the choice is the planner's to
-        store (``Ours._tail_picks`` in lenet/engines/ours.py): a later run recalls it (``use``). Each
-        algorithm is deterministic; the choice by timing is not reproducible, so a reproducible policy
-        keeps the first."""
-        times = []
-        for algo in self.algos:
-            self._algo = algo
-            times.append(time(self))
-        self.pick = int(np.argmin(times))
-        self._algo = self.algos[self.pick]
-        return times
+        store: a later run recalls it (``use``). Each algorithm is deterministic; the choice by timing is
+        not reproducible, so a reproducible policy keeps the first."""
+        self.use(pick)
+        return time(self)
 
     def use(self, pick: int) -> None:
-        """Run ``algos[pick]`` (a choice ``tune`` made before, recalled)."""
+        """Run ``algos[pick]`` (the planner's choice, timed or recalled)."""
         self.pick, self._algo = pick, self.algos[pick]
 
     @staticmethod

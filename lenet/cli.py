@@ -280,12 +280,12 @@ def add_speed_flags(p: argparse.ArgumentParser) -> None:
 
 def policy_from(args):
     """The Policy the flags ask for; a one-line ValueError where the engine they name cannot run under the
-    rest (the engines' own rules: lenet.engines.registry.flag_errors)."""
+    rest (the engines' own rules: lenet.engines.registry.flag_errors), or cannot run here (Policy.checked)."""
     from .engines import Policy
 
     return Policy.parse(args.algo, workspace_limit=args.workspace_limit, deterministic=args.deterministic,
                         allow_winograd=args.allow_winograd, engine=args.engine, allow_tf32=args.allow_tf32,
-                        chunk=args.chunk, fused=args.fused)
+                        chunk=args.chunk, fused=args.fused).checked()
 
 
 def run(main, name: str = "") -> None:

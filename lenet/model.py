@@ -169,7 +169,7 @@ class Step:
     stages: list
     head: object
     loss: object
-    side: object   # lenet.plan.SideStream
+    side: object   # lenet.engines.context.SideStream
 
     @property
     def layers(self) -> list:
@@ -209,8 +209,8 @@ class Step:
         rows = []
         for op in self.layers:
             for row in op.describe():
-                rows.append({**row, "candidates_ms": getattr(op, "times", None)})
-        return rows if getattr(self.head, "fuses_loss", False) else rows + self.loss.describe()
+                rows.append({**row, "candidates_ms": op.times})
+        return rows if self.head.fuses_loss else rows + self.loss.describe()
 
 
 class LeNet:
@@ -270,7 +270,7 @@ class LeNet:
                              float(st["label_smoothing"][0]), ema_decays[0])
         else:        # a pack's on the device (self.hyper, self.label_smoothing_dev)
             self._operations(0.0, 0.0, False, self.label_smoothing_dev, 0.0 if self.ema is not None else None)
-        self.runner = Runner(self.stream, self.planner.workspace, self._save_state, self._restore_state)
+        self.runner = Runner(self.stream, self.planner.ctx.workspace, self._save_state, self._restore_state)
         self._steps: dict[int, Step] = {}
         self._lr_host: float | None = None
         self._eval_inputs: dict = {}   # a pack's evaluation orders and flags, per split size
@@ -343,11 +343,11 @@ class LeNet:
 
     @property
     def workspace(self):
-        return self.planner.workspace
+        return self.planner.ctx.workspace
 
     @property
     def blas(self):
-        return self.planner.blas
+        return self.planner.ctx.blas
 
     @property
     def fused(self) -> bool:
@@ -363,7 +363,7 @@ class LeNet:
         plan = self.planner.plan
         stages = [plan(s, n) for s in self.stages]
         head = plan(self.head_unmasked if stages[-1].masks_dy else self.head, n)
-        step = Step(n, stages, head, plan(self.loss_op, n), self.planner.side)
+        step = Step(n, stages, head, plan(self.loss_op, n), self.planner.ctx.side)
         self.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
         self._steps[n] = step
         if self.plan_cache is not None:

@@ -185,6 +185,10 @@ class Stage:
     def key(self) -> dict:
         return _pack_key(self.spec.key(), self.models)
 
+    def totals(self) -> tuple:
+        """The device totals its planning must put back: none (lenet/plan.py)."""
+        return ()
+
 
 @dataclass(frozen=True, eq=False)
 class Head:

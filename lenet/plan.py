@@ -39,17 +39,7 @@ the engine must still offer the stored candidate (a graph plan is built alone fo
 in descriptors/graph.py), else it is searched again. The store adds the GPU, the driver and the
 libraries' versions to the key; the key holds the rest (ours: a digest of our kernel sources).
 
-Note [side stream]: a weight gradient summed from per-block partial rows (our stage and head kernels)
-is read by nothing but the update, while the layer below waits for the data gradient only.
-``SideStream.run(fn)`` launches fn on a second stream after everything queued on the main stream so
-far; ``join()`` makes the main stream wait for all of it. Inside a captured step the pair becomes a
-parallel branch of the CUDA graph, so at small batches the reduction kernels (a few microseconds each,
-plus their launch) leave the chain of dependent launches that sets the step's time. Every step (and
-every timed candidate) joins before it ends: nothing is left running. Only while the work beside it
-leaves SMs idle, though: our stage kernels split their images among their blocks up front, so a
-reduction sharing their SMs at a large batch slows the blocks it meets and with them the whole kernel
-(the step at batch 8192 went from 817 to 889 us on an H100 when every reduction forked). Ops fork
-only when their grid fits in the SMs.
+Note [side stream] is in lenet/engines/context.py, with the other resources the engines share.
 """
 
 from __future__ import annotations
@@ -57,85 +47,22 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
+from descriptors.algorithms import AlgorithmNotSupportedError
 
-from descriptors.algorithms import AlgorithmNotSupportedError, Workspace
-
-from .blas import Blas
 from .engines import registry
-from .engines.base import Check, Decision, Trial
+from .engines.base import Check, Chosen, Decision, Trial, label
+from .engines.context import Context, SideStream
 from .timing import time_forward_backward, time_launcher
 
 
-class SideStream:
-    """Work off the step's critical path, forked from the main stream and joined back before the update
-    (Note [side stream]): on lane 0 (``stream``) the weight gradients' sums, on lane 1 the loss's total
-    (Note [the loss beside the step] in lenet/kernels/head_split.cu), each a stream of its own so that
-    neither waits for the other."""
-
-    LANES = 2
-
-    def __init__(self, main):
-        import cupy
-
-        self.main = main
-        self.streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(self.LANES)]
-        self.stream = self.streams[0]
-        self._fork = cupy.cuda.Event(disable_timing=True)
-        self._done = [cupy.cuda.Event(disable_timing=True) for _ in range(self.LANES)]
-        self._pending: set[int] = set()
-
-    @staticmethod
-    def fits(blocks: int) -> bool:
-        """Whether a grid of ``blocks`` leaves the SMs room for the main stream's work: the rule above."""
-        from .kernels import sm_count
-
-        return blocks <= sm_count()
-
-    def joined(self, fn):
-        """fn, then the join: what a step waits for (how a candidate that forks is timed)."""
-        def run():
-            fn()
-            self.join()
-        return run
-
-    def run(self, fn, lane: int = 0) -> None:
-        """fn's launches on ``lane``, after everything queued on the main stream so far."""
-        stream = self.streams[lane]
-        self._fork.record(self.main)
-        stream.wait_event(self._fork)
-        with stream:
-            fn()
-        self._pending.add(lane)
-
-    def join(self) -> None:
-        for lane in sorted(self._pending):
-            self._done[lane].record(self.streams[lane])
-            self.main.wait_event(self._done[lane])
-        self._pending.clear()
-
-
-def _label(c) -> str:
-    engine = getattr(c, "engine", None)
-    return getattr(c, "label", None) or (f"{engine}:{c.name}" if engine else c.name)
-
-
 class Planner:
-    """One model's planning (Note [search state]): the policy, the store of choices (or None), how the step
-    runs (``captured``: in a CUDA graph), and what the planned operations share: the handle and its
-    stream, the workspace every cuDNN call shares, cuBLAS (with a vector of ones for its sums), the side
-    stream."""
+    """One model's planning (Note [search state]): the policy, the store of choices (or None), and ``ctx``,
+    what the planned operations share (lenet/engines/context.py: the handle and its stream, the workspace,
+    cuBLAS and cuBLASLt, the side stream, how the step runs)."""
 
     def __init__(self, handle, policy, *, max_batch: int, store=None, captured: bool = True):
-        import cupy
-
-        self.handle, self.stream, self.policy, self.store = handle, handle.stream, policy, store
-        self.captured = bool(captured)
-        self.workspace = Workspace()
-        with self.stream:
-            self.blas = Blas(self.stream)
-            self.side = SideStream(self.stream)
-            self.ones = cupy.asarray(np.ones(max(int(max_batch), 576), np.float32))   # (max(N, 24*24),)
+        self.policy, self.store = policy, store
+        self.ctx = Context(handle, max_batch, captured)
         self.decisions: dict[str, Decision] = {}
         self._states: dict[str, dict] = {}
 
@@ -146,8 +73,8 @@ class Planner:
     def key(self, op: str, shape: dict, engines, policy=None) -> dict:
         """The one key format of every choice (under the model's policy, or ``policy``)."""
         return {"op": op, "shape": shape, "policy": (policy or self.policy).key(),
-                "engines": {e.name: e.version() for e in engines}, "device": self.handle.device_id,
-                "captured": self.captured}
+                "engines": {e.name: e.version() for e in engines}, "device": self.ctx.device_id,
+                "captured": self.ctx.captured}
 
     # ------------------------------------------------------------------ the loop
 
@@ -187,12 +114,12 @@ class Planner:
     def _search(candidates, trial, rule: str, what: str) -> Decision:
         table, refused, engines, best = [], {}, set(), math.inf
         for c in candidates:
-            engine = getattr(c, "engine", None)
+            engine = c.engine
             if (rule == "first" and table) or (rule == "first-per-engine" and engine in engines):
                 continue
             t = trial(c, best)
             if isinstance(t, str):
-                refused[_label(c)] = t
+                refused[label(c)] = t
                 continue
             table.append(t)
             engines.add(engine)
@@ -208,9 +135,9 @@ class Planner:
 
     # ------------------------------------------------------------------ operations
 
-    def plan(self, op, n: int):
+    def plan(self, op, n: int) -> Chosen:
         """Operation ``op`` (lenet/ops.py) at batch n, run by the engine that wins (Note [stage engines]):
-        a planned operation whose ``describe()`` rows also carry every engine's measured time."""
+        the winner's planned operation with every engine's measured time and why the others were refused."""
         engines, why_not = registry.serving(op, self.policy)
         if not engines:
             raise AlgorithmNotSupportedError(f"no engine runs {op.kind} {op.name} under {self.policy}: "
@@ -219,16 +146,12 @@ class Planner:
         timed = op.kind in ("stage", "head")
 
         def trial(c, best):
-            e = by_name[c.engine]
-            check = e.check(op, c, self)
-            if check.why is not None:
-                return check.why
             try:
-                planned = e.bind(op, n, c, self)
+                planned = by_name[c.engine].bind(op, n, c, self)
             except AlgorithmNotSupportedError as err:
                 return f"failed: {err}"
-            self.workspace.reserve(planned.workspace_bytes)   # may re-allocate: see Note [re-capture]
-            return Trial(c, self.time_step(op, planned) if timed else None, check, planned)
+            self.ctx.workspace.reserve(planned.workspace_bytes)   # may re-allocate: see Note [re-capture]
+            return Trial(c, self.time_step(op, planned) if timed else None, Check(), planned)
 
         def recall(stored):
             e = by_name.get(stored.get("engine"))
@@ -236,45 +159,42 @@ class Planner:
             if c is None:
                 return None
             planned = e.bind(op, n, c, self)
-            self.workspace.reserve(planned.workspace_bytes)
+            self.ctx.workspace.reserve(planned.workspace_bytes)
             return Trial(c, stored.get("ms"), Check(stored.get("error")), planned)
 
         def encode(d):
             return {"engine": d.best.candidate.engine, **d.best.candidate.encode(), "ms": d.best.ms,
-                    "error": d.best.check.error, "times": {_label(t.candidate): t.ms for t in d.table}}
+                    "error": d.best.check.error, "times": {label(t.candidate): t.ms for t in d.table}}
 
         key = self.key(f"{op.kind} {op.name}", {"n": n, **op.key()}, engines)
         d = self.choose(key, lambda: [c for e in engines for c in e.candidates(op, n, self)], trial,
                         rule="first" if self.policy.reproducible else "fastest", recall=recall if timed else None,
                         encode=encode if timed else None, what=f"{op.kind} {op.name} at batch {n}")
-        planned = d.best.plan
-        planned.times = {_label(t.candidate): t.ms for t in d.table}
-        planned.why_not = why_not
-        return planned
+        return Chosen(d.best.plan, d.best.ms, {label(t.candidate): t.ms for t in d.table}, why_not)
 
     def part_engines(self, kind: str, part, policy=None) -> list:
         """The engines that offer parts of ``kind`` (a convolution direction) and may run them under the
         model's policy (or ``policy``): what an engine that runs an operation by parts asks."""
-        policy = policy or self.policy
-        return [e for e in registry.offering(kind) if e.refuses(part, policy) is None]
+        return registry.serving_parts(kind, part, policy or self.policy)
 
     # ------------------------------------------------------------------ timing
 
     def time(self, fn, cutoff_ms: float | None = None) -> float:
         """ms per call of ``fn`` (which launches on the model's stream), as the step runs it."""
-        return time_launcher(fn, self.stream, graph=self.captured, cutoff_ms=cutoff_ms)
+        return time_launcher(fn, self.ctx.stream, graph=self.ctx.captured, cutoff_ms=cutoff_ms)
 
     def time_step(self, op, planned) -> float:
         """ms of what a training step runs of a planned stage or head: its forward (the head's with the
         loss), then its backward with the side stream's work joined; the loss totals put back after."""
         from .kernels import copy_of, device_copy
 
-        kept = op.totals() if hasattr(op, "totals") else ()
-        with self.stream:
+        ctx = self.ctx
+        kept = op.totals()
+        with ctx.stream:
             saved = [copy_of(a) for a in kept]
-        fwd = self.side.joined(getattr(planned, "forward_loss", planned.forward))   # a loss beside it: joined
-        ms = sum(time_forward_backward(fwd, self.side.joined(planned.backward), self.stream, graph=self.captured))
-        with self.stream:
+        fwd = ctx.side.joined(planned.forward_loss)   # a loss beside it: joined
+        ms = sum(time_forward_backward(fwd, ctx.side.joined(planned.backward), ctx.stream, graph=ctx.captured))
+        with ctx.stream:
             for a, s in zip(kept, saved):
                 device_copy(a, s)
         return ms
@@ -284,7 +204,7 @@ class Planner:
         registry.close(self._states)
         self._states.clear()
         self.decisions.clear()
-        self.blas.close()
+        self.ctx.close()
 
 
-__all__ = ["Planner", "SideStream", "Trial", "Decision"]
+__all__ = ["Planner", "SideStream", "Context", "Trial", "Decision", "Chosen"]

@@ -61,7 +61,7 @@ def test_which_engines_an_engine_flag_lets_compete(flag, stages, heads):
     assert {e.name for e in registry.serving(stage(), p)[0]} == stages
     assert {e.name for e in registry.serving(Head(None, None, 8), p)[0]} == heads
     assert [e.name for e in registry.serving(Loss(None, 8), p)[0]] == ["ours"]   # our kernel under every engine
-    assert {e.name for e in registry.offering("conv") if e.refuses(None, p) is None} == \
+    assert {e.name for e in registry.serving_parts("conv", None, p)} == \
         {"auto": {"legacy", "graph"}, "ours": set(), "legacy": {"legacy"}, "graph": {"graph"}}[flag]
 
 
@@ -72,7 +72,7 @@ def test_which_engines_an_engine_flag_lets_compete(flag, stages, heads):
     (Policy.parse("fft"), "--algo names cuDNN's fft"),
 ])
 def test_what_our_engine_refuses_and_why(policy, needle):
-    assert needle in OURS.refuses(stage(CONV1), policy)
+    assert needle in registry.refusal(OURS, stage(CONV1), policy)   # the flag's rule, then the engine's own
 
 
 def test_our_kernels_cover_lenets_stages_and_nothing_else():
@@ -194,9 +194,11 @@ def test_a_fixed_cudnn_name_with_engine_ours_is_refused_in_one_line():
 
 
 def test_warm_asks_only_the_engines_the_flag_lets_compete(monkeypatch):
+    from lenet.engines.base import Engine
+
     called = []
     for e in ENGINES:
-        if hasattr(e, "warm"):
+        if type(e).warm is not Engine.warm:   # the engines that warm anything
             monkeypatch.setattr(e, "warm", lambda batches=None, e=e: called.append(e.name))
     engines.warm("legacy")
     assert called == ["cudnn"]

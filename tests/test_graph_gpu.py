@@ -109,7 +109,7 @@ def test_chunked_direction_against_torch(handle, torch_ref, direction, epilogue,
     g = ConvGraph(None, direction, spec.x_shape, spec.w, fuse=epilogue)   # shapes and roles, no plans
     a = _inputs(g, 5)
     run = BoundConv(cudnn, planner, choice, a)
-    planner.workspace.reserve(run.workspace_bytes)
+    planner.ctx.workspace.reserve(run.workspace_bytes)
     a[spec.output].fill(np.nan)
     run()
     handle.stream.synchronize()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first; a module's floor is its longest matching prefix's. Within a floor any direction, no circle.
@@ -125,7 +127,7 @@ def test_no_import_from_a_lower_floor_to_a_higher_one():
 def test_the_checker_sees_a_circle_a_package_edge_and_a_floor():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     graph = import_graph()
-    assert "lenet.engines.reference" in graph["lenet.engines.ours"] and "lenet.kernels" in graph["lenet.engines.ours"]
+    assert "lenet.engines.reference" in graph["lenet.engines.ours_check"] and "lenet.kernels" in graph["lenet.engines.ours"]
     assert "lenet.startup" in graph["lenet.cli"] and not graph["lenet.startup"] & {"lenet.train", "lenet.cli"}
     # Importing a submodule from outside its package runs the package's __init__: an edge to it.
     assert "lenet.engines" in graph["lenet.plan"] and "lenet.kernels" in graph["lenet.engines.ours"]
@@ -150,3 +152,94 @@ def test_engines_are_named_in_the_registry_and_their_own_files_only():
             if pattern.search(line):
                 found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
     assert not found, "engine names compared outside the engines: " + "; ".join(found)
+
+
+ENGINE_NAMES = ("ours", "legacy", "graph", "cudnn", "cublaslt")
+
+
+def test_no_engine_names_another():
+    """An engine's file names no other engine (what runs beside what is the registry's: runs_beside, runs),
+    and descriptors/ names no engine: its candidates take their names from the caller."""
+    import re
+
+    from lenet.engines import ENGINES
+
+    module = {type(e).__module__.rsplit(".", 1)[1]: e.name for e in ENGINES}   # its file, and ours_*.py its parts
+    files = [(module.get(p.stem.split("_")[0]), p) for p in (ROOT / "lenet" / "engines").glob("*.py")
+             if p.stem not in ("registry", "__init__")]
+    found = []
+    for name, path in [*files, (None, ROOT / "descriptors" / "candidates.py")]:
+        others = [n for n in ENGINE_NAMES if n != name]
+        pattern = re.compile(r"""["'](%s)["']""" % "|".join(others))
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line.split("#")[0]):
+                found.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not found, "engines named outside their own file and the registry: " + "; ".join(found)
+
+
+def test_an_engine_added_to_the_registry_alone_is_offered_everywhere(monkeypatch):
+    """A toy engine, defined here and registered (the registry's lists patched, no other file touched): the
+    programs' --engine takes its flag, a Policy names it, the planner offers its candidates (and, under its
+    flag, only its), and the other engines refuse under its flag by the registry's rule."""
+    import argparse
+    import types
+
+    from descriptors.algorithms import AlgorithmNotSupportedError
+    from lenet import cli, engines
+    from lenet.engines import Policy, registry
+    from lenet.engines.base import Engine, Named
+    from lenet.ops import Stage, StageSpec
+    from lenet.plan import Planner
+
+    class Toy(Engine):
+        name, flag, runs, kinds = "toy", "toy", "the toy only", ("stage", "head")
+
+        def candidates(self, op, n, planner):
+            return [Named(self.name, "toy way")]
+
+        def bind(self, op, n, candidate, planner):
+            raise AlgorithmNotSupportedError("a toy binds nothing")
+
+    toy = Toy()
+    ENGINES = (*registry.ENGINES, toy)
+    for module in (registry, engines):   # the registry, and the package's names for it
+        monkeypatch.setattr(module, "ENGINES", ENGINES)
+        monkeypatch.setattr(module, "BY_NAME", {e.name: e for e in ENGINES})
+        monkeypatch.setattr(module, "FLAGS", (*registry.FLAGS, "toy"))
+
+    parser = argparse.ArgumentParser()
+    cli.add_algorithm_flags(parser)
+    args = parser.parse_args(["--engine", "toy"])
+    assert args.engine == "toy"
+    for name in ("workspace_limit", "deterministic", "allow_winograd", "allow_tf32", "chunk", "fused"):
+        if not hasattr(args, name):   # flags other programs add
+            setattr(args, name, {"fused": True}.get(name, None if name in ("workspace_limit", "chunk") else False))
+    policy = cli.policy_from(args)
+    assert policy == Policy(engine="toy")
+
+    stage = Stage(StageSpec("conv1", (1, 28, 28), (6, 1, 5, 5)), None, 8)
+    served, why = registry.serving(stage, policy)
+    assert served == [toy] and why["ours"] == "engine toy runs the toy only" and "cudnn" in why
+    assert toy in registry.serving(stage, Policy())[0]   # under auto it competes
+
+    planner = Planner.__new__(Planner)   # what the loop needs of a planner, without a GPU
+    planner.policy, planner.store, planner.decisions = policy, None, {}
+    planner.ctx = types.SimpleNamespace(device_id=0, captured=True)
+    with pytest.raises(AlgorithmNotSupportedError, match="toy:toy way failed: a toy binds nothing"):
+        planner.plan(stage, 8)
+
+
+def test_a_policy_loads_no_library():
+    """Constructing a Policy, even one naming the graph API's engine, loads no cuDNN: it is a value."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from lenet.engines import Policy\n"
+            "Policy(engine='graph'); Policy.parse('exhaustive', engine='legacy')\n"
+            "maps = open('/proc/self/maps').read()\n"
+            "print('libcudnn' in maps, 'cudnn' in __import__('sys').modules)\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"], out.stdout

@@ -1,34 +1,42 @@
-"""The protocol every engine follows, and what the planner hands back and forth with it.
+"""The protocol every engine follows, and what the planner hands back and forth with it: every method and
+attribute a caller uses on an engine or a planned operation is declared here, with its default, so an
+engine overrides only what it has (docs/engines.md, "The protocol").
 
 An engine is whatever can run operations of the network (lenet/ops.py: a stage, the head, the loss,
-the update) or the parts of one (a convolution direction, a max pooling): one class in one file of
-this package, listed once in lenet/engines/registry.py. The planner (lenet/plan.py) asks every engine
-the registry lists for an operation, and chooses by measurement:
+the update) or the parts of one (a convolution direction): one class in one file of this package,
+listed once in lenet/engines/registry.py. The planner (lenet/plan.py) asks every engine the registry
+lets serve an operation for its candidates, binds each, and chooses by measurement:
 
-    class Engine(Protocol):
+    class Engine:
         name: str                                    # what stored choices and describe() say
-        flag: str | None                             # the --engine value that runs it (None: it runs beside)
+        flag: str | None                             # the --engine value that runs it alone (None: it runs beside)
         kinds: tuple[str, ...]                       # the operations (and parts) it offers
-        def refuses(self, op, policy) -> str | None      # None, or why it cannot run op under policy
-        def candidates(self, op, n, planner) -> list     # its ways to run op at batch n: named, each bound by bind
-        def check(self, op, candidate, planner)          # -> Check: its distance from the exact reference
-        def bind(self, op, n, candidate, planner)        # -> a PlannedOp on op's tensors, at batch n
-        def recall(self, op, n, stored, planner)         # -> the candidate a stored choice names, if offered still
+        runs: str                                    # what --engine <flag> runs, in words (refusals say it)
+        runs_beside: tuple[str, ...]                 # no flag: it runs under the flags of the engines offering these kinds
+        everywhere: tuple[str, ...]                  # kinds it runs under every flag
+        frontend, cudnn_stage: bool                  # may load cuDNN's frontend; runs a stage on cuDNN
+        def pins(name) -> tuple[str, ...]            # the policy directions its own candidate name fixes
+        def refuses(op, policy) -> str | None        # its own rules (the flag's are the registry's)
+        def refuses_flags(policy) -> str | None      # the flags' rules for --engine <flag>, loading no library
+        def unavailable() -> str | None              # why it cannot run here (may load libraries)
+        def version() -> str                         # what a stored choice of it depends on
+        def scratch_per_image(op, policy) -> int     # bytes per image of max_batch it allocates for op
+        def warm(batches)                            # start readying what it will launch
+        def candidates(op, n, planner) -> list       # its ways to run op at batch n: named, each bound by bind
+        def recall(op, n, stored, planner)           # the candidate a stored choice names, if offered still
+        def bind(op, n, candidate, planner)          # -> a PlannedOp on op's tensors (raises
+                                                     #    AlgorithmNotSupportedError where it cannot)
+        def close(state)                             # free what it made for one model
 
 A planned operation holds its tensors, plans and workspace share, runs with no arguments (so a step
-can be captured in a CUDA graph) and describes itself for the programs:
-
-    class PlannedOp(Protocol):
-        workspace_bytes: int
-        def forward(self) -> None: ...               # (a stage's, the head's; the loss and update run
-        def backward(self) -> None: ...              #  as their own kinds say)
-        def describe(self) -> list[dict]: ...        # engine, plan or kernel, chunk, time, workspace, error
-        masks_dy: bool                               # a stage's: its backward masks dy by its own ReLU, so the
-                                                     # head above may leave it unmasked (lenet/ops.py: Head)
-        masks_dx: bool                               # the head's: it masked dx by x > 0 itself
+can be captured in a CUDA graph) and describes itself for the programs (PlannedOp below); the planner
+hands back the winner as a ``Chosen``: the planned operation with the times of every candidate and
+why each other engine was refused.
 
 An engine keeps nothing mutable of its own: what it makes for a model (cuDNN's descriptors and graphs,
-scratch buffers, its checks) lives in ``planner.state(engine)``, which the model owns.
+scratch buffers, its checks) lives in ``planner.state(engine)``, which the model owns; what every engine
+shares (the handle, the stream, cuBLAS, cuBLASLt, the side stream, the workspace) is the model's one
+``planner.ctx`` (lenet/engines/context.py).
 """
 
 from __future__ import annotations
@@ -36,16 +44,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from descriptors.candidates import Candidate as ConvCandidate
 
-LONE_SUMS_PER_SM = 4   # a pack's images per SM up to which its models sum as their lone runs (measured below)
+
+LONE_SUMS_PER_SM = 4   # a pack's images per SM up to which its models sum as their lone runs (docs/engines.md)
 
 
 def sums_as_lone(models: int, n: int, policy, sms: int | None = None) -> bool:
     """Whether each model of a pack of ``models`` at n images each sums as its lone run does: its lone
     run's launch shapes and matmuls (Note [a pack and a lone run] in lenet/pack.py). Always under
     --deterministic; otherwise while the pack holds at most LONE_SUMS_PER_SM images per SM, where the
-    lone runs' grids cost what a shared one does (an H100, 128 images a model, us per step shared /
-    lone: 3 models 85.8 / 86.3, 4 93.1 / 94.2, 16 201.0 / 277.6, 64 594.6 / 1081.8). ``sms``: the
+    lone runs' grids cost what a shared one does (docs/engines.md, "A pack's grids"). ``sms``: the
     GPU's multiprocessors (default: the current GPU's)."""
     if models == 1 or policy.deterministic:
         return True
@@ -103,6 +112,14 @@ class Candidate(Protocol):
     def encode(self) -> dict: ...
 
 
+def label(c) -> str:
+    """How a candidate is named in a decision's table: its engine and name (a convolution's, its own label,
+    which says whether its epilogue is fused)."""
+    if isinstance(c, ConvCandidate):
+        return c.label
+    return f"{c.engine}:{c.name}" if c.engine else c.name
+
+
 @dataclass(frozen=True)
 class Named:
     """A candidate that is its name (an engine with one way to run an operation)."""
@@ -114,57 +131,145 @@ class Named:
         return {"name": self.name}
 
 
-class PlannedOp(Protocol):
-    workspace_bytes: int
-    masks_dy: bool   # a stage's only
-    masks_dx: bool   # the head's only
+class PlannedOp:
+    """An operation bound to its tensors at one batch size, by one engine; each engine's subclass overrides
+    what it runs. A stage or the head: forward, backward; the head also forward_loss (the training forward:
+    the loss and dlogits too, by itself where ``fuses_loss``, else by the planned loss after it) and
+    backward_given (every gradient from dlogits the caller wrote). The loss: train, evaluate. The update:
+    called."""
 
-    def describe(self) -> list[dict]: ...
+    engine: str = ""
+    workspace_bytes: int = 0
+    masks_dy: bool = False     # a stage's: its backward masks dy by its own ReLU, so the head above may
+                               # leave it unmasked (lenet/ops.py: Head)
+    masks_dx: bool = False     # the head's: it masked dx by x > 0 itself
+    fuses_loss: bool = False   # the head's: its training forward computes the loss and dlogits itself
+
+    def forward(self) -> None:
+        raise NotImplementedError
+
+    def backward(self) -> None:
+        raise NotImplementedError
+
+    def forward_loss(self) -> None:
+        self.forward()
+
+    def backward_given(self) -> None:
+        self.backward()
+
+    def train(self) -> None:                   # the loss's
+        raise NotImplementedError
+
+    def evaluate(self, mean_with=None) -> None:   # the loss's
+        raise NotImplementedError
+
+    def __call__(self) -> None:                # the update's
+        raise NotImplementedError
+
+    def describe(self, ms: float | None = None) -> list[dict]:
+        """Rows of engine, plan or kernel, chunk, time, workspace, error; ``ms``: what the planner measured
+        for it (None: not timed)."""
+        return []
 
 
-class Engine(Protocol):
-    name: str
-    flag: str | None
-    kinds: tuple
+class Chosen(PlannedOp):
+    """What the planner hands back for an operation: the winning engine's planned operation (``op``), its
+    time, the time of every candidate (``times``: label -> ms), and why each other engine was refused
+    (``why_not``). Its methods are the planned operation's own, bound once (no call in between)."""
 
-    def refuses(self, op, policy) -> str | None: ...
+    def __init__(self, op: PlannedOp, ms: float | None, times: dict, why_not: dict):
+        self.op, self.ms, self.times, self.why_not = op, ms, times, why_not
+        self.engine, self.workspace_bytes = op.engine, op.workspace_bytes
+        self.masks_dy, self.masks_dx, self.fuses_loss = op.masks_dy, op.masks_dx, op.fuses_loss
+        self.forward, self.backward = op.forward, op.backward
+        self.forward_loss, self.backward_given = op.forward_loss, op.backward_given
+        self.train, self.evaluate = op.train, op.evaluate
 
-    def candidates(self, op, n: int, planner) -> list: ...
+    def __call__(self) -> None:
+        self.op()
 
-    def check(self, op, candidate, planner) -> Check: ...
-
-    def bind(self, op, n: int, candidate, planner): ...
-
-    def recall(self, op, n: int, stored: dict, planner): ...
+    def describe(self, ms: float | None = None) -> list[dict]:
+        return self.op.describe(self.ms if ms is None else ms)
 
 
-class ConvEngine:
+class Engine:
+    """The protocol (above), with every default: an engine overrides only what it has."""
+
+    name: str = ""
+    flag: str | None = None
+    kinds: tuple = ()
+    runs: str = ""
+    runs_beside: tuple = ()
+    everywhere: tuple = ()
+    frontend: bool = False
+    cudnn_stage: bool = False
+
+    def pins(self, name: str) -> tuple[str, ...]:
+        return ()
+
+    def refuses(self, op, policy) -> str | None:
+        return None
+
+    def refuses_flags(self, policy) -> str | None:
+        return None
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def version(self) -> str:
+        return ""
+
+    def scratch_per_image(self, op, policy) -> int:
+        return 0
+
+    def warm(self, batches=None) -> None:
+        return None
+
+    def candidates(self, op, n: int, planner) -> list:
+        raise NotImplementedError
+
+    def recall(self, op, n: int, stored: dict, planner):
+        """The candidate whose encoding a stored choice holds, if offered still."""
+        return next((c for c in self.candidates(op, n, planner)
+                     if all(stored.get(k) == v for k, v in c.encode().items())), None)
+
+    def bind(self, op, n: int, candidate, planner) -> PlannedOp:
+        raise NotImplementedError
+
+    def close(self, state: dict) -> None:
+        state.clear()
+
+
+class ConvEngine(Engine):
     """What an engine offering convolution directions from one of cuDNN's candidate sources does (the
     descriptor API's LegacyConvs, the graph API's GraphConvs: ``Source``), its rules aside: the source is
-    the model's (``planner.state``), made on first use and closed with the model."""
+    the model's (``planner.state``), made on first use (its candidates named by this engine) and closed
+    with the model."""
 
-    name = ""
     Source = None
     kinds = ("conv",)
+    names_winograd = False   # what a fixed --algo may name of it includes Winograd's algorithms
     cudnn_stage = True   # a stage it runs calls cuDNN (registry.cudnn_stages)
 
     def source(self, planner):
         state = planner.state(self.name)
         if "convs" not in state:
-            state["convs"] = self.Source()
+            state["convs"] = self.Source(self.name)
         return state["convs"]
 
     def conv_candidates(self, spec, planner, policy=None):
         """(candidates in cuDNN's heuristic order, {name: why excluded}) under the model's policy or ``policy``."""
         policy = policy or planner.policy
-        return self.source(planner).candidates(planner.handle, spec, policy.cudnn(), policy.fused)
+        return self.source(planner).candidates(planner.ctx.handle, spec, policy.cudnn(), policy.fused)
 
     def offers(self, spec, cand, planner) -> bool:
-        return self.source(planner).offers(planner.handle, spec, cand, planner.policy.cudnn(), planner.policy.fused)
+        return self.source(planner).offers(planner.ctx.handle, spec, cand, planner.policy.cudnn(),
+                                           planner.policy.fused)
 
     def bind_conv(self, spec, cand, arrays, workspace, planner):
-        return self.source(planner).bind(planner.handle, spec, cand, arrays, workspace)
+        return self.source(planner).bind(planner.ctx.handle, spec, cand, arrays, workspace)
 
     def close(self, state: dict) -> None:
         if "convs" in state:
             state.pop("convs").close()
+        state.clear()

@@ -1,8 +1,8 @@
 """The head on NVIDIA's libraries as an engine: fc1 (+ bias, ReLU) and fc2 (+ bias) as six cuBLASLt
 matmuls with epilogues where cuBLASLt runs them and fusion is on, else cuBLAS GEMMs with cuDNN's bias
-and ReLU calls; the loss after it is its own operation (our kernel). It runs beside --engine legacy and
---engine graph, and competes with our head under auto (timed as the step runs it, the loss included;
-with --deterministic and the heuristic, ours by rule).
+and ReLU calls; the loss after it is its own operation. It runs beside the engines that offer cuDNN's
+convolutions (under their --engine flags), and competes with every other head under auto (timed as the
+step runs it, the loss included; with --deterministic and the heuristic, the registry's first by rule).
 
 Note [cuBLASLt epilogues]: forward fc1 = GEMM+bias+ReLU (ReLU mask bits kept), fc2 =
 GEMM+bias; backward dW2 with db2 (BGRADB), dh1 with the ReLU gradient from the mask
@@ -21,56 +21,49 @@ from descriptors import ActivationDescriptor, TensorDescriptor, add_tensor
 from descriptors.algorithms import AlgorithmNotSupportedError
 
 from ..ops import Loss
-from .base import Check, Named, sums_as_lone
+from .base import Engine, Named, PlannedOp, sums_as_lone
 from .fc import fc_matmuls
 
 
-class Cublaslt:
+class Cublaslt(Engine):
     name = "cublaslt"
-    flag = None
-    beside = ("legacy", "graph")   # --engine flags it runs under besides auto
+    runs_beside = ("conv",)   # under the flags of the engines that offer cuDNN's convolutions
     kinds = ("head",)
 
     def refuses(self, op, policy) -> str | None:
-        if policy.engine == "ours":
-            return "engine ours runs our head (a pack's too: its pack versions)"
         if op.models > 1 and not policy.fused:
             return f"runs a pack of {op.models} models as batched cuBLASLt matmuls, which are fused (drop --no-fused)"
         return None
 
-    def version(self) -> str:
-        return ""   # the library's version is the store's (lenet/plancache.py)
+    # version(): "", the library's version is the store's (lenet/plancache.py)
 
-    @staticmethod
-    def scratch_per_image(op, policy) -> int:
+    def scratch_per_image(self, op, policy) -> int:
         """Bytes per image of max_batch this engine allocates for the head: fc1's ReLU bits."""
         from ..blas import LtMatmul   # here: the flag parse imports this module (Note [overlapped start-up])
 
         return LtMatmul.AUX_LD // 8
 
     def candidates(self, op, n: int, planner) -> list:
+        # NVIDIA's float32 GEMM, not checked at plan time: held to PyTorch's by the GPU tests
         return [Named(self.name, "cuBLASLt epilogues" if planner.policy.fused else "cuBLAS")]
-
-    def check(self, op, candidate, planner) -> Check:
-        return Check()   # NVIDIA's float32 GEMM; held to PyTorch's by the GPU tests
 
     def recall(self, op, n: int, stored: dict, planner):
         return self.candidates(op, n, planner)[0]
 
     def bind(self, op, n: int, candidate, planner) -> "PlannedHead":
-        from ..blas import LazyLt, LtMatmul
+        from ..blas import LtMatmul
 
         state = planner.state(self.name)
         if "relu" not in state:
             import cupy
 
             state["relu"] = ActivationDescriptor("relu")
-            state["lt"] = LazyLt(planner.stream)   # cuBLASLt, made on first use
-            with planner.stream:   # fc1's ReLU bits, cuBLASLt's aux output
+            state["lt"] = planner.ctx.lt   # the model's cuBLASLt (scripts/bench.py reads its workspace here)
+            with planner.ctx.stream:   # fc1's ReLU bits, cuBLASLt's aux output
                 state["mask"] = cupy.zeros(op.models * op.max_batch * LtMatmul.AUX_LD // 8, cupy.uint8)
         loss = planner.plan(Loss(op.loss, op.max_batch, op.models), n)
-        head = PlannedHead(op.tensors, n, loss, planner, state["relu"],
-                           state["lt"] if planner.policy.fused else None, state["mask"], op.models, op.dx_mask)
+        head = PlannedHead(self.name, op.tensors, n, loss, planner, state["relu"],
+                           planner.ctx.lt if planner.policy.fused else None, state["mask"], op.models, op.dx_mask)
         if op.models > 1 and head.lt is None:
             raise AlgorithmNotSupportedError(f"a pack of {op.models} models: {head.note}")
         return head
@@ -81,15 +74,16 @@ class Cublaslt:
         state.clear()
 
 
-class PlannedHead:
+class PlannedHead(PlannedOp):
     """The head on cuBLASLt (with epilogues) or cuBLAS + cuDNN's bias and ReLU, at batch n."""
 
-    workspace_bytes = 0
     fuses_loss = False   # a training forward runs the planned loss after it
 
-    def __init__(self, t, n: int, loss, planner, relu, lt=None, relu_mask=None, models: int = 1,
+    def __init__(self, engine: str, t, n: int, loss, planner, relu, lt=None, relu_mask=None, models: int = 1,
                  dx_mask: bool = True):
-        self.n, self.h, self.blas, self.ones, self.relu = n, planner.handle, planner.blas, planner.ones, relu
+        ctx = planner.ctx
+        self.engine = engine
+        self.n, self.h, self.blas, self.ones, self.relu = n, ctx.handle, ctx.blas, ctx.ones, relu
         self.models, self.masks_dx = models, dx_mask
         self.loss, self.w, self.g = loss, t.w, t.g
         self.x, self.dx = t.x[:n], t.dx[:n]                          # (n, 256)
@@ -164,8 +158,8 @@ class PlannedHead:
             xd = self.xd
             self.relu.backward(self.h, xd, self.x4, xd, self.dx4, xd, self.x4, xd, self.dx4)
 
-    def describe(self) -> list[dict]:
+    def describe(self, ms: float | None = None) -> list[dict]:
         how = ("cuBLASLt, bias/ReLU/bias-gradient epilogues" if self.lt is not None
                else f"cuBLAS gemm + cuDNN bias/ReLU ({self.note})")
-        return [{"layer": "fc1+fc2", "op": "fwd+bwd", "engine": "cublaslt" if self.lt is not None else "cublas",
+        return [{"layer": "fc1+fc2", "op": "fwd+bwd", "engine": self.engine if self.lt is not None else "cublas",
                  "algo": how, "chunk": self.n, "chunks": 1, "workspace_bytes": 0}]

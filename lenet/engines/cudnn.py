@@ -3,12 +3,11 @@ gradient, data gradient) chosen among the candidates of every engine that offers
 descriptor API's algorithms, the graph API's plans: lenet/engines/legacy.py, graph.py), in chunks; the
 bias gradient as two cuBLAS gemv; then cuDNN's max pooling (the descriptor API: the graph API's Python
 frontend 1.28 has none) on the unpooled output, which this engine keeps per stage. It runs beside
---engine legacy and --engine graph, and competes under auto; ``--engine legacy|graph`` is a
-cuDNN-only stage.
+the engines that offer convolutions (under their --engine flags), and competes under auto; under such
+a flag a stage is cuDNN's only.
 
 Note [chunks]: per image, cuDNN's kernels for LeNet's shapes cost about the same from 1024 to 16384
-images a call, and up to 14x more in one call of 65536 (conv1's weight gradient: 48 against 662 ns per
-image on an H100). A batch of n therefore runs as calls of ``chunk`` images and one remainder call,
+images a call, and many times more in one call of 65536 (docs/engines.md, "Chunks"). A batch of n therefore runs as calls of ``chunk`` images and one remainder call,
 where chunk is n or one of CHUNK_SIZES below n, whichever the timings say is fastest (``--chunk``
 fixes it). Each chunk size has its own candidate table, so a remainder runs its own best candidate.
 With --deterministic and the heuristic, chunks by rule: the whole batch up to DETERMINISTIC_CHUNK
@@ -28,13 +27,12 @@ a fixed order: deterministic, and equal to one call's result up to float32 summa
 partial starts on a 256-byte boundary: graph plans refuse a pointer that is not aligned
 (CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen on an H100 for rows of 150 floats).
 
-Note [conv bias gradient]: cudnnConvolutionBackwardBias launches one block per channel; measured
-with ncu on an H100 (cuDNN 9.19, batch 64) it took 58 us for conv1 and 32 us for conv2, the largest
-items of the step. Two gemv take ~4 us each.
+Note [conv bias gradient]: cudnnConvolutionBackwardBias launches one block per channel, the largest
+items of the step where it ran; two gemv take a fraction of it (docs/engines.md, "The conv bias gradient").
 
 Note [pooling batch limit]: cuDNN's max-pooling forward kernel puts the batch in the grid's z
-dimension, which CUDA caps at 65535: at N = 65536 cudnnPoolingForward answers NOT_SUPPORTED (seen on
-an H100, cuDNN 9.19). Chunk sizes above POOL_LIMIT are therefore not candidates; below it the chunk
+dimension, which CUDA caps at 65535: at N = 65536 cudnnPoolingForward answers NOT_SUPPORTED
+(docs/engines.md, "Pooling's batch limit"). Chunk sizes above POOL_LIMIT are therefore not candidates; below it the chunk
 size is timed like a convolution's. A single size is not timed.
 """
 
@@ -52,7 +50,7 @@ from descriptors.exact import reference, tolerance
 
 from .. import params as P
 from ..kernels import distance, prefetch
-from .base import Check, Named, Trial
+from .base import Check, Engine, Named, PlannedOp, Trial
 
 CHUNK_SIZES = (1024, 2048, 4096, 8192, 16384)
 DETERMINISTIC_CHUNK = 16384
@@ -138,16 +136,13 @@ def within_free_memory(cands: list, free: int, excluded: dict) -> list:
     return kept
 
 
-class Cudnn:
+class Cudnn(Engine):
     name = "cudnn"
-    flag = None
-    beside = ("legacy", "graph")   # --engine flags it runs under besides auto
+    runs_beside = ("conv",)   # under the flags of the engines that offer its convolutions
     kinds = ("stage",)
     cudnn_stage = True   # its stages call cuDNN (registry.cudnn_stages)
 
     def refuses(self, op, policy) -> str | None:
-        if policy.engine == "ours":
-            return "engine ours runs no cuDNN convolution"
         theirs = [name for name, owner in policy.owners().items() if owner is not None]
         if theirs:
             return f"--algo names {theirs[0]}, not a cuDNN algorithm"
@@ -167,13 +162,8 @@ class Cudnn:
         prefetch(("distance",))   # the check of every convolution candidate (Note [exact candidates])
 
     def candidates(self, op, n: int, planner) -> list:
+        # its parts are cuDNN's exact reference or checked against it as they are chosen (``table``)
         return [Named(self.name, "cuDNN by parts")]
-
-    def check(self, op, candidate, planner) -> Check:
-        return Check()   # its parts are cuDNN's exact reference or checked against it as they are chosen
-
-    def recall(self, op, n: int, stored: dict, planner):
-        return self.candidates(op, n, planner)[0]
 
     def bind(self, op, n: int, candidate, planner) -> "CudnnPlan":
         import cupy
@@ -188,7 +178,7 @@ class Cudnn:
                     "bias": cupy.zeros(k * h * w, cupy.float32)}      # (K*H*W,) bias-gradient scratch
         state = planner.state(self.name)
         if ("stage", op.name) not in state:
-            with planner.stream:   # zeroed on the model's stream, which waits for no other
+            with planner.ctx.stream:   # zeroed on the model's stream, which waits for no other
                 state[("stage", op.name)] = make()
         own, whole = state[("stage", op.name)], op.tensors.rows(op.models * n)
         plans = []
@@ -199,8 +189,8 @@ class Cudnn:
             conv = PlannedConv(self, planner, spec.name, spec.conv, n, x=t.x, w=t.w, b=t.b, y=c, dy=dc, dw=t.dw,
                                db=t.db, dx=t.dx, act=act, bias_scratch=own["bias"])
             pool = PlannedPool(self, planner, spec.name.replace("conv", "pool"), n, x=c, y=t.y, dx=dc, dy=t.dy)
-            plans.append(CudnnPlan(conv, pool))
-        return plans[0] if op.models == 1 else CudnnPackPlan(plans)
+            plans.append(CudnnPlan(self.name, conv, pool))
+        return plans[0] if op.models == 1 else CudnnPackPlan(self.name, plans)
 
     # ---------------------------------------------------------------- convolutions
 
@@ -237,13 +227,13 @@ class Cudnn:
                     f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "
                     + ("; ".join(f"{k} {v}" for k, v in list(excluded.items())[:6]) or "none listed"))
             kept["arrays"] = _operands(spec)
-            kept["ref"] = reference(planner.handle, spec, kept["arrays"])
+            kept["ref"] = reference(planner.ctx.handle, spec, kept["arrays"])
             kept["ws"] = Workspace(max(c.workspace_bytes for _, c in cands))
             return [c for _, c in cands]
 
         def trial(c, best):
             arrays, out = kept["arrays"], kept["arrays"][spec.output]
-            with planner.stream:
+            with planner.ctx.stream:
                 out.data.memset_async(0xFF, out.nbytes)   # NaN everywhere: an output not written cannot pass
             try:
                 run = by_name[c.engine].bind_conv(spec, c, arrays, kept["ws"], planner)
@@ -252,7 +242,7 @@ class Cudnn:
                 if e.is_not_supported or e.is_alloc_failure or e.is_execution_failure:   # Note [algorithm fallback]
                     return e.status_name
                 raise
-            with planner.stream:
+            with planner.ctx.stream:
                 err = distance(out, kept["ref"])
             if not fixed and not err <= tol:   # NaN fails too
                 return f"is {err:.1e} from the exact reference (bound {tol:.0e}; see Note [exact candidates])"
@@ -340,28 +330,29 @@ class Cudnn:
         state.clear()
 
 
-def supported_names(planner, specs, n: int, engine: str = "legacy") -> dict[str, list[str]]:
-    """Per direction, the algorithm (or plan) names convolution engine ``engine`` offers for every stage
-    (lenet.ops.StageSpec) that runs that direction at batch n: what a fixed ``--algo`` may name."""
+def supported_names(planner, specs, n: int, engine: str | None = None) -> dict[str, list[str]]:
+    """Per direction, the algorithm (or plan) names convolution engine ``engine`` (default: the registry's
+    first) offers for every stage (lenet.ops.StageSpec) that runs that direction at batch n: what a fixed
+    ``--algo`` may name."""
     from descriptors.algorithms import AlgoPolicy
 
-    e = next(e for e in planner.part_engines("conv", None, planner.policy.replace(engine="auto")) if e.name == engine)
-    policy = AlgoPolicy(allow_winograd=engine == "legacy")
+    e = next(e for e in planner.part_engines("conv", None, planner.policy.replace(engine="auto"))
+             if engine is None or e.name == engine)
+    policy = AlgoPolicy(allow_winograd=e.names_winograd)
     out = {}
     for d, epilogue, chosen in (("fwd", "bias_relu", specs), ("bwd-data", "drelu", [s for s in specs if s.dx]),
                                 ("bwd-filter", "", specs)):
-        sets = [{c.name for c in e.source(planner).candidates(planner.handle, s.conv(d, n, epilogue), policy,
+        sets = [{c.name for c in e.source(planner).candidates(planner.ctx.handle, s.conv(d, n, epilogue), policy,
                                                               planner.policy.fused)[0]} for s in chosen]
         out[d] = sorted(set.intersection(*sets))
     return out
 
 
-class CudnnPlan:
-    engine = "cudnn"
+class CudnnPlan(PlannedOp):
     masks_dy = False   # the pooling backward reads dy as given: the head masks it (Note [relu at the pooled level])
 
-    def __init__(self, conv, pool):
-        self.conv, self.pool = conv, pool
+    def __init__(self, engine: str, conv, pool):
+        self.engine, self.conv, self.pool = engine, conv, pool
         self.workspace_bytes = conv.workspace_bytes
 
     def forward(self) -> None:
@@ -372,11 +363,11 @@ class CudnnPlan:
         self.pool.backward()
         self.conv.backward()
 
-    def describe(self) -> list[dict]:
+    def describe(self, ms: float | None = None) -> list[dict]:
         return self.conv.describe() + self.pool.describe()
 
 
-class CudnnPackPlan:
+class CudnnPackPlan(PlannedOp):
     """Note [a pack on cuDNN]: a pack of K models (Note [packs] in lenet/ops.py) runs on cuDNN as K stages, one
     per model, each its lone run's calls (the same candidates and chunks, chosen once for all K): a model of
     the pack sums exactly what its lone run on cuDNN sums. A grouped convolution (model k as group k) would
@@ -385,8 +376,8 @@ class CudnnPackPlan:
 
     masks_dy = False
 
-    def __init__(self, plans: list):
-        self.plans = plans
+    def __init__(self, engine: str, plans: list):
+        self.engine, self.plans = engine, plans
         self.workspace_bytes = max(p.workspace_bytes for p in plans)
 
     def forward(self) -> None:
@@ -397,7 +388,7 @@ class CudnnPackPlan:
         for p in self.plans:
             p.backward()
 
-    def describe(self) -> list[dict]:
+    def describe(self, ms: float | None = None) -> list[dict]:
         return [{**row, "models": len(self.plans)} for row in self.plans[0].describe()]
 
 
@@ -414,10 +405,10 @@ class BoundConv:
         engines = {e.name: e for e in planner.part_engines("conv", spec, planner.policy)}
         if spec.direction == "bwd-filter" and choice.chunks > 1:
             size = math.prod(spec.w)
-            with planner.stream:
+            with planner.ctx.stream:
                 rows = cupy.zeros((choice.chunks, -(-size // 64) * 64), dtype=cupy.float32)   # (chunks, padded K*C*R*S)
             self.partials = rows[:, :size]
-            dw, blas, ones = arrays["dw"].reshape(-1), planner.blas, planner.ones
+            dw, blas, ones = arrays["dw"].reshape(-1), planner.ctx.blas, planner.ctx.ones
             self._reduce = lambda: blas.column_sums(self.partials, ones, dw)
         self.calls = []
         for i, (start, count, trial) in enumerate(choice.calls()):
@@ -425,7 +416,7 @@ class BoundConv:
             if self.partials is not None:
                 a["dw"] = self.partials[i].reshape(spec.w)
             cand = trial.candidate
-            self.calls.append(engines[cand.engine].bind_conv(spec.at(count), cand, a, planner.workspace, planner))
+            self.calls.append(engines[cand.engine].bind_conv(spec.at(count), cand, a, planner.ctx.workspace, planner))
 
     def __call__(self) -> None:
         for call in self.calls:
@@ -469,7 +460,7 @@ class PlannedConv:
             if act is not None:
                 arrays["act"] = act
             self.dgrad = bound("bwd-data", "drelu" if act is not None else "", arrays)
-        self._bias = _bias_gradient(planner.blas, planner.ones, dy, db, bias_scratch)
+        self._bias = _bias_gradient(planner.ctx.blas, planner.ctx.ones, dy, db, bias_scratch)
 
     def backward(self) -> None:
         self.wgrad()
@@ -509,7 +500,8 @@ class PlannedPool:
 
     def __init__(self, engine: Cudnn, planner, name: str, n: int, *, x, y, dx, dy):
         self.name, self.n = name, n
-        h, pool, pol = planner.handle, engine.pooling(planner), planner.policy
+        h, pool, pol = planner.ctx.handle, engine.pooling(planner), planner.policy
+        self.engine = engine.name
         self.mode = pool.read()["mode"]
         chw = tuple(x.shape[1:])
         sizes = chunk_sizes(n, pol.chunk, pol.deterministic and pol.choice("fwd") == "heuristic")
@@ -557,7 +549,8 @@ class PlannedPool:
             return None
         mode = pool.read()["mode"]
         state = planner.state(engine.name)
-        key = ("pool time", planner.handle.device_id, chw, c, mode, planner.captured)
+        ctx = planner.ctx
+        key = ("pool time", ctx.device_id, chw, c, mode, ctx.captured)
         if key not in state:
             import cupy
 
@@ -569,8 +562,8 @@ class PlannedPool:
             cupy.cuda.get_current_stream().synchronize()
 
             def run():
-                pool.forward(planner.handle, xd, x, yd, y)
-                pool.backward(planner.handle, yd, y, yd, dy, xd, x, xd, dx)
+                pool.forward(ctx.handle, xd, x, yd, y)
+                pool.backward(ctx.handle, yd, y, yd, dy, xd, x, xd, dx)
             state[key] = planner.time(run)
             for d in (xd, yd):
                 d.close()
@@ -585,5 +578,5 @@ class PlannedPool:
             f()
 
     def describe(self) -> list[dict]:
-        return [{"layer": self.name, "op": "pool fwd+bwd", "engine": "legacy", "algo": self.mode,
+        return [{"layer": self.name, "op": "pool fwd+bwd", "engine": self.engine, "algo": self.mode,
                  "chunk": self.chunk, "chunks": -(-self.n // self.chunk), "time_ms": self.ms, "workspace_bytes": 0}]

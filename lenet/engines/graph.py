@@ -20,22 +20,21 @@ from .base import ConvEngine
 class Graph(ConvEngine):
     name = "graph"
     flag = "graph"
+    runs = "cuDNN only, its graph API"
     Source = GraphConvs
     frontend = True   # may load nvidia-cudnn-frontend (lenet/startup.py imports it early where so)
 
     def refuses(self, op, policy) -> str | None:
-        if policy.engine not in ("auto", self.flag):
-            return f"engine {policy.engine} runs {'our kernels' if policy.engine == 'ours' else 'the descriptor API'}"
-        ok, why = available()
-        if not ok:   # --engine graph without it is refused with the flags (refuses_flags)
+        why = self.unavailable()
+        if why is not None:   # --engine graph without it is refused with the flags (Policy.checked)
             warnings.warn(f"engine auto uses the descriptor API only: {why}", RuntimeWarning, stacklevel=2)
-            return why
-        return None
+        return why
+
+    def unavailable(self) -> str | None:
+        ok, why = available()
+        return None if ok else why
 
     def refuses_flags(self, policy) -> str | None:
-        ok, why = available()
-        if not ok:
-            return f"cannot run here: {why}"
         fixed = [c for c in policy.fixed_choices() if c not in POLICIES and not is_graph_plan_name(c)]
         if fixed:
             return f"offers only graph-API plans, and --algo names the descriptor-API algorithm {fixed[0]}"

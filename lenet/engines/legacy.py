@@ -16,12 +16,9 @@ from .base import ConvEngine
 class Legacy(ConvEngine):
     name = "legacy"
     flag = "legacy"
+    runs = "cuDNN only, its descriptor API"
     Source = LegacyConvs
-
-    def refuses(self, op, policy) -> str | None:
-        if policy.engine not in ("auto", self.flag):
-            return f"engine {policy.engine} runs {'our kernels' if policy.engine == 'ours' else 'the graph API'}"
-        return None
+    names_winograd = True
 
     def refuses_flags(self, policy) -> str | None:
         fixed = [c for c in policy.fixed_choices() if is_graph_plan_name(c)]

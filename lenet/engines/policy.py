@@ -72,12 +72,20 @@ class Policy:
             theirs = registry.owner(c)
             if theirs is not None and self.engine not in ("auto", registry.BY_NAME[theirs].flag):
                 raise ValueError(f"--algo {c} names a candidate of engine {theirs}, but the engine is {self.engine}")
-            if theirs is None and self.engine == "ours":
-                raise ValueError(f"--algo {c} names a cuDNN algorithm or plan, but engine ours runs no cuDNN "
-                                 f"convolution; use heuristic, exhaustive or one of its own candidates")
-        why = registry.flag_errors(self)
+            if theirs is None and not registry.runs_convolutions(self.engine):
+                raise ValueError(f"--algo {c} names a cuDNN algorithm or plan, but engine {self.engine} runs no "
+                                 f"cuDNN convolution; use heuristic, exhaustive or one of its own candidates")
+        why = registry.flag_errors(self)   # the flags' rules: a Policy is a value, and loads no library
         if why:
             raise ValueError(why)
+
+    def checked(self) -> "Policy":
+        """This policy, once the engine it names can run here (its library loads); else a one-line
+        ValueError. What the programs ask after the flags' parse (constructing a Policy loads nothing)."""
+        why = registry.unavailable(self.engine)
+        if why:
+            raise ValueError(why)
+        return self
 
     def choice(self, direction) -> str:
         return getattr(self, _FIELD[Direction(direction)])

@@ -1,17 +1,19 @@
-"""The one registry of engines: every answer about engines (what --engine offers, who runs an operation,
-who owns a candidate name --algo gives, what start-up warms, what a stored choice may name) comes from
-ENGINES below, in the order of preference where timing decides nothing.
+"""The one registry of engines: every answer about engines (what --engine offers, who runs an operation
+under which flag, who owns a candidate name --algo gives, what start-up warms, what a stored choice may
+name) comes from ENGINES below, in the order of preference where timing decides nothing. Adding an
+engine is its own file and one line here.
 
     ours      our kernels: fused stages, the head, the loss, the update          --engine ours
     cudnn     a stage by parts on cuDNN: each convolution direction by the engines that offer
-              convolutions (below), chunked, then cuDNN's max pooling             (with legacy, graph)
+              convolutions (below), chunked, then cuDNN's max pooling             (beside those engines)
     legacy    cuDNN's descriptor API: convolution algorithms                      --engine legacy
     graph     cuDNN's graph API: convolution execution plans                      --engine graph
-    cublaslt  the head on cuBLASLt's epilogues (or cuBLAS and cuDNN's bias and ReLU) (with legacy, graph)
+    cublaslt  the head on cuBLASLt's epilogues (or cuBLAS and cuDNN's bias and ReLU) (beside those engines)
 
-``--engine auto`` lets every engine compete; ``--engine NAME`` runs the engine whose flag is NAME, and
-the engines with no flag of their own that run beside it (the cuDNN stage by parts and the cuBLAS head
-beside a cuDNN convolution engine). An engine's rules are written once, in its file.
+``--engine auto`` lets every engine compete; ``--engine FLAG`` runs the engine whose flag is FLAG, the
+engines with no flag of their own that run beside it (``runs_beside``: the kinds whose engines' flags
+they run under), and those that run an operation under every flag (``everywhere``: our loss and update).
+An engine's own rules are written once, in its file (docs/engines.md, "The protocol").
 """
 
 from __future__ import annotations
@@ -27,16 +29,38 @@ BY_NAME = {e.name: e for e in ENGINES}
 FLAGS = ("auto", *(e.flag for e in ENGINES if e.flag))
 
 
+def by_flag(flag: str):
+    """The engine --engine ``flag`` names (None: auto, or no engine's)."""
+    return next((e for e in ENGINES if e.flag is not None and e.flag == flag), None)
+
+
 def offering(kind: str) -> list:
     """The engines that offer operations (or parts) of ``kind``, in the registry's order."""
     return [e for e in ENGINES if kind in e.kinds]
+
+
+def flags_of(engine) -> tuple[str, ...]:
+    """The --engine values ``engine`` runs under: auto, its own flag, and the flags of the engines offering
+    the kinds it runs beside."""
+    beside = {e.flag for e in ENGINES if e.flag and set(e.kinds) & set(engine.runs_beside)}
+    return ("auto", *([engine.flag] if engine.flag else []), *(f for f in FLAGS if f in beside))
+
+
+def refusal(engine, op, policy) -> str | None:
+    """Why ``engine`` may not run ``op`` (an operation, or a part of one; None: asked without one) under
+    ``policy``: the flag's rule (the registry's), then the engine's own; None where it may."""
+    kind = op.kind if op is not None else None
+    if policy.engine not in flags_of(engine) and kind not in engine.everywhere:
+        other = by_flag(policy.engine)
+        return f"engine {policy.engine} runs {other.runs if other is not None else 'other engines'}"
+    return engine.refuses(op, policy)
 
 
 def serving(op, policy) -> tuple[list, dict]:
     """(the engines that may run ``op`` under ``policy``, {engine: why not} for the others)."""
     ok, why_not = [], {}
     for e in offering(op.kind):
-        why = e.refuses(op, policy)
+        why = refusal(e, op, policy)
         if why is None:
             ok.append(e)
         else:
@@ -44,12 +68,17 @@ def serving(op, policy) -> tuple[list, dict]:
     return ok, why_not
 
 
+def serving_parts(kind: str, part, policy) -> list:
+    """The engines that offer parts of ``kind`` (a convolution direction: ``part`` its ConvSpec, or None)
+    and may run them under ``policy``: what an engine that runs an operation by parts asks."""
+    return [e for e in offering(kind) if refusal(e, None, policy) is None and e.refuses(part, policy) is None]
+
+
 def pins(name: str) -> tuple[str, ...]:
     """The policy directions an engine's own candidate name fixes (none: the name is cuDNN's, or no
     one's): what lets --algo name a candidate of ours as train_step prints it."""
     for e in ENGINES:
-        got = getattr(e, "pins", None)
-        directions = got(name) if got is not None else ()
+        directions = e.pins(name)
         if directions:
             return tuple(directions)
     return ()
@@ -57,51 +86,56 @@ def pins(name: str) -> tuple[str, ...]:
 
 def owner(name: str) -> str | None:
     """The engine whose own candidate ``name`` is (None: cuDNN's, or none)."""
-    for e in ENGINES:
-        got = getattr(e, "pins", None)
-        if got is not None and got(name):
-            return e.name
-    return None
+    return next((e.name for e in ENGINES if e.pins(name)), None)
+
+
+def runs_convolutions(flag: str) -> bool:
+    """Whether --engine ``flag`` lets an engine that offers cuDNN's convolutions run: what a fixed --algo
+    naming a cuDNN algorithm or plan needs."""
+    return any(flag in flags_of(e) for e in offering("conv"))
 
 
 def flag_errors(policy) -> str | None:
-    """Why the engine ``policy.engine`` names cannot run under the rest of the policy, in one line, or None."""
-    for e in ENGINES:
-        if e.flag == policy.engine:
-            check = getattr(e, "refuses_flags", None)
-            why = check(policy) if check is not None else None
-            if why:
-                return f"--engine {e.flag} {why}"
-    return None
+    """Why the engine ``policy.engine`` names cannot run under the rest of the policy, in one line, or None:
+    the flags' rules only (no library is loaded; ``unavailable`` asks the libraries)."""
+    e = by_flag(policy.engine)
+    why = e.refuses_flags(policy) if e is not None else None
+    return f"--engine {e.flag} {why}" if why else None
+
+
+def unavailable(flag: str) -> str | None:
+    """Why the engine --engine ``flag`` names cannot run here (its library is missing), in one line, or None."""
+    e = by_flag(flag)
+    why = e.unavailable() if e is not None else None
+    return f"--engine {e.flag} cannot run here: {why}" if why else None
 
 
 def warm(flag: str, batches=None) -> None:
     """Start readying what the engines --engine ``flag`` lets compete will launch, at these batch sizes
     when they are known (lenet/startup.py calls it once the flags are parsed)."""
     for e in ENGINES:
-        w = getattr(e, "warm", None)
-        if w is not None and (flag == "auto" or flag == e.flag or flag in getattr(e, "beside", ())):
-            w(batches)
+        if flag in flags_of(e):
+            e.warm(batches)
 
 
 def uses_frontend(flag: str) -> bool:
     """Whether --engine ``flag`` may build graph-API plans (and so load cuDNN's frontend)."""
-    return any(getattr(e, "frontend", False) and flag in ("auto", e.flag) for e in ENGINES)
+    return any(e.frontend and flag in ("auto", e.flag) for e in ENGINES)
 
 
 def cudnn_stages(names) -> bool:
     """Whether any of the engines ``names`` (a stored choice's "engine") runs a stage on cuDNN: what
     lenet/startup.py asks before it warms cuDNN's first graph (Note [a first graph only where one runs])."""
-    return any(getattr(BY_NAME.get(n), "cudnn_stage", False) for n in names)
+    return any(BY_NAME[n].cudnn_stage for n in names if n in BY_NAME)
 
 
 def close(states: dict) -> None:
     """Close what each engine made for one model (its cuDNN objects)."""
     for name, state in states.items():
-        done = getattr(BY_NAME.get(name), "close", None)
-        if done is not None:
-            done(state)
+        if name in BY_NAME:
+            BY_NAME[name].close(state)
 
 
-__all__ = ["ENGINES", "BY_NAME", "FLAGS", "offering", "serving", "pins", "owner", "flag_errors", "warm",
-           "uses_frontend", "cudnn_stages", "close"]
+__all__ = ["ENGINES", "BY_NAME", "FLAGS", "by_flag", "offering", "flags_of", "refusal", "serving", "serving_parts",
+           "pins", "owner", "runs_convolutions", "flag_errors", "unavailable", "warm", "uses_frontend",
+           "cudnn_stages", "close"]
