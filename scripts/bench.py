@@ -3,7 +3,7 @@ PyTorch's at its fastest, in one process on one GPU.
 
     python3 scripts/bench.py                       # batch sizes 1 64 128 1024 8192 65536, the quick forms
     python3 scripts/bench.py --batch 64 --torch-forms all --json bench.json
-    python3 scripts/bench.py --table bench.json    # the README's tables from a results file (no GPU)
+    python3 scripts/bench.py --table bench.json    # every variant's table from a results file (no GPU)
     python3 scripts/bench.py --table b1.json b64.json b65536-a.json b65536-b.json   # runs split, rendered as one
     python3 scripts/bench.py --batch 1 64 128 8192 65536 --algo heuristic --repeats 3 --no-epoch \
         --record docs/results/speed.json           # the README's speed table's rows (scripts/readme_tables.py)
@@ -344,7 +344,7 @@ def _us(v) -> str:
 
 
 def render_table(results: dict) -> str:
-    """The README's tables from a results file (--json): per batch size ours against PyTorch's fastest
+    """The tables of a results file (--json), as docs/performance.md quotes them: per batch size ours against PyTorch's fastest
     float32 form (alone and interleaved) and with TF32 on both sides; then every variant's us per step."""
     batches = [b for b in results["results"] if b != "epoch"]
     lines = ["| batch | ours auto us/step | fastest PyTorch float32 form (TF32 off) | its us/step | ours / PyTorch "
@@ -439,7 +439,7 @@ def parser() -> argparse.ArgumentParser:
                          "with the date, GPU, cuDNN and commit) into this results file, replacing those of the batch "
                          "sizes timed: docs/results/speed.json, then python3 scripts/readme_tables.py")
     ap.add_argument("--table", metavar="JSON", nargs="+",
-                    help="print the README's tables from results files (several: their batch sizes together) and "
+                    help="print the tables of results files (several: their batch sizes together) and "
                          "exit (no GPU)")
     return ap
 
