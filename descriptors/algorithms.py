@@ -11,7 +11,7 @@ Policies, per direction:
 A workspace limit, a deterministic-only switch, Winograd and TF32 opt-ins filter the
 candidates.
 
-Note [winograd precision]: measured on an H100 with cuDNN 9.19 (scripts/algo_errors.py),
+Note [winograd precision]: measured with cuDNN 9.19 (scripts/algo_errors.py; docs/numerics.md),
 every float32 algorithm agrees with a float64 reference to ~1e-6 (norm-wise relative),
 as PyTorch's own float32 convolutions do, except the Winograd family: winograd_nonfused
 is off by 4e-4..1.2e-3. heuristic and exhaustive therefore pass over winograd and

@@ -12,12 +12,13 @@ dlopens the one in the nvidia-cudnn wheel, which is the file descriptors/_lib.py
 ``frontend()`` refuses to run when the two disagree, since a handle of one library
 must never reach the other. The graph is built against our own cuDNN handle (wrapped
 in ``cudnn.Handle``), and plans are run with the handle of the caller, as PyTorch runs
-its cached plans with the current thread's handle. Each execute costs ~19 us of host
-time (measured on an H100), so small batches are timed, and run, inside CUDA graphs.
+its cached plans with the current thread's handle. Each execute costs more host time than a
+small batch's kernel (docs/probes.md, execute_overhead.py), so small batches are timed, and run,
+inside CUDA graphs.
 
 Note [graph execute]: the frontend's public ``execute_plan_at_index`` re-checks every note
-filter against every plan on each call: 72-81 us of host time per execute on the GPU machine,
-against 12.6-13.7 us for the lowered graph's own ``_execute_plan_at_index`` (the call it
+filter against every plan on each call: about six times the host time per execute of the
+lowered graph's own ``_execute_plan_at_index`` (docs/probes.md, execute_overhead.py; the call it
 ends in, with the same {uid: pointer} pack, workspace pointer, backend plan index and raw
 cudnnHandle_t). Plans are run through the latter; the pinned frontend (1.28) has it, and a
 CPU test fails if a frontend without it is installed.
@@ -206,7 +207,7 @@ class ConvGraph(Owned):
     it, or nothing and ``rejected`` says why.
 
     Note [one plan]: building every listed plan of a graph (20 to 40 of them) took most of
-    planning a batch size, 0.05-0.1 s on an H100, for one plan used when the choice comes from
+    planning a batch size (docs/probes.md, first_graph.py), for one plan used when the choice comes from
     the plan cache: each build goes through the frontend's per-index exclusion check, which
     walks every listed plan again (scripts/probes/train_timeline.py --profile plan#1).
     """

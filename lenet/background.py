@@ -2,7 +2,7 @@
 
 Note [background writes]: a checkpoint (fsync of the file and its folder) and a matplotlib
 plot take tens to hundreds of milliseconds; written after every epoch on the loop's thread
-they cost more than an epoch of LeNet on an H100. The loop now takes the host copy of the
+they cost more than an epoch of LeNet on a fast GPU. The loop now takes the host copy of the
 state (a device-to-host copy of ~250 KB, which must see the step's results) and hands the
 writing to this thread. A job of a kind still waiting when a newer one of the same kind
 arrives is replaced by it (only the newest checkpoint matters). ``wait()`` runs at the end

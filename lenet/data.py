@@ -49,8 +49,8 @@ class _Gunzip:
     Note [inflating beside threads]: GzipFile inflates 128 KB of input per call and takes the GIL
     back between calls; beside the start-up threads, which hold the GIL for most of their imports
     (Note [overlapped start-up] in lenet/startup.py), each of Fashion-MNIST's 200 calls waited for
-    its turn, and reading its training images took 0.83-1.65 s on an H100 machine against 0.3 s
-    alone. zlib lets go of the GIL for the whole of one call (taking it back only to grow its
+    its turn, and reading its training images took several times as long as alone (docs/probes.md,
+    read_beside.py). zlib lets go of the GIL for the whole of one call (taking it back only to grow its
     output, about ten times for 47 MB), so a read costs about the same beside them as alone. For
     the same reason a first read of a gzip file reads its bytes once, hashes them in one call for
     the cache's key and inflates them (read_idx_cached), where it read the file in 1 MB blocks to
@@ -260,7 +260,7 @@ def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None
     copy missing from the cache is not written here but put on ``pending`` (when given), and
     written by ``commit`` once the whole dataset validated: a run that fails on another file
     leaves no entry (python -m lenet.train commits on a thread, files.write_later, while it
-    starts training: 0.1 s of fsync on an H100 machine). The cache keeps its most recently used entries up to CACHE_LIMIT_BYTES. A
+    starts training: its fsync stays off the way to the first step). The cache keeps its most recently used entries up to CACHE_LIMIT_BYTES. A
     missing, truncated or unreadable entry is read from the source again; a cache folder that
     cannot be written costs nothing but the speed. Raw IDX files are read directly."""
     path = Path(path)
@@ -520,10 +520,9 @@ def _to_device(a: np.ndarray, stream):
 
     Note [uploading a split]: cupy.asarray copies a large host array through page-locked memory of
     its own, which it allocates (and locks) first: the training split of Fashion-MNIST (47 MB, the
-    dataset cache's memory-mapped copy) took 28-49 ms on an H100 machine, on a training run's
-    critical path. Sent from where it lies (ndarray.set: the driver stages pageable memory through
-    its own buffers, and the host array may go once the call returns), 6-8 ms
-    (scripts/probes/upload.py)."""
+    dataset cache's memory-mapped copy) took that long on a training run's critical path. Sent from
+    where it lies (ndarray.set: the driver stages pageable memory through its own buffers, and the
+    host array may go once the call returns) it takes a fifth of the time (docs/probes.md, upload.py)."""
     import cupy
 
     out = cupy.empty(a.shape, a.dtype)

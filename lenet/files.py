@@ -135,7 +135,7 @@ def library_caches() -> None:
     """Give the libraries that make cache folders of their own a folder they can make: CuPy (its kernel
     cache, ~/.cupy/kernel_cache or $CUPY_CACHE_DIR, made as it is imported: an import that fails where it
     cannot), the CUDA driver and NVRTC (their compute cache, ~/.nv/ComputeCache or $CUDA_CACHE_PATH, made
-    on the GPU as kernels are compiled: HOME that did not exist was made, with .nv in it, on an H100
+    on the GPU as kernels are compiled: HOME that did not exist was made, with .nv in it, on the GPU
     machine) and matplotlib in the plotting child (its font cache, in $XDG_CACHE_HOME/matplotlib or
     ~/.cache/matplotlib, or $MPLCONFIGDIR: HOME=/nonexistent made /nonexistent/.cache, a relative
     XDG_CACHE_HOME a folder in the current one). Each keeps its own where that may be made (Note [cache

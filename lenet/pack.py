@@ -19,7 +19,7 @@ an epoch) is drawn on the host while the GPU still runs the epoch before (double
 
 Note [a pack and a lone run]: model k of a pack computes what the lone run of its configuration computes.
 Where the pack is small it sums in the lone run's order too (``sums_as_lone`` in lenet/engines/base.py:
-at most 4 images per SM, e.g. up to 4 models of 128 on an H100), and always under --deterministic: our
+at most 4 images per SM, e.g. up to 4 models of 128 on a GPU of 132 SMs), and always under --deterministic: our
 stage kernels give each model its lone run's candidates and grid (Ours.share in lenet/engines/ours.py),
 our head runs each model on its lone run's grid (head_common.cu), cuDNN's engines run each model's lone
 calls (Note [a pack on cuDNN] in lenet/engines/cudnn.py) and cuBLASLt each model's lone matmuls (Note [a
@@ -27,7 +27,8 @@ deterministic pack's head] in lenet/engines/fc.py). Its gradients and weights ar
 run's, bit for bit, where the two choose the same engines and candidates (always under --deterministic
 with the heuristic, Note [reproducible choices] in lenet/plan.py; tests/test_pack_gpu.py). The price is
 a grid that grows with K: at 128 images per model a pack of 64 launches 64 times the lone run's blocks,
-each with its row of partial sums (1081.8 us a step against 594.6 shared, an H100). A larger pack
+each with its row of partial sums (nearly twice the step of a shared grid at K = 64: docs/performance.md,
+"Notes' numbers: packs"). A larger pack
 without --deterministic therefore fills the GPU as K n images do: our stage kernels split each model's
 images over ceil(blocks / K) blocks and rank their candidates at K n images, the head may run as batched
 cuBLASLt matmuls, and the sums run in another order. First-step gradients then agree within 1e-6 in
@@ -50,7 +51,7 @@ import numpy as np
 from .data import epoch_order
 from .schedule import SCHEDULES, Schedule
 
-MAX_PACK = 64   # models per pack by default: the step at 128 images per model fills an H100 from ~16 on
+MAX_PACK = 64   # models per pack by default: the step at 128 images per model fills 132 SMs from ~16 on
 
 
 @dataclass(frozen=True)

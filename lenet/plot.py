@@ -1,12 +1,12 @@
 """curves.png, the training curves, drawn by a child process: ``Plotter`` in the trainer,
 ``python -m lenet.plot PATH`` in the child.
 
-Note [plotting in a child]: matplotlib's import (0.4 s on the GPU machine) and each drawing
-(0.1 s) are Python work that holds the GIL. Done on the trainer's writer thread, they stalled
-the training loop: each time the loop released the GIL for a CUDA call, the plotting thread
-took it for up to the switch interval (5 ms). The first epoch, during matplotlib's import,
-took 0.70-0.77 s, where the capture and 0.14 s of GPU work explain 0.39 s. The child imports
-matplotlib on another core while the GPU trains. It draws when asked, and the loop only
+Note [plotting in a child]: matplotlib's import and each drawing are Python work that holds the
+GIL. Done on the trainer's writer thread, they stalled the training loop: each time the loop
+released the GIL for a CUDA call, the plotting thread took it for up to the switch interval, and
+the first epoch, during matplotlib's import, took twice what its capture and GPU work explain
+(docs/performance.md, "Notes' numbers: writing"). The child imports matplotlib on another core
+while the GPU trains. It draws when asked, and the loop only
 writes one line to a pipe. Protocol: the child reads one JSON line per epoch (the file's path,
 the history so far, the run's epochs, and whether to write the file now: Note [the last drawing])
 and writes the file atomically (lenet/files.py). It exits when its
@@ -15,9 +15,9 @@ Ctrl-C at the terminal reaches only the trainer, which then decides (Note [stopp
 lenet/train.py).
 
 Note [the plotting child's first run]: with no bytecode cached (a first run on a fresh machine)
-the child's import of matplotlib and its first figure took 2.2 s on an H100 machine, against
-0.7 s later; started once the flags were parsed (0.85 s in), it was not ready when a fast run's
-last epoch ended, and one run in three waited 0.5 s more at its end. So python -m lenet.train
+the child's import of matplotlib and its first figure take three times as long as later; started
+once the flags were parsed, it was not ready when a fast run's last epoch ended, and one run in
+three waited for it at its end (docs/performance.md, "Notes' numbers: writing"). So python -m lenet.train
 starts it before its own imports (``start_early`` from lenet.startup.begin, when --out is on the
 command line) and hands it the path with each drawing; a run that writes no plot ends it unused.
 """
@@ -59,23 +59,20 @@ class Curves:
     """Loss and test accuracy per epoch. The figure is made once; ``png(history, epochs)`` moves its
     lines' data and draws, ``prepare`` does the slow part of a drawing ahead of time.
 
-    Note [the last drawing]: a fast run waited 0.11 s at its end for its last drawing (an H100
-    machine; 0.115-0.12 s here), and 0.10 of it is the axes' text and ticks, which depend on the
-    axes' limits only. So a drawing is split in two: the static layer (every artist but the
+    Note [the last drawing]: a fast run waited at its end for its last drawing, and most of a
+    drawing is the axes' text and ticks, which depend on the axes' limits only (docs/performance.md,
+    "Notes' numbers: writing"). So a drawing is split in two: the static layer (every artist but the
     lines, the spines and the legend, which are drawn over the lines) rendered once per set of
     limits and kept (``canvas.copy_from_bbox``), and the lines, spines and legend drawn over a copy
     of it (``draw_artist``, in their z-order, as a full drawing would: the same pixels, which
     tests/test_train_cpu.py checks), then the PNG encoded from the canvas. The legend stands above
     the axes, where no line reaches it, in the static layer (inside, at its best place, it moved
-    with the data, and its text took 15 ms a drawing). With the epochs known
+    with the data, and its text was redrawn every time). With the epochs known
     the x axis is fixed, and the y limits are rounded to tick values (axes.autolimit_mode
     round_numbers), so they change only when a curve crosses a tick: the trainer sends the
     history after every epoch (``write`` false but at the end and every PLOT_SECONDS), the child
-    renders the static layer when the limits moved, and the last drawing finds it ready
-    (1.4 ms for the lines and 12-19 ms for the PNG here, against 0.115 s). On an H100 machine, six
-    fast runs: the last drawing 26-40 ms, each on a ready layer (the layer made again at 2-5 epochs of
-    the 16, 37-113 ms each, while the GPU trained); the trainer's "writing" 0.04-0.07 s, where it was
-    0.12-0.17 s."""
+    renders the static layer when the limits moved, and the last drawing finds it ready: the lines
+    and the PNG alone, a few times faster than a whole drawing."""
 
     def __init__(self):
         self.fig = _figure(figsize=(10, 4))
@@ -89,8 +86,8 @@ class Curves:
         b.set_xlabel("epoch"), b.set_ylabel("test accuracy (%)"), b.grid(alpha=0.3)
         self.fig.suptitle("LeNet-5 on cuDNN + cuBLAS")
         self.fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.88, wspace=0.22)   # tight_layout: +0.1 s
-        # At most about five labelled ticks an axis: a drawing's time is mostly its text (a run's last drawing,
-        # which the trainer waits for, took 0.17 s against 0.12 s on an H100 machine where its axes had 7-8).
+        # At most about five labelled ticks an axis: a drawing's time is mostly its text, and the run's last
+        # drawing is waited for (docs/performance.md, "Notes' numbers: writing").
         from matplotlib.ticker import MaxNLocator
 
         for ax in self.axes:
@@ -139,9 +136,9 @@ class Curves:
         canvas.restore_region(self.static[1])
         for artist in self.dynamic:
             artist.axes.draw_artist(artist)
-        buf = io.BytesIO()   # RGB: the figure is opaque (10 ms to encode here, RGBA 14-30 ms)
+        buf = io.BytesIO()   # RGB: the figure is opaque, and RGBA takes longer to encode
         Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba(), "raw", "RGBA", 0, 1).convert(
-            "RGB").save(buf, format="png", compress_level=1)   # 6 (default): +10 ms
+            "RGB").save(buf, format="png", compress_level=1)   # 6 (the default) doubles the encoding
         return buf.getvalue()
 
 
@@ -278,8 +275,8 @@ def main(argv=None) -> int:
     # Now, while the trainer's GPU works, not when a drawing is due: the import and the figure. The
     # first epoch's ask then renders the static layer (fonts, ticks and the renderer set up: 0.1 s
     # more than a later one). A drawing of made-up curves here, to have that done before any ask,
-    # kept the child busy past a fast run's first 9 to 14 epochs on an H100 machine, so that the
-    # run's last drawing waited for a static layer made late (writing 0.12 s where 0.04 s).
+    # kept the child busy past most of a fast run's epochs, so that the run's last drawing waited for
+    # a static layer made late (docs/performance.md, "Notes' numbers: writing").
     made = {"curves": Curves() if matplotlib_writes_nothing() else None}   # else once asked (below)
     history, due = [], None   # the records so far; the curve ask to act on once what arrived is read
 

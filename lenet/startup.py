@@ -9,7 +9,7 @@ and lenet.kernels on the main thread, to start the compiles: the flag parse woul
 Note [overlapped start-up]: a training run's start-up is CPU work that holds the GIL (the
 imports of NumPy, CuPy, libcudnn's wrappers, cuBLAS's bindings, the graph API's frontend; the
 frontend's calls, which keep the GIL in C++) beside work that can let go of it: reading the
-dataset, cuInit plus the primary context (0.27 s on an H100 machine), cuDNN's one-time set-up
+dataset, cuInit plus the primary context (a quarter of a second), cuDNN's one-time set-up
 when it is reached through ctypes (Note [cuDNN's first call]). None of it depends on the rest
 until the model is built, so python -m lenet.train starts two threads before its own imports
 (start_gpu):
@@ -81,9 +81,9 @@ def keep_bytecode() -> str | None:
     leaves Python's setting as it is. Returns the folder used, or None.
 
     Note [bytecode cache]: without bytecode on disk, every run compiles every module it imports
-    from source. The H100 machine's environment sets PYTHONDONTWRITEBYTECODE=1 over packages
-    installed without .pyc files: NumPy's import took 0.22-0.31 s there, and python -m
-    lenet.train_step 0.96-1.36 s of wall clock, against 0.82-0.92 s with its bytecode kept. Python's own
+    from source. The GPU machine's environment sets PYTHONDONTWRITEBYTECODE=1 over packages
+    installed without .pyc files, and compiling them cost python -m lenet.train_step a sixth of its
+    wall clock (docs/performance.md, "Notes' numbers: start-up"). Python's own
     PYTHONPYCACHEPREFIX exists for this case (a source tree that must stay clean); this sets
     the same thing for the programs' own process, like the plan and dataset caches beside it.
     Python checks each cached file against its source's size and modification time, writes it
@@ -160,7 +160,7 @@ def _bytecode_folder(setting) -> str | None:
 
 
 BYTECODE_LIMIT = 128 << 20   # the bytecode cache keeps its most recently written files up to this size
-PRUNE_EVERY_S = 24 * 3600    # looked over at most once a day: a walk of its files costs a start-up 20-50 ms
+PRUNE_EVERY_S = 24 * 3600    # looked over at most once a day: a walk of its files costs a start-up
 
 
 def _prune_due(folder: str) -> bool:
@@ -224,12 +224,10 @@ def begin(then=None) -> None:
 
 
 # Note [one BLAS thread]: NumPy's import loads its OpenBLAS, which starts a thread for every CPU then and
-# there: on a 16-CPU H100 machine `import numpy` took 368 ms (182 with OPENBLAS_NUM_THREADS=1), on the main
-# thread, holding the GIL the start-up threads need. Our GPU programs do no BLAS on the host (the host's
+# there: on a 16-CPU machine that doubled `import numpy`, on the main thread, holding the GIL the start-up
+# threads need (docs/performance.md, "Notes' numbers: start-up"). Our GPU programs do no BLAS on the host (the host's
 # products are predict's CPU path, which is not one of them), so they ask OpenBLAS for one thread unless the
-# user chose (OPENBLAS_NUM_THREADS, or GOTO_NUM_THREADS or OMP_NUM_THREADS, which OpenBLAS also reads). Fast
-# recipe, time_to_accuracy.py --warm, the same machine (2026-11-27): 0.98-1.10 s to exit with it against
-# 1.07-1.17 without (start-up 0.41-0.53 s against 0.50-0.60), two rounds of three seeds each.
+# user chose (OPENBLAS_NUM_THREADS, or GOTO_NUM_THREADS or OMP_NUM_THREADS, which OpenBLAS also reads).
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 
 
@@ -302,12 +300,12 @@ def warm_cudnn(path: str) -> bool:
     own calls then report.
 
     Note [cuDNN's first call]: a process's first cuDNN query that lists engines, whether the
-    descriptor API's heuristic or the graph API's ``create_execution_plans``, takes ~0.2 s on an
-    H100 machine; later ones take milliseconds. Through the frontend that time holds the GIL
+    descriptor API's heuristic or the graph API's ``create_execution_plans``, takes a fifth of a
+    second; later ones take milliseconds. Through the frontend that time holds the GIL
     (pybind11 keeps it in C++), so the preload thread's first graph stalled every other thread;
     building it on a thread of its own beside CuPy's import gained nothing. Through ctypes it
-    does not: the same set-up paid here, beside CuPy's import, left the first graph's plans
-    ~5 ms (scripts/probes/warm_overlap.py, modes chain and legacy). cuDNN guards the set-up
+    does not: the same set-up paid here, beside CuPy's import, leaves the first graph's plans
+    as cheap as a later graph's (docs/probes.md, warm_overlap.py). cuDNN guards the set-up
     itself: a frontend call that arrives meanwhile waits for it. The prototypes are declared
     here rather than taken from descriptors._lib: this thread must not import descriptors
     (Note [overlapped start-up]); ``path`` is the libcudnn that descriptors._lib loads too."""
@@ -409,7 +407,7 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     up = driver is not None and gpu_status()[0]
     if not uses_frontend(name):
         return
-    if up and name == "auto" and not _cudnn_stored():   # before the frontend's import (25 ms)
+    if up and name == "auto" and not _cudnn_stored():   # before the frontend's import, which costs too
         mark("preload thread: no first cuDNN graph (no stored choice runs cuDNN)")   # nor the frontend
         return
     if not available()[0]:   # imports the frontend (once: cached)
@@ -425,7 +423,7 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
 
 def _cudnn_stored() -> bool:
     """Note [a first graph only where one runs]: the preload's first tiny graph pays the frontend's own
-    first-graph costs (70-100 ms on an H100 machine, after cuDNN's set-up: Note [cuDNN's first call])
+    first-graph costs (on top of cuDNN's set-up: Note [cuDNN's first call]; docs/performance.md)
     ahead of the model, and the main thread waits for it. A later run of --engine auto whose stored
     choices are all of our kernels and cuBLASLt (the plan cache: lenet/plancache.py) builds no graph,
     so the preload builds none where the store names no cuDNN stage. Where it is wrong (a choice not
@@ -442,19 +440,18 @@ def _cudnn_stored() -> bool:
 
 
 # Note [opening cuBLASLt without the GIL]: CuPy's import opens libcublasLt (cuda.pathfinder loads it as
-# a dependency of cuTENSOR, which CuPy tries to preload), 67-80 ms of dlopen on an H100 machine (its 4,500
-# static constructors), through ctypes, which holds the GIL through dlopen: every other thread's Python
+# a dependency of cuTENSOR, which CuPy tries to preload), a long dlopen (thousands of static constructors),
+# through ctypes, which holds the GIL through dlopen: every other thread's Python
 # stopped meanwhile. dlopen called as a foreign function (libc's, through ctypes) lets go of the GIL, so
 # the preload thread opens the library that way before CuPy's import, and the main thread's imports go
 # on; CuPy's then finds it loaded. Only the file cuda.pathfinder chose in an earlier run in the same
 # environment (recorded in the cache folder: libraries.json, with the file's size and modification
 # time, the interpreter, its path and the variables the search reads), RTLD_LOCAL, so that a record
-# the search would no longer choose puts no symbols into the process's global scope. The fast recipe
-# (python -m lenet.train to its exit, five runs each, alternating, one H100 machine): 1.13-1.24 s against
-# 1.18-1.26 (medians 1.164 and 1.193 s). Other threads' dlopen waits for this one (the loader's lock),
-# holding the GIL: it gains where the others run Python meanwhile. Skipping cuDNN's one-time set-up on the
-# driver's thread (where the stored choices run no cuDNN stage) lost: 1.20-1.32 s (its libraries load
-# later, on the way to the model).
+# the search would no longer choose puts no symbols into the process's global scope. Other threads' dlopen
+# waits for this one (the loader's lock), holding the GIL: it gains where the others run Python meanwhile.
+# Skipping cuDNN's one-time set-up on the driver's thread (where the stored choices run no cuDNN stage)
+# lost: its libraries then load later, on the way to the model (docs/performance.md, "Notes' numbers:
+# start-up", has both measurements).
 LIBRARIES = ("cublasLt",)   # opened this way, in this order
 
 

@@ -1,8 +1,8 @@
 """Timing a launcher the same way for every engine: CUDA events around calls replayed from a
 CUDA graph.
 
-Note [timing candidates]: a graph-API execute costs ~19 us of host time (measured on an
-H100), more than a whole convolution at batch 64, so timing eager calls would measure the
+Note [timing candidates]: a graph-API execute costs more host time than a whole convolution
+at batch 64 (docs/probes.md, execute_overhead.py), so timing eager calls would measure the
 host. Each candidate is therefore called twice eagerly (warm-up: lazy loading, first-call
 costs; the second call gives a rough time t0), then k calls (k chosen for about
 ``budget_ms`` of work) are captured in a CUDA graph and the graph is replayed ``repeats``

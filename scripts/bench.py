@@ -3,8 +3,10 @@ PyTorch's at its fastest, in one process on one GPU.
 
     python3 scripts/bench.py                       # batch sizes 1 64 128 1024 8192 65536, the quick forms
     python3 scripts/bench.py --batch 64 --torch-forms all --json bench.json
-    python3 scripts/bench.py --table bench.json    # the README's tables from a results file (no GPU)
+    python3 scripts/bench.py --table bench.json    # every variant's table from a results file (no GPU)
     python3 scripts/bench.py --table b1.json b64.json b65536-a.json b65536-b.json   # runs split, rendered as one
+    python3 scripts/bench.py --batch 1 64 128 8192 65536 --algo heuristic --repeats 3 --no-epoch \
+        --record docs/results/speed.json           # the README's speed table's rows (scripts/readme_tables.py)
 
 PyTorch: every form of scripts/torch_forms.py that --torch-forms selects (default "quick": eager and the
 whole step in a CUDA graph, plain and compiled (torch.compile, the step captured), each with
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 import time
@@ -46,6 +49,7 @@ from lenet.model import LeNet  # noqa: E402
 from torch_lenet import exact_float32  # noqa: E402
 from torch_forms import (LR, MICRO, Form, TorchStep, at_batch, fastest, release, select,  # noqa: E402
                          set_flags, time_steps)
+import readme_tables  # noqa: E402
 
 # conv2's backward versions of ours whose weight gradient runs as three TF32 products on the tensor cores
 # (lenet/engines/ours.py's docstring, Note [three tf32 products] in lenet/kernels/tf32.cu)
@@ -340,7 +344,7 @@ def _us(v) -> str:
 
 
 def render_table(results: dict) -> str:
-    """The README's tables from a results file (--json): per batch size ours against PyTorch's fastest
+    """The tables of a results file (--json), as docs/performance.md quotes them: per batch size ours against PyTorch's fastest
     float32 form (alone and interleaved) and with TF32 on both sides; then every variant's us per step."""
     batches = [b for b in results["results"] if b != "epoch"]
     lines = ["| batch | ours auto us/step | fastest PyTorch float32 form (TF32 off) | its us/step | ours / PyTorch "
@@ -401,6 +405,21 @@ def merged(files: list[dict]) -> dict:
     return out
 
 
+def record_rows(out: dict, command: str) -> list[dict]:
+    """The README's speed rows of a run (scripts/readme_tables.py): per batch size, ours auto against the
+    fastest PyTorch float32 form, each timed alone; a batch size without both is left out."""
+    rows = []
+    for b, r in out["results"].items():
+        s = (r.get("summary") or {}) if b != "epoch" else {}
+        ours = r.get("ours auto", {}).get("us_per_step")
+        if ours is None or not s:
+            continue
+        rows.append({"batch": int(b), "ours_us": round(ours, 2), "torch_form": s["fastest_torch_fp32"],
+                     "torch_us": round(s["torch_us"], 2), "gpu": out["gpu"], "cudnn": out["cudnn"],
+                     **readme_tables.provenance(command)})
+    return rows
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128, 1024, 8192, 65536])
@@ -415,8 +434,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-epoch", action="store_true", help="skip the epoch timing")
     ap.add_argument("--variants", nargs="+", default=None, help="only these variants of ours (names as printed)")
     ap.add_argument("--json", default="bench.json", help="write every result here (default: bench.json)")
+    ap.add_argument("--record", metavar="PATH",
+                    help="also write the README's speed rows (ours auto against the fastest PyTorch float32 form, "
+                         "with the date, GPU, cuDNN and commit) into this results file, replacing those of the batch "
+                         "sizes timed: docs/results/speed.json, then python3 scripts/readme_tables.py")
     ap.add_argument("--table", metavar="JSON", nargs="+",
-                    help="print the README's tables from results files (several: their batch sizes together) and "
+                    help="print the tables of results files (several: their batch sizes together) and "
                          "exit (no GPU)")
     return ap
 
@@ -427,6 +450,8 @@ def main(argv=None) -> int:
         print(render_table(merged([json.loads(Path(f).read_text()) for f in args.table])))
         return 0
     forms = select(args.torch_forms)   # a pattern that matches nothing: one line before the GPU
+    if args.record and Path(args.record).exists():
+        readme_tables.load(Path(args.record), "speed")   # a results file it cannot add to: refused before the GPU
     exact_float32()
     import descriptors
     from descriptors.graph import available
@@ -457,6 +482,15 @@ def main(argv=None) -> int:
         print(f"epoch of 60,000 GPU-resident images at batch 64 ({e['source']}): ours {e['ours_s']:.3f} s | "
               f"PyTorch {form.name} ({form.arithmetic}) {e['torch_s']:.3f} s | {e['torch_s'] / e['ours_s']:.1f}x")
     Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    if args.record:
+        command = shlex.join(["python3", "scripts/bench.py", *(sys.argv[1:] if argv is None else argv)])
+        rows = record_rows(out, command)
+        if not rows:
+            print(f"--record {args.record}: no batch size has both ours auto and a PyTorch float32 form; nothing "
+                  f"recorded", file=sys.stderr)
+            return 1
+        readme_tables.record(Path(args.record), "speed", rows)
+        print(f"recorded {len(rows)} rows in {args.record}: python3 scripts/readme_tables.py renders the README's table")
     return 0
 
 

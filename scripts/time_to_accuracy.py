@@ -11,6 +11,12 @@ waits for it. Our runs write under --out (checkpoint, metrics, plot), as a user'
 --validation N chooses recipes without the test split: the runs train on the first 60000 - N
 training images and report their accuracy on the last N (a folder of IDX files written for it),
 so a recipe is picked on those numbers and then run once on the test split as it is.
+
+--record PATH writes the rows into a results file the README's time-to-accuracy table is rendered from
+(docs/results/time_to_accuracy.json; scripts/readme_tables.py), each with the date, the GPU, cuDNN's
+version and the commit:
+
+    python3 scripts/time_to_accuracy.py --recipe fast --warm --torch --record docs/results/time_to_accuracy.json
 """
 
 from __future__ import annotations
@@ -28,11 +34,13 @@ from pathlib import Path
 
 import numpy as np
 
+import readme_tables
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The recipes the README reports. Fashion-MNIST, batch sizes and epochs fixed in advance, chosen
 # with --validation 10000 (seeds 0, 1, 2 on 50000 training images, accuracy on the 10000 held
-# out; scripts/probes/README.md has the sweeps), then run on the test split as they are.
+# out; docs/performance.md, "Recipes", has the sweeps), then run on the test split as they are.
 # recommended: the best validation mean of `lenet sweep` (bash scripts/sweep_targets.sh recipe2: 36 models,
 # seeds 0-2, --validation 10000); the earlier recommended one (60 epochs, batch 64) is "previous";
 # fast: 16 epochs (the fewest whose validation accuracy was >= 91.2 on every seed), its learning rate and
@@ -88,7 +96,32 @@ def validation_folder(data_dir: str, n: int, where: Path) -> Path:
     return out
 
 
-def main():
+TRAINERS = {"ours": "ours", "torch": "PyTorch, CUDA graph", "torch eager": "PyTorch, eager"}
+
+
+def run_kind(cold: bool, warm: bool) -> str:
+    return "first (every cache empty)" if cold else "later (caches warm)" if warm else "as the caches were"
+
+
+def gpu_facts(env: dict) -> dict:
+    """The GPU's name and cuDNN's version, asked of a process of their own (this one never touches the GPU)."""
+    code = ("import cupy, descriptors; print(cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()); "
+            "print(descriptors.version_string())")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or len(lines) != 2:
+        raise SystemExit(f"--record: could not ask for the GPU's name and cuDNN's version: {p.stderr.strip()[-300:]}")
+    return {"gpu": lines[0], "cudnn": lines[1]}
+
+
+def record_rows(rows: list[dict], run: str, facts: dict, command: str, seeds: list[int]) -> list[dict]:
+    """The README's time-to-accuracy rows (scripts/readme_tables.py) of this run's table rows."""
+    return [{"recipe": r["recipe"], "trainer": TRAINERS[r["who"]], "run": run, "seeds": list(seeds),
+             "accuracy": r["accuracy"], "wall_s": [round(w, 2) for w in r["wall_s"]], **facts,
+             **readme_tables.provenance(command)} for r in rows]
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", default="data/fashion-mnist")
     ap.add_argument("--recipe", action="append", default=[], help="a name from RECIPES or NAME='FLAGS'")
@@ -109,7 +142,18 @@ def main():
                     help="report accuracy on the last N training images, trained on the rest (choose recipes on "
                          "this, not on the test split)")
     ap.add_argument("--json")
-    args = ap.parse_args()
+    ap.add_argument("--record", metavar="PATH",
+                    help="also write the rows, with the date, GPU, cuDNN and commit, into this results file (the "
+                         "README's table: docs/results/time_to_accuracy.json, then python3 scripts/readme_tables.py), "
+                         "replacing the rows of the same recipe, trainer and run")
+    args = ap.parse_args(argv)
+    if args.record and args.validation:
+        raise SystemExit("--record: the README's table is test accuracy; --validation runs are not recorded")
+    if args.record and Path(args.record).exists():
+        try:   # a results file it cannot add to: refused before the runs
+            readme_tables.load(Path(args.record), "time_to_accuracy")
+        except readme_tables.ResultsError as e:
+            raise SystemExit(f"--record: {e}") from None
     recipes = [parse_recipe(r) for r in (args.recipe or list(RECIPES))]
     if args.validation:
         held = tempfile.TemporaryDirectory()
@@ -173,6 +217,11 @@ def main():
         print(f"{name}: {flags}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.record:
+        command = shlex.join(["python3", "scripts/time_to_accuracy.py", *(sys.argv[1:] if argv is None else argv)])
+        readme_tables.record(Path(args.record), "time_to_accuracy",
+                             record_rows(rows, run_kind(args.cold, args.warm), gpu_facts(env), command, args.seeds))
+        print(f"recorded {len(rows)} rows in {args.record}: python3 scripts/readme_tables.py renders the README's table")
 
 
 if __name__ == "__main__":

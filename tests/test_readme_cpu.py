@@ -22,3 +22,32 @@ def test_readme_pytorch_example_is_ten_lines_on_lenet_torch():
     tree = ast.parse(code)
     assert len(code.strip().splitlines()) <= 10
     assert "lenet.torch" in {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+
+
+def test_the_readmes_two_commands_and_ci_runs_its_test_command():
+    """The install + main job command and the install + tests command, as the README gives them; CI runs the
+    README's test command as written."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    section = text[text.index("## The two commands"):text.index("\n## ", text.index("## The two commands") + 1)]
+    main_job = 'pip install ".[cu13]" && python -m lenet.train_step'
+    tests = 'pip install -e ".[cu13,test]" && python -B -m pytest'
+    assert f"\n    {main_job}\n" in section and f"\n    {tests}\n" in section
+    ci = (root / ".ci" / "run").read_text()
+    assert f"python -m {tests.replace('pip install', 'pip install -q', 1)}" in ci
+
+
+def test_the_readme_is_for_users_and_its_history_lives_in_docs():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    assert len(text.splitlines()) <= 450
+    for heading in ("## Install", "## The two commands", "## The programs", "## From Python", "## From PyTorch",
+                    "## Sweeps", "## Speed", "## Time to accuracy", "## How it works", "## Every GPU generation",
+                    "## Layout"):
+        assert f"\n{heading}\n" in text, heading
+    for doc in ("performance", "numerics", "design", "probes"):
+        assert f"docs/{doc}.md" in text and (root / "docs" / f"{doc}.md").is_file(), doc
