@@ -16,16 +16,16 @@
 
 ``heuristic`` takes each list's first launch shape (a rule: no timing), ``exhaustive`` times them all.
 Our kernels are float32 and deterministic: a fixed launch shape sums the gradients in a fixed order (Note
-[stage backward through the argmax] in stage_common.cu). FMA float32, but for conv2's backward versions 6 and 7,
+[stage backward through the argmax] in stage_common.cu). FMA float32, but for conv2's backward versions 7 and 8,
 whose weight gradient runs on the tensor cores as three TF32 products per float32 product, within float32's
 accuracy (Note [three tf32 products] in lenet/kernels/tf32.cu); it passes the same check.
 
 Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
-``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both backward
+``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v2-g4`` their backward (both backward
 directions of the policy). A pinned candidate still passes the check against cuDNN's exact result;
-one a stage does not offer (conv1 has one forward and two backward versions, conv2 two and eight:
-``fused-bwd-v3-...`` to ``fused-bwd-v8-...`` pin conv2's and are refused for conv1) is an error naming those
-it has.
+one a stage does not offer (conv1 ships forward version 1 and backward version 2, conv2 forward versions 1
+and 2 and backward versions 3, 4, 5, 7 and 8: ``fused-bwd-v3-...`` to ``fused-bwd-v8-...`` pin conv2's and are
+refused for conv1; a version that moved to dev/ is no kernel of ours) is an error naming those it has.
 """
 
 from __future__ import annotations
@@ -344,8 +344,7 @@ class Ours:
         own = self._scratch(planner, ("stage", op.name), make)
         t, arg = op.tensors.rows(K * n), own["arg"][: K * n]
         fwds, bwds = self.stage_candidates(spec, planner.policy, share * n)   # a pack fills the GPU as K n images do
-        prefetch({pack_module(m, K) for m in {ks.forward[c.version].name for c in fwds} |
-                  {ks.backward[c.version].name for c in bwds} | {"stage_reduce"}})   # at once
+        prefetch({pack_module(m, K) for m in {ks.module(c).name for c in fwds + bwds} | {"stage_reduce"}})   # at once
 
         def forward(c):
             run = stages.stage_forward(ks, c, n, stream, t.x, t.w, t.b, t.y, arg, K, P.TOTAL, share)

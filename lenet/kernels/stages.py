@@ -120,7 +120,7 @@ SHAPES = {((1, 28, 28), (6, 1, 5, 5), False): "conv1", ((6, 12, 12), (16, 6, 5, 
 class Forward:
     images: int       # per block iteration
     per_sm: int       # blocks per SM (the grid is at most per_sm * SMs, and at most what the batch needs)
-    version: int = 0  # index into StageKernels.forward
+    version: int = 0  # the version's number less one (its name's v{version + 1}); StageKernels.module finds it
 
     @property
     def name(self) -> str:
@@ -137,7 +137,7 @@ class Forward:
 @dataclass(frozen=True)
 class Backward:
     per_sm: int
-    version: int = 0   # index into StageKernels.backward
+    version: int = 0   # the version's number less one (its name's v{version + 1}); StageKernels.module finds it
 
     @property
     def name(self) -> str:
@@ -158,7 +158,8 @@ class Backward:
 @dataclass(frozen=True)
 class StageKernels:
     """One stage shape's kernels: its forward and backward versions (lenet.kernels.Module, in version
-    order) and the widths of a block's partial-sum row."""
+    order; the numbers of those that ship, which need not be 1, 2, ...: docs/kernels.md, "What ships") and
+    the widths of a block's partial-sum row."""
 
     stage: str
     forward: tuple
@@ -184,26 +185,34 @@ class StageKernels:
     def forward_candidates(self, n: int | None = None) -> list:
         """Every forward launch shape this GPU runs, the heuristic's first at batch n (``table``)."""
         arch = kernel_arch()
-        cands = [Forward(i, g, v) for v, m in enumerate(self.forward) if m.runs_on(arch)
+        cands = [Forward(i, g, m.version - 1) for m in self.forward if m.runs_on(arch)
                  for g in FORWARD_BLOCKS_PER_SM for i in m.images]
         return self._ordered(cands, "forward", n)
 
     def backward_candidates(self, n: int | None = None) -> list:
         """Every backward launch shape this GPU runs, the heuristic's first at batch n (``table``)."""
         arch = kernel_arch()
-        cands = [Backward(g, v) for v, m in enumerate(self.backward) if m.runs_on(arch) for g in BACKWARD_BLOCKS_PER_SM]
+        cands = [Backward(g, m.version - 1) for m in self.backward if m.runs_on(arch) for g in BACKWARD_BLOCKS_PER_SM]
         return self._ordered(cands, "backward", n)
+
+    def _version(self, cand):
+        """The module of ``cand``'s version, or None (a version this package does not ship)."""
+        versions = self.forward if isinstance(cand, Forward) else self.backward
+        return next((m for m in versions if m.version == cand.version + 1), None)
 
     def offers(self, cand) -> bool:
         """Whether ``cand`` is a launch shape of this stage (whatever the GPU: ``refuses`` says that)."""
-        if isinstance(cand, Forward):
-            return 0 <= cand.version < len(self.forward) and cand.images in self.forward[cand.version].images \
-                and cand.per_sm >= 1
-        return 0 <= cand.version < len(self.backward) and cand.per_sm >= 1
+        m = self._version(cand)
+        if m is None or cand.per_sm < 1:
+            return False
+        return not isinstance(cand, Forward) or cand.images in m.images
 
     def module(self, cand):
         """The module (lenet.kernels.Module) a launch shape of this stage runs."""
-        return (self.forward if isinstance(cand, Forward) else self.backward)[cand.version]
+        m = self._version(cand)
+        if m is None:
+            raise ValueError(f"stage {self.stage} has no version {cand.version + 1}: {names()}")
+        return m
 
     def refuses(self, cand, arch: int | None = None) -> str | None:
         """None where this GPU (compute capability ``arch``, default lenet.kernels.arch()) runs ``cand``, else
@@ -259,7 +268,7 @@ def names() -> str:
         fwd = ", ".join(f"fused-fwd-v{m.version}-i{{{','.join(map(str, m.images))}}}-gN" for m in ks.forward)
         bwd = ", ".join(f"fused-bwd-v{m.version}-gN" for m in ks.backward)
         out.append(f"{ks.stage}: {fwd}, {bwd}")
-    return "; ".join(out) + " (N blocks per SM, N >= 1)"
+    return "; ".join(out) + " (N blocks per SM, N >= 1; a version not listed is dev/'s, not shipped)"
 
 
 def modules() -> tuple[str, ...]:
@@ -273,13 +282,13 @@ def heuristic_modules(batches=None) -> tuple[str, ...]:
     sizes (without them, for any batch), and the reduction."""
     out = []
     for ks in kernels().values():
-        for direction, versions in (("forward", ks.forward), ("backward", ks.backward)):
+        for direction in ("forward", "backward"):
             rows = table()[(ks.stage, direction)]
             if direction == "backward" and batches:
                 picks = [ks.heuristic(direction, n) for n in batches]
             else:
                 picks = [parse_name(name) for _, name in rows]
-            out += [versions[c.version].name for c in picks]
+            out += [ks.module(c).name for c in picks]
     return tuple(dict.fromkeys(out + ["stage_reduce"]))
 
 
@@ -294,7 +303,7 @@ def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, a
     """A launch of the stage's forward on the first n images of each of ``models`` models (their
     parameters ``ps`` floats apart: Note [model from the grid] in stage_common.cu), on ``stream``; each
     model's grid as ``share`` models (default: all of them) share the SMs, 1 for a lone run's grid."""
-    m = ks.forward[cand.version]
+    m = ks.module(cand)
     for name, a in (("input", x), ("weights", w)):   # Note [wide loads] in stage2_forward.cu
         if getattr(getattr(a, "data", None), "ptr", 0) % 16:
             raise ValueError(f"our stage forward reads its {name} as float4s: they must start on a 16-byte boundary")
@@ -311,9 +320,9 @@ def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w,
     of one block writes dw and db itself, and no reduction runs. ``share`` as for stage_forward: each
     model's weight gradients are summed over its grid's blocks, so a lone run's grid (1) sums them as the
     lone run does (Note [a pack and a lone run] in lenet/pack.py)."""
-    m = ks.backward[cand.version]
+    m = ks.module(cand)
     for name, a in (("input", x), ("input gradient", dx), ("argmax bytes", arg), ("output gradient", dy)):
-        if getattr(getattr(a, "data", None), "ptr", 0) % 16:   # conv2's versions 6 and 7 move 16 bytes at a time
+        if getattr(getattr(a, "data", None), "ptr", 0) % 16:   # conv2's versions 7 and 8 move 16 bytes at a time
             raise ValueError(f"our stage backward moves its {name} 16 bytes at a time: it must start on a 16-byte "
                              "boundary")
     fn = function(m, models)   # each model on its lone run's grid (share 1): the plain build's residency, its grid
