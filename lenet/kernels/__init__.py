@@ -55,6 +55,7 @@ class Module:
     images: tuple = ()
     smem: tuple = (0, 0)        # dynamic shared memory in floats: (fixed, per image)
     arch: int = 75              # the lowest compute capability it runs on (LOWEST_ARCH unless declared)
+    folder: str | None = None   # where its file is: this package's (None), or dev/'s (``declare``)
 
     def runs_on(self, arch: int) -> bool:
         return int(arch) >= self.arch
@@ -107,9 +108,23 @@ def declared() -> dict[str, Module]:
     return out
 
 
+def declare(path) -> list[Module]:
+    """The modules a .cu file outside this package declares (the versions dev/ keeps: dev/README.md), added
+    to ``declared()`` for this process: compiled and launched as ours are, the files they use this package's.
+    Stored choices never name them (``source_digest`` reads this package's files only)."""
+    path = Path(path).resolve()
+    out = []
+    for m in _DECLARATION.finditer(path.read_text()):
+        if m.group(1) in declared():
+            raise ValueError(f"{path}: module {m.group(1)} is already declared (by {declared()[m.group(1)].file}.cu)")
+        mod = _parse(m.group(1), path.name, m.group(2))
+        out.append(declared().setdefault(mod.name, Module(**{**mod.__dict__, "folder": str(path.parent)})))
+    return out
+
+
 def stage_modules() -> tuple[str, ...]:
     """The modules of our stage kernels, every version, and the reduction they share."""
-    return tuple(n for n, m in declared().items() if m.stage) + ("stage_reduce",)
+    return tuple(n for n, m in declared().items() if m.stage and m.folder is None) + ("stage_reduce",)
 
 
 def __getattr__(name: str):
@@ -133,7 +148,8 @@ def _declared(name: str):
 def source(name: str) -> str:
     """The CUDA source module ``name`` is compiled from (its macros: ``options(name)``)."""
     m = _declared(name)
-    return "\n".join((FOLDER / f"{part}.cu").read_text() for part in (PRELUDE, *m.uses, m.file))
+    own = Path(m.folder or FOLDER) / f"{m.file}.cu"
+    return "\n".join([*((FOLDER / f"{part}.cu").read_text() for part in (PRELUDE, *m.uses)), own.read_text()])
 
 
 def options(name: str) -> tuple[str, ...]:

@@ -233,7 +233,7 @@ def kernels() -> dict[tuple, StageKernels]:
     """(x, w, dx) of a stage -> its kernels, from the declarations."""
     out = {}
     for shape, stage in SHAPES.items():
-        mods = [m for m in declared().values() if m.stage == stage]
+        mods = [m for m in declared().values() if m.stage == stage and m.folder is None]   # dev/'s never ship
         by = {d: tuple(sorted((m for m in mods if m.direction == d), key=lambda m: m.version))
               for d in ("forward", "backward")}
         k, c, r, s = shape[1]
