@@ -321,14 +321,10 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
     lr_out[0] = lr if given. On CuPy's current stream.
 
     Note [the gather's launch]: a training loop launches this once a step, beside the step's graph.
-    Through CuPy's kernel call it took about 22 us of host time (scripts/probes/loop_step.py, an H100
-    machine: the gathers alone 24.5 us a step, the loop's Python without them 2 us), more than a small
-    batch's whole step on the GPU. The launch is prepared once for the arrays, the stream and the
-    constants (lenet.kernels.launch.Launch, through the driver) and kept; a call sets the numbers that
-    change (the order, its start, n and the grid, the rate, the epoch) and launches: the gathers
-    alone 16.2 us a step, load_from's checks and stream included. At batch 128 the loop was and is
-    bound by the GPU (43.7-44.0 us a step; the step's graph alone 39.9-40.2, the gather 3.9 more);
-    at 64: 32.7 us a step, the host's launches 14.9 of them."""
+    Through CuPy's kernel call its host time was more than a small batch's whole step on the GPU. The
+    launch is prepared once for the arrays, the stream and the constants (lenet.kernels.launch.Launch,
+    through the driver) and kept; a call sets the numbers that change (the order, its start, n and the grid,
+    the rate, the epoch) and launches (docs/kernels.md, "Launches and compiles")."""
     import cupy
 
     from .launch import Launch

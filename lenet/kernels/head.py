@@ -93,18 +93,9 @@ def shapes(n: int, heuristic: bool, models: int = 1) -> list[HeadShape]:
     tail's grids. The heuristic: ranges of 256 images; up to SPLIT_HEURISTIC_MAX
     images the split forward in the smallest slices that make at most one slice per 4 SMs (the first
     kernel 15 blocks a slice, the second 8), else head.cu's with the smallest group that makes at most
-    one forward block per SM. scripts/probes/head_split.py on an H100 (132 SMs), us a step back to back,
-    that split shape against head.cu's: 1 image 27.0-27.8 / 32.1, 8: 31.6 (slices of 2; 33.1-34.7 the
-    others) / 36.4, 64: 36.6 (2) / 40.0, 128: 45.6 (4) / 50.6, 256: 64.9 (8) / 66.9, 512: 107.4 (16) /
-    106.2, 1024: 141.7 / 135.8; larger slices (fewer blocks, more images a block) lost at every batch up
-    to 256 (64 images in slices of 8: 45.3). For head.cu's group a search on an H100 took the one above at
-    64 to 1024 images (1, 1, 2, 4, 8), and the head's step time with it against a group of half (two
-    blocks per SM) is 43.1 / 55.0 us at 256, 50.3 / 60.1 at 512, 61.9 / 71.7 at 1024 (train_step --algo
-    exhaustive against heuristic). From TAIL_HEURISTIC_MIN images (a pack's all) the heuristic's first is the tail form
-    (Note [head tail] in head_tail.cu), head.cu's its fallback: the same probe, us a step, the tail (two
-    blocks per SM; one made the same within 1%) against head.cu's: 384 images 74.0 / 96.7, 512: 81.0 /
-    106.4, 1024: 106.2 / 137.0, 2048: 175.9 / 240.4, 8192: 489.5 / 805.3; at 256 63.1 against the
-    split one's 65.2 (g8), within the noise: the split form keeps up to 256."""
+    one forward block per SM; from TAIL_HEURISTIC_MIN images (a pack's all) the tail form first (Note [head
+    tail] in head_tail.cu), head.cu's its fallback (where cuBLASLt cannot run the tail's products). Measured
+    on whole steps (scripts/probes/head_split.py): docs/kernels.md, "The head"."""
     sms = sm_count()
     if heuristic:
         per = next((p for p in HEAD_PER if -(-n // p) <= HEAD_MAX_RANGES), HEAD_PER[-1])

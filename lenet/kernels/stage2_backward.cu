@@ -13,7 +13,7 @@
 //   all 6 channels, over the channels k of its part h = t / 144: for each k, the 3 x 3 windows
 //   around it whose argmax may lie within the filter's reach, each visited whether it does or not
 //   (a zero gradient where not): no branch on data, so the visits unroll and their loads overlap (a
-//   loop that branched took 43 ns per image at batch 8192, scripts/probes/stage_kernels.py). With
+//   loop that branched was slower: docs/kernels.md, "Stage 2's backward"). With
 //   KS > 1 the other parts' sums go through shared memory and the first part adds them, in part
 //   order, before the mask.
 // Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16), or,
@@ -217,8 +217,8 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
 // registers, and leave room for a block of the head's weight-gradient kernel, which runs beside the
 // stages' backward on the side stream (Note [side stream] in lenet/plan.py). Left to ptxas,
 // __launch_bounds__(640, 1) took 96 registers: the whole register file, so at batch 128 (a grid of
-// 128 blocks) the side stream waited, and the step took 69.7 us against 62.6. __launch_bounds__(640)
-// alone took 48 registers and spilled.
+// 128 blocks) the side stream waited and the step was slower (docs/kernels.md, "Stage 2's backward").
+// __launch_bounds__(640) alone took 48 registers and spilled.
 extern "C" __global__ void __maxnreg__(72)
 stage2_backward_split4_kernel(const float* __restrict__ x, const float* __restrict__ w,
                               const unsigned char* __restrict__ arg, const float* __restrict__ dp,

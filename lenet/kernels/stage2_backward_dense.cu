@@ -27,49 +27,31 @@
 // Note [dense stage backward]: stage2_backward.cu routes each pooled gradient through its argmax: a
 // quarter of the multiply-adds, but each one reads shared memory at a data-dependent address (the
 // weight gradient the image at the argmax, the data gradient the weight at the argmax's offset), and
-// it is bound by shared-memory wavefronts (~7,600 per image: 36 ns per image at 8192 on an H100).
+// it is bound by shared-memory wavefronts (~7,600 per image).
 // Here the argmax decides only where the expansion writes; the sums then run over every conv position
 // (3 in 4 of their terms are exact zeros: 0 * v adds nothing to a finite sum), with the loop indices
 // known at compile time, so a thread's operands are registers loaded once per row: the weight gradient
 // reads a row of x (3 x 16 bytes) and uses it for 40 multiply-adds, the data gradient a row of the
 // conv gradient (2 x 16 bytes, broadcast) for 40. 307 K multiply-adds per image against 77 K, and
 // ~990 shared loads (3,250 wavefronts by ncu) against ~7,600 wavefronts.
-// On an H100 (scripts/probes/stage_kernels.py, 4 blocks per SM): 19.7 / 17.5 ns per image at 8192 /
-// 65536 against the routed version's 38.9 / 36.0. ncu at 8192: 12,670 instructions per image (9,600 of
-// them multiply-adds), 0.63 issued per scheduler and cycle, the largest stall the barriers (2.4 of 9.1
-// cycles per instruction: the weight warps' 1,600 multiply-adds an image against the data warps' 1,280),
-// shared memory at 67% of its wavefronts. Tried and within 3%: the weight gradient keeping rows y .. y + 4
-// in registers (a third of its loads; 96 registers, 3 blocks per SM), 3 blocks per SM without it, other
-// unroll depths, sd's rows at 8 floats (a 2-way bank conflict of the data gradient's row loads).
+// About twice as fast as the routed version at large batches; its time is set by the barriers, where the
+// weight warps' 1,600 multiply-adds an image meet the data warps' 1,280 (docs/kernels.md, "Stage 2's
+// backward", with what was tried).
 //
 // Note [one set of sums]: a thread is of one kind, but registers are allocated for the kernel: with
 // the weight gradient's 25 sums and the data gradient's 24 in two arrays, both were live across the
 // image loop in every thread (96 registers, spilling at the 72 that four blocks per SM allow). The
 // data gradient's sums therefore live in the first 24 of acc, zeroed at each image (72 registers and a
-// spill of 44 bytes, into L1; 3 blocks per SM at 80 registers and no spill measured within 3%).
+// spill of 44 bytes, into L1; 3 blocks per SM at 80 registers and no spill was no faster).
 // Note [balanced stage backward]: in version 4 a weight-gradient thread does 1,600 multiply-adds an
 // image and a data-gradient thread 1,280, so at each image's barrier the data warps wait a fifth of the
 // time (barrier stalls 2.4 of 9.1 cycles per instruction). Version 5 takes each (k, c)'s fifth tap row
 // off its thread: 24 more threads each take the r = 4 rows of four (k, c) of one channel c (one input row
 // and four conv-gradient rows a step), so every thread does 1,280 (the bias moves to the 8 threads left
 // over). 256 threads at 64 registers, 4 blocks per SM; the data gradient's channel loop unrolled by 1
-// (by 2 it spilled 64 bytes). On an H100 (scripts/probes/stage_kernels.py, 2026-11-25), us, v4 / v5:
-// 25.0 / 22.9 at 512 images (g2), 34.7 / 30.7 at 1024, 53.0 / 47.6 at 2048, 91.7 / 82.7 at 4096,
-// 159.7 / 150.9 at 8192 (18.4 ns per image), 1136 / 1068 at 65536 (16.3 ns); alike at 1 to 64 images.
-// ncu at 8192 (3 blocks per SM): 0.71 issued per scheduler and cycle against 0.63; the largest stall now
-// "not selected" (2.5 of 6.9 cycles): the schedulers' issue, no longer the barriers. Tried and lost: 3
-// blocks per SM at 72 registers without the spill (16.5-16.9 ns at 65536, 18.4-19.2 at 8192; its g4 grid
-// is 1.33 waves), the data warps alone summing the rows behind a named barrier of their own so that the
-// weight warps go straight on (17.8-18.0 ns at 65536 at 4 blocks, 16.8-17.1 at 3: the weight warps then
-// wait at the next image's barrier instead), two weight-gradient rows y a step (18.0-18.1 ns). Fewer
-// instructions, slower (ncu at 65536: 13,450 instructions an image, 9,600 of them multiply-adds, issue 77%
-// of the cycles; the largest stalls "not selected" 1.7, barrier 0.6, dispatch 0.5 cycles per instruction):
-// the data gradient's channel loop unrolled whole, 16.8-16.9 ns at 65536 and 19.0 at 8192 (16.3 / 18.6 in
-// the same run), with the rows r = 4 unrolled whole too 19.1 / 21.0; the data gradient's partial rows with
-// zero rows between them, so that the sum over r needs no bounds, 17.1 / 19.2 (a position has 3.3 valid
-// rows on average: its sum then loads 5); the bias summed by shuffles of the windows' gradients as they are
-// stored (in place of 8 threads' loop), 19.2 / 21.4 (a spill at 64 registers); the rows' sum over 128
-// threads, 7 positions each (in place of 144 threads, 6), 17.7 / 19.8.
+// (by 2 it spilled 64 bytes). Faster than version 4 from 512 images on (alike below): the schedulers'
+// issue, no longer the barriers, sets its time. What was tried and lost, and the timings: docs/kernels.md,
+// "Stage 2's backward".
 #ifndef S2D_MIN_BLOCKS
 #define S2D_MIN_BLOCKS 4   // blocks per SM the register budget is fitted to
 #endif
