@@ -61,8 +61,9 @@ def _random(spec_, m: int, seed: int):
     f32 = np.float32
     x = rng.standard_normal((m, *spec_.x), dtype=f32)
     x = np.maximum(x, f32(0)) if spec_.dx else x
-    return (x, rng.standard_normal(spec_.w, dtype=f32) * f32(0.2), rng.standard_normal(spec_.w[0], dtype=f32) * f32(0.1),
-            rng.standard_normal((m, *spec_.y), dtype=f32))
+    w = rng.standard_normal(spec_.w, dtype=f32) * f32(0.2)
+    b = rng.standard_normal(spec_.w[0], dtype=f32) * f32(0.1)
+    return x, w, b, rng.standard_normal((m, *spec_.y), dtype=f32)
 
 
 def _constant(spec_, m: int, seed: int):

@@ -159,7 +159,8 @@ class HeadLaunches:
     def __init__(self, t, loss, n: int, shape: HeadShape, part, sce: SoftmaxCE, stream, side, models: int = 1):
         K, ranges = models, -(-n // shape.per)
         if ranges > 1 and K * ranges > part.shape[0]:
-            raise ValueError(f"{ranges} ranges of {shape.per} images need more partial rows than the {part.shape[0]} kept")
+            raise ValueError(f"{ranges} ranges of {shape.per} images need more partial rows than the "
+                             f"{part.shape[0]} kept")
         if K > sce.models:
             raise ValueError(f"the loss's scratch was made for {sce.models} models, the head runs {K}")
         stride = P.TOTAL if ranges == 1 else ranges * WIDTH   # floats between two models' rows of part

@@ -11,7 +11,7 @@ kernel launched here, so nothing a kernel does moves before the wait). Inside a 
 launch becomes a programmatic edge of the CUDA graph. It saves a fraction of a microsecond a dependent
 launch, and only for a grid that fits in one wave of the SMs (docs/kernels.md, "Launches and
 compiles"). The rule is structural: a kernel launched here must begin with
-griddep_entry() (tests/test_stages_cpu.py reads the sources for it); a kernel that did not could
+griddep_entry() (tests/test_engines_cpu.py reads the sources for it); a kernel that did not could
 run beside the one before it. Where the previous work on the stream is not a kernel (an event the
 side stream joins, a copy) or not one of ours (cuBLAS, cuDNN), the launch waits for it as a plain
 launch does. Written by hand over the driver's cuLaunchKernelEx, called through ctypes: CuPy's kernel
