@@ -18,7 +18,8 @@ stage=S direction=forward|backward version=V threads=T [images=1,2 smem=A+B*imag
               time, and its dynamic shared memory in floats (the heuristic's choice among them:
               HEURISTIC in lenet/kernels/stages.py).
 Every name, source list, macro and candidate elsewhere derives from these lines (``declared()``); a
-module's kernel is named after it (``NAME_kernel``) where it holds one.
+module's kernel is named after it (``NAME_kernel``) where it holds one. The versions no GPU generation's
+rows take are declared the same way in dev/'s files, read only by dev/'s scripts (``declare``).
 """
 
 from __future__ import annotations
