@@ -95,12 +95,12 @@ def test_a_kernel_version_is_declared_once_where_its_code_is():
     assert {"head", "head_weights", "softmax_ce", "sgd", "data", "stage_reduce", "distance"} <= set(d)
     assert d["stage2_backward_split4"].defines == ("S2B_KS=4",) and d["stage2_backward_split4"].threads == 640
     assert d["stage2_forward_tiled"].images == (4, 8) and d["stage2_forward_tiled"].smem_bytes(4) == 4 * (2400 + 864 * 4)
-    assert kernels.options("stage2_backward_split") == ("-std=c++17", "-DS2B_KS=2")
+    assert kernels.options("stage2_backward_split4") == ("-std=c++17", "-DS2B_KS=4")
     assert kernels.source("head").index("sce_row") < kernels.source("head").index("head_forward_kernel")
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [3, 4, 5, 7, 8]
     assert d["stage2_backward_balanced"].file == "stage2_backward_dense" and d["stage2_backward_balanced"].threads == 256
-    assert d["stage2_backward_tensor"].file == "stage2_backward_dense" and d["stage2_backward_tensor"].defines == ("S2D_VERSION=6",)
+    assert d["stage2_backward_dense"].defines == ("S2D_VERSION=4",) and "stage2_backward_tensor" not in d   # version 6: dev/
     roles = d["stage2_backward_roles"]   # version 7: its shared memory is dynamic (smem=A, no images)
     assert roles.version == 7 and roles.smem == (14056, 0) and roles.smem_bytes(0) == 56224
     assert roles.uses == ("stage_common", "tf32", "stage2_tiles") and "s2d_column" in kernels.source("stage2_backward_roles")
@@ -115,7 +115,7 @@ def test_a_kernel_version_is_declared_once_where_its_code_is():
 def test_candidates_are_named_and_the_heuristic_takes_the_first():
     fwd, bwd = OURS.stage_candidates(CONV2, Policy.parse("exhaustive"))
     names = [c.name for c in fwd + bwd]
-    assert len(set(names)) == len(names) and "fused-fwd-v1-i1-g8" in names and "fused-bwd-v2-g4" in names
+    assert len(set(names)) == len(names) and "fused-fwd-v1-i1-g8" in names and "fused-bwd-v3-g4" in names and len(bwd) == 25   # 5 versions x 5 shapes
     hf, hb = OURS.stage_candidates(CONV2, Policy())
     assert hf == fwd[:1] and hb == bwd[:1]
 
@@ -171,7 +171,7 @@ def test_no_engine_for_an_operation_is_one_line_naming_each_reason():
     from lenet.plan import Planner
 
     planner = Planner.__new__(Planner)   # refused before any GPU work: no handle needed
-    planner.policy = Policy.parse("fwd=fused-fwd-v1-i1-g8,bwd-filter=fused-bwd-v1-g4", fused=False)
+    planner.policy = Policy.parse("fwd=fused-fwd-v1-i1-g8,bwd-filter=fused-bwd-v2-g4", fused=False)
     with pytest.raises(AlgorithmNotSupportedError) as e:
         planner.plan(stage(CONV1), 8)
     msg = str(e.value)
@@ -247,20 +247,22 @@ def test_our_candidates_can_be_pinned_by_the_names_train_step_prints():
     engine = OURS
     p = Policy.parse("fused-fwd-v1-i2-g8")
     assert (p.fwd, p.bwd_data, p.bwd_filter) == ("fused-fwd-v1-i2-g8", "heuristic", "heuristic")
-    p = Policy.parse("fused-bwd-v2-g16", engine="ours")
-    assert (p.fwd, p.bwd_data, p.bwd_filter) == ("heuristic", "fused-bwd-v2-g16", "fused-bwd-v2-g16")
+    p = Policy.parse("fused-bwd-v5-g16", engine="ours")
+    assert (p.fwd, p.bwd_data, p.bwd_filter) == ("heuristic", "fused-bwd-v5-g16", "fused-bwd-v5-g16")
     fwd, bwd = engine.stage_candidates(CONV2, p)
-    assert [c.name for c in fwd] == ["fused-fwd-v1-i1-g8"] and [c.name for c in bwd] == ["fused-bwd-v2-g16"]
-    auto = Policy.parse("fused-bwd-v2-g16")
+    assert [c.name for c in fwd] == ["fused-fwd-v1-i1-g8"] and [c.name for c in bwd] == ["fused-bwd-v5-g16"]
+    auto = Policy.parse("fused-bwd-v5-g16")
     assert engine.refuses(stage(CONV2), auto) is None
-    assert "--algo names fused-bwd-v2-g16, not a cuDNN algorithm" in BY_NAME["cudnn"].refuses(stage(CONV2), auto)
-    fwd, bwd = engine.stage_candidates(CONV1, p)   # stage 1's backward has two versions: v2 is its dense one
+    assert "--algo names fused-bwd-v5-g16, not a cuDNN algorithm" in BY_NAME["cudnn"].refuses(stage(CONV2), auto)
+    fwd, bwd = engine.stage_candidates(CONV1, Policy.parse("fused-bwd-v2-g16", engine="ours"))   # stage 1 ships v2
     assert [c.name for c in bwd] == ["fused-bwd-v2-g16"]
     with pytest.raises(AlgorithmNotSupportedError, match="stage conv1 has no candidate fused-bwd-v4-g16"):
         engine.stage_candidates(CONV1, Policy.parse("fused-bwd-v4-g16", engine="ours"))
-    p = Policy.parse("fwd=fused-fwd-v1-i4-g16,bwd-filter=fused-bwd-v1-g2")
+    with pytest.raises(AlgorithmNotSupportedError, match="stage conv2 has no candidate fused-bwd-v2-g16"):
+        engine.stage_candidates(CONV2, Policy.parse("fused-bwd-v2-g16", engine="ours"))
+    p = Policy.parse("fwd=fused-fwd-v1-i4-g16,bwd-filter=fused-bwd-v2-g2")
     fwd, bwd = engine.stage_candidates(CONV1, p)
-    assert [c.name for c in fwd + bwd] == ["fused-fwd-v1-i4-g16", "fused-bwd-v1-g2"]
+    assert [c.name for c in fwd + bwd] == ["fused-fwd-v1-i4-g16", "fused-bwd-v2-g2"]
 
 
 @pytest.mark.parametrize("spec,kw,needle", [
@@ -357,7 +359,7 @@ def test_every_kernel_launched_programmatically_waits_first():
     first = lambda body: body.strip().split(";")[0].strip()   # noqa: E731
     checked = 0
     folder = resources.files("lenet").joinpath("kernels")
-    files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage1_backward", "stage2_backward",
+    files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage2_backward",
              "stage1_backward_dense", "stage2_backward_dense", "stage_reduce", "head", "head_split", "head_tail", "head_weights",
              "sgd")   # the kernels of these files are launched by Launch
     for module in (*kernels.STAGE_MODULES, "head", "head_split", "head_tail", "head_weights", "sgd"):
@@ -431,7 +433,7 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
                      4223: "fused-bwd-v7-g2", 4224: "fused-bwd-v8-g3", 65536: "fused-bwd-v8-g3"}
     one = kstages.kernels()[(CONV1.x, CONV1.w, False)]
     assert {one.backward_candidates(n)[0].name for n in (1, 128, 8192, 65536)} == {"fused-bwd-v2-g2"}
-    assert ks.backward_candidates()[0] == kstages.Backward(4, 0)   # no batch: the versions in order
+    assert ks.backward_candidates()[0] == kstages.Backward(4, 2)   # no batch: the versions in order (v3 first)
     assert set(ks.backward_candidates(64)) == set(ks.backward_candidates(8192))   # the same set, reordered
     assert sorted(kstages.HEURISTIC) == [75, 80, 90] and kstages.table(89) is kstages.HEURISTIC[80]
     for gen, rows in kstages.HEURISTIC.items():   # every name a generation's rows give is a shape it runs
@@ -441,10 +443,8 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
             k = next(k for k in kstages.kernels().values() if k.stage == stage)
             assert all(k.offers(kstages.parse_name(name)) for _, name in row), stage
             assert all(k.refuses(kstages.parse_name(name), gen) is None for _, name in row), (gen, stage)
-    assert "stage1_backward_dense" in kstages.heuristic_modules([128]) and "stage1_backward" not in kstages.heuristic_modules([128])
-    others = {"stage2_backward", "stage2_backward_split", "stage2_backward_split4", "stage2_backward_dense",
-              "stage2_backward_balanced"}
-    others |= {"stage2_backward_tensor"}
+    assert "stage1_backward_dense" in kstages.heuristic_modules([128])
+    others = {"stage2_backward_split4", "stage2_backward_dense", "stage2_backward_balanced"}   # generation 75's
     for batches in ([1], [64, 128, 200, 1000], [128, 8192], None):
         mods = set(kstages.heuristic_modules(batches))
         assert "stage2_backward_roles" in mods and not others & mods, batches
@@ -623,7 +623,7 @@ def test_the_relu_bit_is_one_constant_and_the_heads_key_names_an_unmasked_dx():
 
 
 def test_a_stage_backward_refuses_an_input_off_a_16_byte_boundary():
-    """Stage 2's backward versions 6 and 7 move their input (and version 7 its input gradient, argmax bytes and
+    """Stage 2's backward versions 7 and 8 move their input (and version 7 its input gradient, argmax bytes and
     output gradient) 16 bytes at a time: an array that does not start on a 16-byte boundary is refused in one
     line before any launch (the forwards refuse it too)."""
     from types import SimpleNamespace
@@ -631,7 +631,7 @@ def test_a_stage_backward_refuses_an_input_off_a_16_byte_boundary():
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
     x = SimpleNamespace(data=SimpleNamespace(ptr=4))
     with pytest.raises(ValueError, match="its input 16 bytes at a time: it must start on a 16-byte boundary"):
-        kstages.stage_backward(ks, kstages.Backward(4, 5), 8, None, None, x, None, None, None, None, None, None)
+        kstages.stage_backward(ks, kstages.Backward(4, 4), 8, None, None, x, None, None, None, None, None, None)
     ok, off = SimpleNamespace(data=SimpleNamespace(ptr=256)), SimpleNamespace(data=SimpleNamespace(ptr=264))
     for name, args in (("input gradient", (ok, None, ok, ok, None, None, off)),   # version 7 also copies arg and
                        ("argmax bytes", (ok, None, off, ok, None, None, ok)),     # dp 16 bytes at a time, and

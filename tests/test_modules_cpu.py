@@ -181,13 +181,13 @@ def test_the_kernel_architecture_follows_lenet_kernel_arch(modules, monkeypatch,
     assert b".target sm_75" in path.read_bytes()
     conv2 = next(ks for ks in stages.kernels().values() if ks.stage == "conv2")
     monkeypatch.setattr(stages, "sm_count", lambda: 40)
-    versions = {conv2.backward[c.version].name for c in conv2.backward_candidates(64)}
+    versions = {conv2.module(c).name for c in conv2.backward_candidates(64)}
     assert versions and all(conv2.module(c).arch <= 75 for c in conv2.backward_candidates(64))
     assert "stage2_backward_roles" not in versions and "stage2_backward_balanced" in versions
     assert conv2.refuses(stages.parse_name("fused-bwd-v8-g3")) == (
         "fused-bwd-v8-g3 needs compute capability 8.0 or newer; this GPU's kernels are 7.5")
     monkeypatch.setenv("LENET_KERNEL_ARCH", "80")
-    assert "stage2_backward_roles3" in {conv2.backward[c.version].name for c in conv2.backward_candidates(64)}
+    assert "stage2_backward_roles3" in {conv2.module(c).name for c in conv2.backward_candidates(64)}
     assert conv2.refuses(stages.parse_name("fused-bwd-v8-g3")) is None
 
 

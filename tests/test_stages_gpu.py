@@ -319,3 +319,24 @@ def test_a_gpu_that_holds_one_block_an_sm_runs_the_same_step(n, monkeypatch):
     assert np.array_equal(plain[0], waves[0]) and plain[1] == waves[1], "the same grids in more waves changed a bit"
     assert_close(one[0], plain[0], f"n={n} one block an SM", 1e-5)
     np.testing.assert_allclose(one[1], plain[1], rtol=1e-5)
+
+
+@pytest.mark.parametrize("script", ["conv1_backward_v1.py", "conv2_backward_v1_v2.py", "conv2_backward_v6.py"])
+def test_the_versions_in_dev_still_pass_their_check(script):
+    """dev/'s versions (docs/kernels.md, "What ships") compile with the package's machinery and pass the
+    check against cuDNN's exact result (dev/common.py): the workbench does not rot while the package moves.
+    A version this GPU's kernels cannot run says so (exit 2); any other exit fails, its output shown."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lenet.kernels import arch
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "dev" / script), "--check-only"], capture_output=True, text=True,
+                         timeout=600, cwd=root)
+    out = run.stdout + run.stderr
+    if script == "conv2_backward_v6.py" and arch() < 80:
+        assert run.returncode == 2 and "need compute capability 8.0" in out, out[-3000:]
+        return
+    assert run.returncode == 0 and "All results match." in out and "FAIL" not in out, out[-3000:]
+    assert out.count("OK  ") >= 3 * 2 * 5 * 2, out[-3000:]   # operand sets x batches x shapes x (grid, one block)

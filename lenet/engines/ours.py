@@ -16,7 +16,7 @@
 
 ``heuristic`` takes each list's first launch shape (a rule: no timing), ``exhaustive`` times them all.
 Our kernels are float32 and deterministic: a fixed launch shape sums the gradients in a fixed order (Note
-[stage backward through the argmax] in stage_common.cu). FMA float32, but for conv2's backward versions 6 and 7,
+[stage backward through the argmax] in stage_common.cu). FMA float32, but for conv2's backward versions 7 and 8,
 whose weight gradient runs on the tensor cores as three TF32 products per float32 product, within float32's
 accuracy (Note [three tf32 products] in lenet/kernels/tf32.cu); it passes the same check.
 
@@ -24,11 +24,11 @@ The engine's parts: its stages (ours_stage.py), their checks against cuDNN (ours
 (ours_head.py); this file holds its rules, the protocol, and the loss and the update.
 
 Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
-``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v1-g4`` their backward (both backward
+``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v2-g4`` their backward (both backward
 directions of the policy). A pinned candidate still passes the check against cuDNN's exact result;
-one a stage does not offer (conv1 has one forward and two backward versions, conv2 two and eight:
-``fused-bwd-v3-...`` to ``fused-bwd-v8-...`` pin conv2's and are refused for conv1) is an error naming those
-it has.
+one a stage does not offer (conv1 ships forward version 1 and backward version 2, conv2 forward versions 1
+and 2 and backward versions 3, 4, 5, 7 and 8: ``fused-bwd-v3-...`` to ``fused-bwd-v8-...`` pin conv2's and are
+refused for conv1; a version that moved to dev/ is no kernel of ours) is an error naming those it has.
 """
 
 from __future__ import annotations

@@ -63,8 +63,7 @@ class OurStages(OurChecks):
         own = self._scratch(planner, ("stage", op.name), make)
         t, arg = op.tensors.rows(K * n), own["arg"][: K * n]
         fwds, bwds = self.stage_candidates(spec, planner.policy, share * n)   # a pack fills the GPU as K n images do
-        prefetch({pack_module(m, K) for m in {ks.forward[c.version].name for c in fwds} |
-                  {ks.backward[c.version].name for c in bwds} | {"stage_reduce"}})   # at once
+        prefetch({pack_module(m, K) for m in {ks.module(c).name for c in fwds + bwds} | {"stage_reduce"}})   # at once
 
         def forward(c):
             run = stages.stage_forward(ks, c, n, stream, t.x, t.w, t.b, t.y, arg, K, P.TOTAL, share)

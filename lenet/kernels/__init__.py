@@ -18,7 +18,8 @@ stage=S direction=forward|backward version=V threads=T [images=1,2 smem=A+B*imag
               time, and its dynamic shared memory in floats (the heuristic's choice among them:
               HEURISTIC in lenet/kernels/stages.py).
 Every name, source list, macro and candidate elsewhere derives from these lines (``declared()``); a
-module's kernel is named after it (``NAME_kernel``) where it holds one.
+module's kernel is named after it (``NAME_kernel``) where it holds one. The versions no GPU generation's
+rows take are declared the same way in dev/'s files, read only by dev/'s scripts (``declare``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Module:
     images: tuple = ()
     smem: tuple = (0, 0)        # dynamic shared memory in floats: (fixed, per image)
     arch: int = 75              # the lowest compute capability it runs on (LOWEST_ARCH unless declared)
+    folder: str | None = None   # where its file is: this package's (None), or dev/'s (``declare``)
 
     def runs_on(self, arch: int) -> bool:
         return int(arch) >= self.arch
@@ -107,9 +109,23 @@ def declared() -> dict[str, Module]:
     return out
 
 
+def declare(path) -> list[Module]:
+    """The modules a .cu file outside this package declares (the versions dev/ keeps: dev/README.md), added
+    to ``declared()`` for this process: compiled and launched as ours are, the files they use this package's.
+    Stored choices never name them (``source_digest`` reads this package's files only)."""
+    path = Path(path).resolve()
+    out = []
+    for m in _DECLARATION.finditer(path.read_text()):
+        if m.group(1) in declared():
+            raise ValueError(f"{path}: module {m.group(1)} is already declared (by {declared()[m.group(1)].file}.cu)")
+        mod = _parse(m.group(1), path.name, m.group(2))
+        out.append(declared().setdefault(mod.name, Module(**{**mod.__dict__, "folder": str(path.parent)})))
+    return out
+
+
 def stage_modules() -> tuple[str, ...]:
     """The modules of our stage kernels, every version, and the reduction they share."""
-    return tuple(n for n, m in declared().items() if m.stage) + ("stage_reduce",)
+    return tuple(n for n, m in declared().items() if m.stage and m.folder is None) + ("stage_reduce",)
 
 
 def __getattr__(name: str):
@@ -133,7 +149,8 @@ def _declared(name: str):
 def source(name: str) -> str:
     """The CUDA source module ``name`` is compiled from (its macros: ``options(name)``)."""
     m = _declared(name)
-    return "\n".join((FOLDER / f"{part}.cu").read_text() for part in (PRELUDE, *m.uses, m.file))
+    own = Path(m.folder or FOLDER) / f"{m.file}.cu"
+    return "\n".join([*((FOLDER / f"{part}.cu").read_text() for part in (PRELUDE, *m.uses)), own.read_text()])
 
 
 def options(name: str) -> tuple[str, ...]:
@@ -305,14 +322,10 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
     lr_out[0] = lr if given. On CuPy's current stream.
 
     Note [the gather's launch]: a training loop launches this once a step, beside the step's graph.
-    Through CuPy's kernel call it took about 22 us of host time (scripts/probes/loop_step.py, an H100
-    machine: the gathers alone 24.5 us a step, the loop's Python without them 2 us), more than a small
-    batch's whole step on the GPU. The launch is prepared once for the arrays, the stream and the
-    constants (lenet.kernels.launch.Launch, through the driver) and kept; a call sets the numbers that
-    change (the order, its start, n and the grid, the rate, the epoch) and launches: the gathers
-    alone 16.2 us a step, load_from's checks and stream included. At batch 128 the loop was and is
-    bound by the GPU (43.7-44.0 us a step; the step's graph alone 39.9-40.2, the gather 3.9 more);
-    at 64: 32.7 us a step, the host's launches 14.9 of them."""
+    Through CuPy's kernel call its host time was more than a small batch's whole step on the GPU. The
+    launch is prepared once for the arrays, the stream and the constants (lenet.kernels.launch.Launch,
+    through the driver) and kept; a call sets the numbers that change (the order, its start, n and the grid,
+    the rate, the epoch) and launches (docs/kernels.md, "Launches and compiles")."""
     import cupy
 
     from .launch import Launch

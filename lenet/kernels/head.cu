@@ -42,11 +42,9 @@
 //
 // Note [head dp2 per group]: with one loop for every G, each of its 120 iterations issued H_MAXG = 8
 // shared loads and predicated FMAs whatever G was; at G = 1 (small batches) that loop was 73% of the
-// forward's instructions, and the forward of one image took 17 us on an H100 (ncu, 4,650 instructions a
-// warp at 6 cycles each: issue-bound, not waiting on memory). The sums are the same, in the same order
-// (gradients bit-identical before and after, at groups of 1, 2, 4 and 8); the step took 34.1-34.2 / 40.9-41.2
-// / 51.0-51.2 us at 1 / 64 / 128 images against 36.8-37.0 / 44.6-44.7 / 53.8-54.1 before (`auto`, bench.py,
-// one H100, two runs each, interleaved).
+// forward's instructions (issue-bound, not waiting on memory). The sums are the same, in the same order
+// (gradients bit-identical before and after, at groups of 1, 2, 4 and 8); the step is faster at 1 to 128
+// images (docs/kernels.md, "The head").
 template <int NG>
 __device__ __forceinline__ void head_dp2(const float* __restrict__ W1, const float* sdh, const float* sp,
                                          float* __restrict__ dp2, int n0, int count, int G, int i) {

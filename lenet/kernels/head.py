@@ -93,18 +93,9 @@ def shapes(n: int, heuristic: bool, models: int = 1) -> list[HeadShape]:
     tail's grids. The heuristic: ranges of 256 images; up to SPLIT_HEURISTIC_MAX
     images the split forward in the smallest slices that make at most one slice per 4 SMs (the first
     kernel 15 blocks a slice, the second 8), else head.cu's with the smallest group that makes at most
-    one forward block per SM. scripts/probes/head_split.py on an H100 (132 SMs), us a step back to back,
-    that split shape against head.cu's: 1 image 27.0-27.8 / 32.1, 8: 31.6 (slices of 2; 33.1-34.7 the
-    others) / 36.4, 64: 36.6 (2) / 40.0, 128: 45.6 (4) / 50.6, 256: 64.9 (8) / 66.9, 512: 107.4 (16) /
-    106.2, 1024: 141.7 / 135.8; larger slices (fewer blocks, more images a block) lost at every batch up
-    to 256 (64 images in slices of 8: 45.3). For head.cu's group a search on an H100 took the one above at
-    64 to 1024 images (1, 1, 2, 4, 8), and the head's step time with it against a group of half (two
-    blocks per SM) is 43.1 / 55.0 us at 256, 50.3 / 60.1 at 512, 61.9 / 71.7 at 1024 (train_step --algo
-    exhaustive against heuristic). From TAIL_HEURISTIC_MIN images (a pack's all) the heuristic's first is the tail form
-    (Note [head tail] in head_tail.cu), head.cu's its fallback: the same probe, us a step, the tail (two
-    blocks per SM; one made the same within 1%) against head.cu's: 384 images 74.0 / 96.7, 512: 81.0 /
-    106.4, 1024: 106.2 / 137.0, 2048: 175.9 / 240.4, 8192: 489.5 / 805.3; at 256 63.1 against the
-    split one's 65.2 (g8), within the noise: the split form keeps up to 256."""
+    one forward block per SM; from TAIL_HEURISTIC_MIN images (a pack's all) the tail form first (Note [head
+    tail] in head_tail.cu), head.cu's its fallback (where cuBLASLt cannot run the tail's products). Measured
+    on whole steps (scripts/probes/head_split.py): docs/kernels.md, "The head"."""
     sms = sm_count()
     if heuristic:
         per = next((p for p in HEAD_PER if -(-n // p) <= HEAD_MAX_RANGES), HEAD_PER[-1])
@@ -166,71 +157,100 @@ class HeadLaunches:
     masks_dx = True   # dx masked by x > 0 in the block and split forms' own kernels, always
 
     def __init__(self, t, loss, n: int, shape: HeadShape, part, sce: SoftmaxCE, stream, side, models: int = 1):
-        x, dx = t.x[:n], t.dx[:n]                                                # (n, 256)
-        h1, dh1, logits, dlogits = t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n]   # (n, 120) x 2, (n, 10) x 2
-        w, K, group, per = t.w, models, shape.group, shape.per
-        wts, red = (kernel(pack_module("head_weights", K), "head_weights_kernel"),
-                    kernel(pack_module("stage_reduce", K), "stage_reduce_kernel"))
-        ranges = -(-n // per)
+        K, ranges = models, -(-n // shape.per)
         if ranges > 1 and K * ranges > part.shape[0]:
-            raise ValueError(f"{ranges} ranges of {per} images need more partial rows than the {part.shape[0]} kept")
+            raise ValueError(f"{ranges} ranges of {shape.per} images need more partial rows than the "
+                             f"{part.shape[0]} kept")
         if K > sce.models:
             raise ValueError(f"the loss's scratch was made for {sce.models} models, the head runs {K}")
-        off = {k: P.OFFSETS[k] - BASE for k in ("fc1.bias", "fc2.weight", "fc2.bias")}
-        null, f0 = np.uint64(0), np.float32(0)
-        per_model = hasattr(loss.label_smoothing, "data")   # a pack's label smoothings on the device
         stride = P.TOTAL if ranges == 1 else ranges * WIDTH   # floats between two models' rows of part
-        pack = () if K == 1 else (np.int32(P.TOTAL), loss.label_smoothing if per_model else null, np.int64(stride))
-        eps = np.float32(0.0 if per_model else loss.label_smoothing)
+        pack = _pack_args(loss, K, stride)
+        forms = self._split_forms if shape.split else self._block_forms
+        self.forward, self.forward_loss, data_gradients = forms(t, loss, n, shape.group, sce, stream, side, K, pack)
+        gradients, beside = self._weight_gradients(t, n, shape.per, ranges, part, stream, side, K, pack)
+
+        def backward():   # beside the stage backwards while the grid leaves SMs idle
+            if beside:
+                side.run(gradients)
+            else:
+                gradients()
+
+        def backward_given():
+            data_gradients()
+            backward()
+        self.backward, self.backward_given = backward, backward_given
+
+    @staticmethod
+    def _split_forms(t, loss, n: int, group: int, sce, stream, side, K: int, pack):
+        """head_split.cu's (forward, forward_loss, data gradients): fc1 over SPLIT_UNIT_BLOCKS blocks a slice
+        of ``group`` images, then fc2, the loss and the data gradients (Note [head split])."""
+        x, dx, h1, dh1, logits, dlogits, w = (t.x[:n], t.dx[:n], t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n],
+                                             t.w)
+        null, f0 = np.uint64(0), np.float32(0)
+        scales = (np.float32(1.0 / n), np.float32(1.0 / n), _smoothing(loss))
+        slices = -(-n // group)
+        if not split_fits(n, group):
+            raise ValueError(f"the split head runs at most {SPLIT_MAX_BATCH} images in at most "
+                             f"{HEAD_FWD_BLOCKS_PER_SM * sm_count()} slices, not {n} in slices of {group}")
+        hidden, out = (kernel(pack_module("head_split", K), "head_split_hidden_kernel"),
+                       kernel(pack_module("head_split", K), "head_split_out_kernel"))
+        outs = (x, w["fc1.weight"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n), np.int32(group))
+        plain = outs + (null,) * 6 + (null, f0, f0, f0, null, null) + pack
+        given = outs + (null, dlogits) + (null,) * 4 + (null, f0, f0, f0, dh1, dx) + pack
+        training = outs + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
+                           loss.running) + scales + (dh1, dx) + pack
+        fc1 = Launch(hidden, (SPLIT_UNIT_BLOCKS, slices, K), (256,),
+                     (x, w["fc1.weight"], w["fc1.bias"], h1, np.int32(n), np.int32(group)) + pack, stream)
+        logits_ = Launch(out, (1, slices, K), (256,), plain, stream)
+        out_loss = Launch(out, (256 // 32, slices, K), (256,), training, stream)
+        out_given = Launch(out, (256 // 32, slices, K), (256,), given, stream)
+        total = Launch(kernel(pack_module("head_split", K), "head_split_loss_kernel"), (K,), (32,),
+                       (sce.partial_loss, sce.partial_correct, np.int32(slices), loss.loss, loss.correct,
+                        loss.running, scales[1]), side.streams[1]) if slices > 1 else None
+
+        def forward():
+            fc1()
+            logits_()
+
+        def forward_loss():   # the slices' loss sums added beside the step (Note [the loss beside the step])
+            fc1()
+            out_loss()
+            if total is not None:
+                side.run(total, lane=1)
+
+        def data_gradients():
+            fc1()
+            out_given()
+        return forward, forward_loss, data_gradients
+
+    @staticmethod
+    def _block_forms(t, loss, n: int, group: int, sce, stream, side, K: int, pack):
+        """head.cu's (forward, forward_loss, data gradients): one kernel, a block an image group's head."""
+        x, dx, h1, dh1, logits, dlogits, w = (t.x[:n], t.dx[:n], t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n],
+                                             t.w)
+        null, f0 = np.uint64(0), np.float32(0)
+        scales = (np.float32(1.0 / n), np.float32(1.0 / n), _smoothing(loss))
         weights = (x, w["fc1.weight"], w["fc1.bias"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n),
                    np.int32(group))
         sums = (sce.partial_loss, sce.partial_correct, sce.ticket)
-        scales = (np.float32(1.0 / n), np.float32(1.0 / n), eps)
-        if shape.split:
-            slices = -(-n // group)
-            if not split_fits(n, group):
-                raise ValueError(f"the split head runs at most {SPLIT_MAX_BATCH} images in at most "
-                                 f"{HEAD_FWD_BLOCKS_PER_SM * sm_count()} slices, not {n} in slices of {group}")
-            hidden, out = (kernel(pack_module("head_split", K), "head_split_hidden_kernel"),
-                           kernel(pack_module("head_split", K), "head_split_out_kernel"))
-            outs = (x, w["fc1.weight"], w["fc2.weight"], w["fc2.bias"], h1, logits, np.int32(n), np.int32(group))
-            plain = outs + (null,) * 6 + (null, f0, f0, f0, null, null) + pack
-            given = outs + (null, dlogits) + (null,) * 4 + (null, f0, f0, f0, dh1, dx) + pack
-            training = outs + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
-                                loss.running) + scales + (dh1, dx) + pack
-            fc1 = Launch(hidden, (SPLIT_UNIT_BLOCKS, slices, K), (256,),
-                         (x, w["fc1.weight"], w["fc1.bias"], h1, np.int32(n), np.int32(group)) + pack, stream)
-            logits_ = Launch(out, (1, slices, K), (256,), plain, stream)
-            out_loss = Launch(out, (256 // 32, slices, K), (256,), training, stream)
-            out_given = Launch(out, (256 // 32, slices, K), (256,), given, stream)
-            total = Launch(kernel(pack_module("head_split", K), "head_split_loss_kernel"), (K,), (32,),
-                           (sce.partial_loss, sce.partial_correct, np.int32(slices), loss.loss, loss.correct,
-                            loss.running, scales[1]), side.streams[1]) if slices > 1 else None
+        fwd = kernel(pack_module("head", K), "head_forward_kernel")
+        fgrid = min(max(1, -(-n // group)), sce.blocks)
+        plain = weights + (null,) * 8 + (f0, f0, f0, null, null) + pack
+        given = weights + (null, dlogits) + (null,) * 6 + (f0, f0, f0, dh1, dx) + pack   # dlogits read
+        training = weights + (loss.labels[:n], dlogits, loss.loss, loss.correct) + sums + (loss.running,) + \
+            scales + (dh1, dx) + pack
+        return (Launch(fwd, (fgrid, K), (256,), plain, stream), Launch(fwd, (fgrid, K), (256,), training, stream),
+                Launch(fwd, (fgrid, K), (256,), given, stream))
 
-            def forward():
-                fc1()
-                logits_()
-
-            def forward_loss():   # the slices' loss sums added beside the step (Note [the loss beside the step])
-                fc1()
-                out_loss()
-                if total is not None:
-                    side.run(total, lane=1)
-
-            def data_gradients():
-                fc1()
-                out_given()
-            self.forward, self.forward_loss = forward, forward_loss
-        else:
-            fwd = kernel(pack_module("head", K), "head_forward_kernel")
-            fgrid = min(max(1, -(-n // group)), sce.blocks)
-            plain = weights + (null,) * 8 + (f0, f0, f0, null, null) + pack
-            given = weights + (null, dlogits) + (null,) * 6 + (f0, f0, f0, dh1, dx) + pack   # dlogits read
-            training = weights + (loss.labels[:n], dlogits, loss.loss, loss.correct) + sums + (loss.running,) + \
-                scales + (dh1, dx) + pack
-            self.forward = Launch(fwd, (fgrid, K), (256,), plain, stream)
-            self.forward_loss = Launch(fwd, (fgrid, K), (256,), training, stream)
-            data_gradients = Launch(fwd, (fgrid, K), (256,), given, stream)
+    @staticmethod
+    def _weight_gradients(t, n: int, per: int, ranges: int, part, stream, side, K: int, pack):
+        """(the weight and bias gradients' launches, over ranges of ``per`` images, whether they run on the
+        side stream): one range writes the gradients themselves, several their rows of ``part``, added in
+        order (stage_reduce)."""
+        x, h1, dh1, dlogits = t.x[:n], t.h1[:n], t.dh1[:n], t.dlogits[:n]
+        off = {k: P.OFFSETS[k] - BASE for k in ("fc1.bias", "fc2.weight", "fc2.bias")}
+        wts, red = (kernel(pack_module("head_weights", K), "head_weights_kernel"),
+                    kernel(pack_module("stage_reduce", K), "stage_reduce_kernel"))
         rows = t.grads if ranges == 1 else part   # one range writes the gradients themselves (same layout)
         wargs = (x, h1, dh1, dlogits, rows, np.int32(WIDTH), np.int32(off["fc1.bias"]),
                  np.int32(off["fc2.weight"]), np.int32(off["fc2.bias"]), np.int32(n), np.int32(per)) + pack
@@ -244,17 +264,21 @@ class HeadLaunches:
             weights_()
             if reduced is not None:
                 reduced()
+        return gradients, beside
 
-        def backward():   # beside the stage backwards while the grid leaves SMs idle
-            if beside:
-                side.run(gradients)
-            else:
-                gradients()
 
-        def backward_given():
-            data_gradients()
-            backward()
-        self.backward, self.backward_given = backward, backward_given
+def _smoothing(loss):
+    """The label smoothing a kernel takes by value: 0 where a pack's are on the device (``_pack_args``)."""
+    return np.float32(0.0 if hasattr(loss.label_smoothing, "data") else loss.label_smoothing)
+
+
+def _pack_args(loss, models: int, stride: int) -> tuple:
+    """A pack's trailing arguments (head_common.cu): the floats between two models' parameters, their label
+    smoothings on the device (or none), and the floats between two models' partial rows; none for one model."""
+    if models == 1:
+        return ()
+    per_model = hasattr(loss.label_smoothing, "data")   # a pack's label smoothings on the device
+    return np.int32(P.TOTAL), loss.label_smoothing if per_model else np.uint64(0), np.int64(stride)
 
 
 def tail_scratch(models: int, max_batch: int):
@@ -278,7 +302,7 @@ class TailLaunches:
 
     def __init__(self, t, loss, n: int, shape: HeadShape, mats: list, rows, sce: SoftmaxCE, stream,
                  models: int = 1, mask: bool = True, share: int = 1):
-        K, null, f0 = models, np.uint64(0), np.float32(0)
+        K = models
         fn = kernel(pack_module("head_tail", K), "head_tail_kernel")
         # Note [launch shapes from the device] in lenet/kernels/launch.py; a lone run's grid (share 1): its build's
         fits = resident(fn if share != 1 else kernel("head_tail", "head_tail_kernel"), TAIL_WARPS * 32)
@@ -288,23 +312,9 @@ class TailLaunches:
         if blocks > sce.blocks or K > sce.models:
             raise ValueError(f"the loss's scratch holds {sce.blocks} parts for {sce.models} models, the tail runs "
                              f"{blocks} for {K}")
-        h1, dh1, logits, dlogits, w = t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n], t.w
         g_b1 = t.grads[P.OFFSETS["fc1.bias"] - BASE:]   # db1, dW2 and db2 in the flat layout (a model's)
-        target = g_b1 if blocks == 1 else rows
-        per_model = hasattr(loss.label_smoothing, "data")
-        stride = P.TOTAL if blocks == 1 else blocks * TAIL_WIDTH
-        pack = () if K == 1 else (np.int32(P.TOTAL), loss.label_smoothing if per_model else null, np.int64(stride))
-        eps = np.float32(0.0 if per_model else loss.label_smoothing)
-        head = (h1, w["fc2.weight"], w["fc2.bias"], logits, np.int32(n))
-        layout = (np.int32(TAIL_WIDTH), np.int32(P.OFFSETS["fc2.weight"] - P.OFFSETS["fc1.bias"]),
-                  np.int32(P.OFFSETS["fc2.bias"] - P.OFFSETS["fc1.bias"]))
-        training = head + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
-                           sce.ticket, loss.running, np.float32(1.0 / n), np.float32(1.0 / n), eps, dh1, target) + \
-            layout + pack
-        plain = head + (null,) * 8 + (f0, f0, f0, null, null) + layout + pack
-        given = head + (null, dlogits) + (null,) * 6 + (f0, f0, f0, dh1, target) + layout + pack
-        grid = (blocks, K)
-        tail, tail_plain, tail_given = (Launch(fn, grid, (TAIL_WARPS * 32,), a, stream) for a in (training, plain, given))
+        tail, tail_plain, tail_given = self._tail_kernels(t, loss, n, fn, blocks, g_b1 if blocks == 1 else rows, sce,
+                                                          stream, K)
         count = K * n * 256   # dx's floats, every model's rows one after another
         mask = Launch(kernel(pack_module("head_tail", K), "head_mask_kernel"),
                       (max(1, min(-(-count // 1024), 4 * sm_count())),), (256,), (t.x, t.dx, np.int64(count)),
@@ -326,8 +336,8 @@ class TailLaunches:
             fc1()
             tail()
 
-        def backward():   # all on the main stream: dW1 beside dp2 (the side stream) made a step at 8192
-            if reduced is not None:   # images on an H100 458 us against 451
+        def backward():   # all on the main stream: dW1 beside dp2 on the side stream was slower (docs/kernels.md,
+            if reduced is not None:   # "The head")
                 reduced()
             for m in mats:
                 m["dW1"]()
@@ -341,3 +351,20 @@ class TailLaunches:
             backward()
         self.forward, self.forward_loss, self.backward, self.backward_given = forward, forward_loss, backward, backward_given
         self.masks_dx = mask is not None
+
+    @staticmethod
+    def _tail_kernels(t, loss, n: int, fn, blocks: int, target, sce, stream, K: int):
+        """head_tail_kernel's three launches (training, the logits alone, from given dlogits) on ``blocks``
+        blocks a model, the sums of db1, dW2 and db2 into ``target`` (the gradients, or the blocks' rows)."""
+        null, f0 = np.uint64(0), np.float32(0)
+        h1, dh1, logits, dlogits, w = t.h1[:n], t.dh1[:n], t.logits[:n], t.dlogits[:n], t.w
+        pack = _pack_args(loss, K, P.TOTAL if blocks == 1 else blocks * TAIL_WIDTH)
+        head = (h1, w["fc2.weight"], w["fc2.bias"], logits, np.int32(n))
+        layout = (np.int32(TAIL_WIDTH), np.int32(P.OFFSETS["fc2.weight"] - P.OFFSETS["fc1.bias"]),
+                  np.int32(P.OFFSETS["fc2.bias"] - P.OFFSETS["fc1.bias"]))
+        training = head + (loss.labels[:n], dlogits, loss.loss, loss.correct, sce.partial_loss, sce.partial_correct,
+                           sce.ticket, loss.running, np.float32(1.0 / n), np.float32(1.0 / n), _smoothing(loss), dh1,
+                           target) + layout + pack
+        plain = head + (null,) * 8 + (f0, f0, f0, null, null) + layout + pack
+        given = head + (null, dlogits) + (null,) * 6 + (f0, f0, f0, dh1, target) + layout + pack
+        return tuple(Launch(fn, (blocks, K), (TAIL_WARPS * 32,), a, stream) for a in (training, plain, given))

@@ -15,13 +15,12 @@
 //
 // Note [head split]: head.cu's forward runs an image group's whole head in one block, and at small
 // batches that is a chain of dependent steps on one SM: three rounds of W1 loads (123 KB) for fc1, fc2,
-// the loss, then dp2's 120 rounds over W1's columns; ncu gave it 13.4 us at one image and 14.8 at 64
-// (scripts/probes/README.md). Here each block loads what it needs in one round: a warp its row of W1 and
+// the loss, then dp2's 120 rounds over W1's columns (docs/kernels.md, "The head"). Here each block loads what it needs in one round: a warp its row of W1 and
 // its images; a block of the second kernel its 32 columns of W1, W2 and the slice's h1, into shared
 // memory. Every input of dp2 sums over all 120 hidden units, which no block of the first kernel holds:
 // hence two launches. A first version ran fc2 and the loss in the slice's last fc1 block (an atomic
-// ticket a slice) and only the data gradients in the second kernel: 8.5 + 4.4 us at one image (ncu),
-// the ticket's fences and atomics on the path; the step 30.1 us back to back against head.cu's 33.4.
+// ticket a slice) and only the data gradients in the second kernel: the ticket's fences and atomics were
+// on the path.
 // Every sum runs in head.cu's order (fc1: the same lane sums and warp tree; fc2: the same; dh1 over the
 // 10 classes and dp2 over the 120 units in order), so the two versions' logits, dlogits and gradients
 // are bit-identical, and the loss too where head.cu's group is the slice (both sum it a group at a
@@ -30,8 +29,8 @@
 // Note [the loss beside the step]: nothing in a training step reads the loss's totals, only the host after
 // it. When the slices' sums were added in the second kernel (block 0 of each slice: its part stored, a
 // fence, an atomic ticket, and the last slice's block adding the parts), those round trips ended the
-// kernel after its work and held up the stage below: the step at 64 images on an H100 took 36.0 us, 32.9
-// with the ticket and the sum taken out of the source (scripts/probes/chain.py). Now block 0 of each
+// kernel after its work and held up the stage below (scripts/probes/chain.py; docs/kernels.md, "The
+// head"). Now block 0 of each
 // slice stores its part, and head_split_loss_kernel adds the parts on a stream beside the step (lane 1 of
 // lenet.plan.SideStream), joined with the side stream's other work before the step ends. A slice's sums
 // are its first warp's (the images are threads 0 .. count - 1 < 32), added in block_sum's tree order

@@ -8,14 +8,10 @@
 //   head_mask_kernel   dx *= (x > 0), elementwise: the pooled input's ReLU mask on the data gradient
 //
 // Note [head tail]: on cuBLASLt the head is six matmuls, each with a bias, ReLU or bias-gradient
-// epilogue, and the loss kernel between them. ncu on an H100 at 65536 images (scripts/profile_step.py,
-// us): fc1 108.6 and its ReLU-mask epilogue ~75 as a kernel of its own, fc2 20.9, dW2 228.6 (a 10 x 120
-// product summed over 65536 images, split 32 ways), db2 41.0, dh1 20.0 and its mask ~75, dW1 202.0,
-// db1 48.7, dp2 108.3, the loss 17.8 and cuDNN's ReLU backward of dx 69.2: 1017 us, 15.5 ns an image,
-// against ~3 ns of the head's multiply-adds. Everything but fc1, dW1 and dp2 touches 130 numbers an
+// epilogue, and the loss kernel between them: at large batches five times the time of the head's
+// multiply-adds (ncu, scripts/profile_step.py; docs/kernels.md, "The head"). Everything but fc1, dW1 and dp2 touches 130 numbers an
 // image (h1's 120, the 10 logits) and 1,330 weights that fit in a warp's registers: one pass over h1
-// reads 480 bytes an image and writes dh1's 480, about 40 us at 65536 on the H100's memory, where the
-// six kernels it replaces took 451 us. fc1 then runs with the plain bias + ReLU epilogue (h1 > 0 is the
+// reads 480 bytes an image and writes dh1's 480, a tenth of the time of the six kernels it replaces. fc1 then runs with the plain bias + ReLU epilogue (h1 > 0 is the
 // mask: no bits to keep), and dW1 with none (db1 is summed here).
 //
 // A block of 8 warps owns images 8 blockIdx.x .. 8 blockIdx.x + 7 of every 8 gridDim.x and row blockIdx.x

@@ -8,13 +8,10 @@ with the programmatic-stream-serialization attribute), the next kernel is schedu
 before it still runs, and its blocks wait at griddepcontrol.wait until that kernel has finished and
 its writes are visible (lenet/kernels/griddep.cu: griddep_entry(), the first statement of every
 kernel launched here, so nothing a kernel does moves before the wait). Inside a captured step the
-launch becomes a programmatic edge of the CUDA graph. Measured on an H100 (scripts/probes/pdl.py): a
-chain of one-block kernels in a CUDA graph takes 0.33-0.44 us less per dependent launch, 64-block
-kernels 0.26-0.60 us. Only for a grid that fits in one wave of the SMs, though: at batch 8192, where
-our stage kernels run several waves, launching every kernel programmatically took the step from
-831-835 to 844-845 us, where batch 1 went from 40.1-40.4 to 38.5-38.6 (scripts/bench.py, ours auto,
-the two trees in turn on one H100, both with a 32-warp stage_reduce_kernel since reverted). The rule is structural: a kernel launched here must begin with
-griddep_entry() (tests/test_stages_cpu.py reads the sources for it); a kernel that did not could
+launch becomes a programmatic edge of the CUDA graph. It saves a fraction of a microsecond a dependent
+launch, and only for a grid that fits in one wave of the SMs (docs/kernels.md, "Launches and
+compiles"). The rule is structural: a kernel launched here must begin with
+griddep_entry() (tests/test_engines_cpu.py reads the sources for it); a kernel that did not could
 run beside the one before it. Where the previous work on the stream is not a kernel (an event the
 side stream joins, a copy) or not one of ours (cuBLAS, cuDNN), the launch waits for it as a plain
 launch does. Written by hand over the driver's cuLaunchKernelEx, called through ctypes: CuPy's kernel
@@ -107,7 +104,7 @@ def shared_memory_limit(device_id: int) -> int:
 
 # Note [launch shapes from the device]: a launch shape of ours names the blocks per SM it asks for (g8:
 # eight); how many one SM holds at once depends on the GPU (threads, registers and shared memory an SM has:
-# 1024 threads and 64 KB on a T4, 2048 and 228 KB on an H100) and on the kernel's build. ``resident`` asks
+# 1024 threads and 64 KB on a T4, 2048 and 228 KB on sm_90) and on the kernel's build. ``resident`` asks
 # the occupancy API, and the stage launchers (lenet/kernels/stages.py) make their grids of at most that
 # many blocks per SM, so a grid is one wave on any GPU. No kernel of ours waits for another block's
 # progress (a ticket's last block sums the others' parts; nothing spins), so a grid of more blocks than

@@ -3,10 +3,9 @@ own, each on a thread of its own, started before they are needed: lenet's kernel
 including the planner's distance kernel (distance.cu), use it.
 
 Note [first run]: on a program's first run on a machine (the kernel cache empty), NVRTC compiles
-every module it launches. Measured on an H100 machine (scripts/probes/train_timeline.py --cold): our
-stage kernels in one module took 4.9 s and the head's 1.9 s, one after the other on the way to the
-first step, and CuPy's own kernels the search and the model used (fills, copies, and reductions
-through CUB, whose templates took 2-2.5 s a module) 10 s more. So: no generic CuPy kernel on the
+every module it launches: once our kernels were two modules compiled one after the other on the way to
+the first step, and CuPy's own kernels (fills, copies, reductions through CUB) took longer still
+(docs/kernels.md, "Launches and compiles"). So: no generic CuPy kernel on the
 way to a step (uploads, memset and device copies instead, and the search's distances in a kernel of
 our own), and our kernels as small modules whose compiles start on threads as soon as the program
 knows what it will run and the GPU's architecture, beside the rest of the start-up (lenet/startup.py).
@@ -16,17 +15,16 @@ compile, not for the sum.
 
 The compile needs no CuPy: NVRTC is called through ctypes (libnvrtc as cuda.pathfinder finds it, the
 library CuPy loads too) and the architecture comes from the driver (``use_arch``), so compiles start
-while CuPy is still being imported (0.6-0.9 s of a start-up); CuPy only loads the binary
-(cupy.RawModule(path=...)). Compiled through CuPy instead (RawModule(code=...), with CuPy's kernel
-cache), the first compile could start only after CuPy's import, and the head's module, the longest,
-ended 2.95 s into a first train_step (train_timeline.py --cold on an H100 machine).
+while CuPy is still being imported; CuPy only loads the binary (cupy.RawModule(path=...)). Compiled
+through CuPy instead (RawModule(code=...), with CuPy's kernel cache), the first compile could start
+only after CuPy's import.
 
 Note [kernel architecture]: our kernels compile for the GPU's own compute capability (a cubin), or,
 with LENET_KERNEL_ARCH=75 (80, 86, 89, ...; at most the GPU's own), as PTX for that one, which the
 driver compiles for the GPU as it loads it. The code that runs is then what a GPU of that generation
 runs: its kernel versions (a module declares the lowest compute capability it needs, ``arch=`` in
 Note [module declarations] in lenet/kernels/__init__.py), its heuristic's rows and no programmatic
-launch below 90, at this GPU's speed and resources. That is how an H100 tests a T4's (75) or an A100's
+launch below 90, at this GPU's speed and resources. That is how an sm_90 GPU tests a T4's (75) or an A100's
 (80) code path (scripts/gpu_check.sh's arch parts). The architecture is part of each binary's name and
 digest and of our engine's version in stored choices (lenet/plancache.py), so runs of different
 architectures never share either.
@@ -75,7 +73,7 @@ def use_arch(arch) -> None:
 
 
 def device_arch() -> int:
-    """The GPU's compute capability (90 for an H100): the driver's answer given to ``use_arch``, else
+    """The GPU's compute capability (90 for sm_90): the driver's answer given to ``use_arch``, else
     CuPy's current device's."""
     return int(_arch()) if _arch is not None else _current_arch()
 

@@ -68,8 +68,8 @@ __device__ __forceinline__ void block_sum(float& v, int& c, float* sv, int* sc) 
 //
 // Note [the last part's sum]: the last part's first warp loads the partials, 32 at a time, a lane each,
 // and lane 0 adds them in part order from the warp's registers. One thread loading them in its loop
-// (volatile loads, each behind the add before it) waited for one L2 round trip per part: the head's
-// split forward at 64 images (32 parts) ended about 3 us after its work (scripts/probes/chain.py).
+// (volatile loads, each behind the add before it) waited for one L2 round trip per part, after the
+// head's split forward's work (scripts/probes/chain.py; docs/kernels.md, "The head").
 __device__ __forceinline__ void sce_finish_at(float loss, int hits, int index, int parts,
                                               float* __restrict__ partial_loss, int* __restrict__ partial_correct,
                                               unsigned int* __restrict__ ticket, float* __restrict__ out,

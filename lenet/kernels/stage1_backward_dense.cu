@@ -2,7 +2,7 @@
 // Stage 1 backward in register tiles (Note [dense stage backward] in stage2_backward_dense.cu): the
 // pooled gradient expanded once into the conv gradient (6 x 24 x 24, one nonzero per 2 x 2 window),
 // then the weight gradient as a dense sum over it. Same arguments, partial rows and determinism as
-// stage1_backward.cu.
+// version 1 (dev/conv1_backward_v1.cu, which routes each pooled gradient through its argmax).
 //   A block (240 threads) owns images blockIdx.x, blockIdx.x + gridDim.x, ... of its model, one per
 //   iteration, and row blockIdx.x of part (its weight and bias sums over those images).
 //   Weight gradient: thread t owns (k, r, part) = (t / 40, t / 8 % 5, t % 8): for the conv-gradient
@@ -15,10 +15,8 @@
 // k * S1D_DS + y * 28 (rows of 24 floats, 4 apart so that a warp's 8 parts lie in 8 bank quads).
 // Per image: 86,400 multiply-adds (4 x the routed kernel's 21,600), each thread's operands loaded
 // as half rows (3 x 16 bytes of the conv gradient, 4 x 16 bytes of x) per 60 multiply-adds.
-// On an H100 (scripts/probes/stage_kernels.py): 6.96 / 6.26 ns per image at 8192 / 65536 (4 blocks
-// per SM) against the routed kernel's 9.06 / 8.55; 4.2 us at 128 images against 5.9 (3.6 at 16 per
-// SM); 2.1 us at 1 image against 3.8. The heuristic takes it at every batch (HEURISTIC in
-// lenet/kernels/stages.py); a search times both.
+// Faster than the routed version 1 at every batch: every generation's rows take it (HEURISTIC in
+// lenet/kernels/stages.py), and version 1 is dev/'s (docs/kernels.md, "Stage 1's backward").
 #define S1D_THREADS 240
 #define S1D_X 4   // ceil(784 / 240)
 #define S1D_G 4   // ceil(864 / 240)

@@ -1,11 +1,9 @@
-// module stage2_backward: stage=conv2 direction=backward version=1 threads=160 define=S2B_KS=1 uses=stage_common
-// module stage2_backward_split: stage=conv2 direction=backward version=2 threads=320 define=S2B_KS=2 uses=stage_common
 // module stage2_backward_split4: stage=conv2 direction=backward version=3 threads=640 define=S2B_KS=4 uses=stage_common
-// Stage 2 backward: data gradient (masked by x > 0), weight and bias gradients, in three versions:
-// KS = 1 (stage2_backward_kernel, 160 threads), KS = 2 (stage2_backward_split_kernel, 320 threads)
-// and KS = 4 (stage2_backward_split4_kernel, 640 threads), where each of KS parts of the block takes
-// 16 / KS of the output channels (k), so one image's work is done by KS times the threads in about
-// 1 / KS of the time (small batches, where the grid leaves SMs idle; the search times them all).
+// Stage 2 backward through the argmax: data gradient (masked by x > 0), weight and bias gradients. The
+// block's four parts (KS = 4, 640 threads) each take 16 / KS of the output channels (k), so one image's
+// work is done by four times the threads in about a quarter of the time: the heuristic's version at
+// small batches where the tensor-core versions cannot run (compute capability 7.5: docs/kernels.md,
+// "Stage 2's backward"). Versions 1 and 2 (KS = 1, 2: 160 and 320 threads) are in dev/.
 // One image per block iteration.
 //   Weight gradient: thread t < 150 KS owns filter tap u = (c, r, s) = (u / 25, u % 25 / 5, u % 5),
 //   u = s2b_taps.u[t % 150] (Note [shared-memory banks]), for the 16 / KS channels k of its part
@@ -15,7 +13,7 @@
 //   all 6 channels, over the channels k of its part h = t / 144: for each k, the 3 x 3 windows
 //   around it whose argmax may lie within the filter's reach, each visited whether it does or not
 //   (a zero gradient where not): no branch on data, so the visits unroll and their loads overlap (a
-//   loop that branched took 43 ns per image at batch 8192, scripts/probes/stage_kernels.py). With
+//   loop that branched was slower: docs/kernels.md, "Stage 2's backward"). With
 //   KS > 1 the other parts' sums go through shared memory and the first part adds them, in part
 //   order, before the mask.
 // Writes dx for each image and its block's row part[blockIdx.x * 2416 + i] (dw 2400, then db 16), or,
@@ -212,31 +210,15 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
   if (t < 16) (direct ? db : mine + S2_WEIGHTS)[t] = bacc;
 }
 
-// Each module of this file compiles one version (S2B_KS, set by lenet/kernels/__init__.py): three
-// modules compile in parallel in a third of the time one module of all three took (Note [first run]
-// in descriptors/modules.py).
-#if S2B_KS == 1
-extern "C" __global__ void __launch_bounds__(160, S2B_MIN_BLOCKS)
-stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
-                       const float* __restrict__ dp, float* __restrict__ dx, float* __restrict__ part,
-                       float* __restrict__ dw, float* __restrict__ db, int N, int ps) {
-  stage2_backward<1>(x, w, arg, dp, dx, part, dw, db, N, ps);
-}
-#elif S2B_KS == 2
-extern "C" __global__ void __launch_bounds__(320)
-stage2_backward_split_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                             const unsigned char* __restrict__ arg, const float* __restrict__ dp,
-                             float* __restrict__ dx, float* __restrict__ part, float* __restrict__ dw,
-                             float* __restrict__ db, int N, int ps) {
-  stage2_backward<2>(x, w, arg, dp, dx, part, dw, db, N, ps);
-}
-#elif S2B_KS == 4
+// The one version this file ships (S2B_KS, set by its declaration; dev/conv2_backward_v1_v2.cu has the
+// template's other instances).
+#if S2B_KS == 4
 // Note [registers of the split kernel]: 640 threads at 72 registers take 46 K of an SM's 64 K
 // registers, and leave room for a block of the head's weight-gradient kernel, which runs beside the
 // stages' backward on the side stream (Note [side stream] in lenet/plan.py). Left to ptxas,
 // __launch_bounds__(640, 1) took 96 registers: the whole register file, so at batch 128 (a grid of
-// 128 blocks) the side stream waited, and the step took 69.7 us against 62.6. __launch_bounds__(640)
-// alone took 48 registers and spilled.
+// 128 blocks) the side stream waited and the step was slower (docs/kernels.md, "Stage 2's backward").
+// __launch_bounds__(640) alone took 48 registers and spilled.
 extern "C" __global__ void __maxnreg__(72)
 stage2_backward_split4_kernel(const float* __restrict__ x, const float* __restrict__ w,
                               const unsigned char* __restrict__ arg, const float* __restrict__ dp,
@@ -245,5 +227,5 @@ stage2_backward_split4_kernel(const float* __restrict__ x, const float* __restri
   stage2_backward<4>(x, w, arg, dp, dx, part, dw, db, N, ps);
 }
 #else
-#error "S2B_KS must be 1, 2 or 4"
+#error "S2B_KS must be 4: versions 1 and 2 (KS = 1, 2) are in dev/"
 #endif

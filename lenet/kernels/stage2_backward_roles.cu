@@ -1,9 +1,9 @@
 // module stage2_backward_roles: stage=conv2 direction=backward version=7 threads=256 arch=80 uses=stage_common,tf32,stage2_tiles smem=14056
 // module stage2_backward_roles3: stage=conv2 direction=backward version=8 threads=256 arch=80 define=S2R_VERSION=8 uses=stage_common,tf32,stage2_tiles smem=14056
 // Stage 2's dense backward, versions 7 and 8 (Note [two roles]; version 8 is version 7 budgeted for three
-// blocks an SM, Note [three blocks an SM]): version 6's sums (the same products in the same
-// order: every output bit-identical to version 6's), its warps in two roles that hand each image over
-// through two buffers at named barriers. Same arguments, partial rows and determinism as
+// blocks an SM, Note [three blocks an SM]): version 6's sums (dev/conv2_backward_v6.cu: the same
+// products in the same order, every output bit-identical to version 6's), its warps in two roles that
+// hand each image over through two buffers at named barriers. Same arguments, partial rows and determinism as
 // stage2_backward_dense.cu; its shared memory (56,224 bytes) is dynamic, beyond the 48 KiB a kernel
 // gets without asking (lenet/kernels/launch.py asks).
 //   A block owns images blockIdx.x, blockIdx.x + gridDim.x, ... of its model (image j of the block in
@@ -30,16 +30,12 @@
 // arrived at S2R_EMPTY + b. Barriers (bar.sync / bar.arrive with a thread count): S2R_D among the data
 // warps (128), S2R_FULL + b (the data warps arrive, the tensor warps wait: 256), S2R_EMPTY + b (the
 // tensor warps arrive, the data warps wait: 256), each arrival matched by a wait.
-// On an H100 (scripts/probes/stage_kernels.py, 2026-11-25, g4, version 6's g4 in the same run in brackets),
-// as first written: 135.8-138.2 us at 8192 images (134.8-140.5), 1006.9-1018.4 at 65536 (1016.4-1057.9):
-// level with version 6. ncu at 65536: 10,025 instructions an image, issue 68% of the cycles, the barrier
-// stall 1.0 cycle an instruction (version 6: 2.3), "not selected" 3.3 and "dispatch" 1.6: issue-bound,
-// with the shared-memory pipe (2,340 wavefronts an image) at ~70%. Note [fewer instructions] has what
-// made it faster; scripts/probes/README.md has the steps on the way.
+// As first written it was level with version 6, issue-bound, with the barrier stall cut by half; Note
+// [fewer instructions] has what made it faster (docs/kernels.md, "Stage 2's backward", has the timings).
 //
 // Note [fewer instructions]: what an image costs tracks the instructions issued for it (removing the FFMA
-// data gradient, 5,120 of ~10,000, took 8.5 of 15.5 ns an image; removing the products, ~2,000, took 5.4),
-// so three changes cut instructions that did no arithmetic, each keeping every output bit-identical:
+// data gradient, about half of them, took about half of an image's time), so three changes cut
+// instructions that did no arithmetic, each keeping every output bit-identical:
 //   - the tensor warps' eight k-steps unrolled whole (S2R_Y_UNROLL): a step's loads take their offsets as
 //     immediates, 60 instructions a step where the loop took 76 (a few tile offsets spill, reloaded once an
 //     image);
@@ -48,11 +44,7 @@
 //     reloaded once an image);
 //   - the prologue's copies, the weights' (4 bytes each) and the first image's, all in flight at once
 //     (Note [one round trip]).
-// On H100s (stage_kernels.py, 2026-11-25, g4, two rounds a machine): all three, 128.4-128.6 us at 8192 (15.7
-// ns an image) and 954.0-955.0 at 65536 (14.6 ns); the prologue's alone, 136.1-136.2 / 1021.4-1022.4 (version
-// 6 in the same runs 133.4-133.7 / 1006.3-1006.7); with the channel loop's pointers too, 133.1-134.8 /
-// 989.1-992.1 (version 6 135.8-136.9 / 1016.2-1024.8), and the k-steps unrolled by 2 130.1-131.1 / 982.9-985.7.
-// ncu, the kernel alone in a step: 128.0 / 955.6 us.
+// Together about 6% faster than version 6 at large batches.
 // Then the data warps' other work, counted in SASS (a data thread's instructions an image, the FFMA loop
 // apart): 457 of them besides the loop, of which ~110 made fetch's addresses. Now (every output still
 // bit-identical, stage_kernels.py --same compares bits):
@@ -65,27 +57,20 @@
 //   - the channel loop four channels a step (S2R_K_UNROLL), its first four apart so that a's zeros fold into
 //     their multiply-adds (s2d_data_rows: no 24 registers cleared an image; 32 bytes spilled).
 // A data thread 1,881 -> 1,706 instructions an image, a tensor warp 483 -> 473: 9,456 -> 8,716 warp
-// instructions an image (-7.8%). On H100s (stage_kernels.py with the reduction, g4, 2026-11-25; version 7
-// before this, in the same runs, in brackets): 122.9-124.1 us at 8192 (15.0-15.15 ns) [126.2-130.5], 910.5-
-// 925.2 at 65536 (13.9-14.1) [937.1-966.8].
-// Tried and dropped: the mask kept in registers (the thread that fills a quad also writes its dx): spills
-// grew to 48 bytes and 65536 took 944.5 us against 910-921; the blocks' images weighted by wave (the older
-// blocks, which the schedulers favour, given more): blocks do not share an SM by blockIdx modulo the SM
-// count, so some SMs got the heavy ones together: 143 us at 8192 against 121 (stage2_timeline.py --define).
+// instructions an image (-7.8%), and about as much faster. Tried and dropped: the mask kept in registers
+// (more spills), the blocks' images weighted by wave (blocks do not share an SM by blockIdx modulo the SM
+// count, so some SMs got the heavy ones together). Timings: docs/kernels.md, "Stage 2's backward".
 //
 // Note [one round trip]: a block's prologue copied the weights through registers (loads, then stores, a
 // loop of 7.5 rounds that the compiler unrolled by four: three round trips to L2), and only then sent
 // the first image's copies: four round trips before the first fill. Now every copy of the prologue is a
-// cp.async sent before any is waited for: the prologue is one round trip, 1.4-2.9 us (scripts/probes/
-// stage2_timeline.py, 8192 and 65536 images).
+// cp.async sent before any is waited for: the prologue is one round trip (scripts/probes/stage2_timeline.py).
 //
-// Where the rest of a launch at 8192 images goes (stage2_timeline.py, one launch, g4): each SM's four
-// blocks end in the order of their blockIdx, the first at 80-88 us and the last at 123-128: the warp
-// schedulers favour the oldest block's warps, so for the last ~12 us each SM runs one block alone, at 2.53
-// us an image (a grid of one block an SM, g1) against the SM's 1.91 with two or more: about 3 us of the
-// 128. Balancing that needs images moved between blocks at run time: the weight gradient's products cannot
+// Where the rest of a launch goes (stage2_timeline.py): each SM's blocks end in the order of their blockIdx
+// (the warp schedulers favour the oldest block's warps), so at the end each SM runs one block alone, more
+// slowly. Balancing that needs images moved between blocks at run time: the weight gradient's products cannot
 // move (a block's partial row sums its own images in a fixed order: deterministic sums), its data gradient
-// could (dx is per image); not tried.
+// could (dx is per image); not tried (docs/kernels.md, "Stage 2's backward").
 //
 // Note [three blocks an SM]: version 8 is this file compiled with S2R_VERSION=8: __launch_bounds__(256, 3)
 // in place of (256, 4), so ptxas has 80 registers a thread where it had 64 (version 7 spilled 32 bytes,
@@ -93,18 +78,8 @@
 // (S2R_K_UNROLL) where the 64-register budget held four. Its sums are version 7's, in the same order:
 // every output bit-identical (stage_kernels.py --same, 1,024 to 65,536 images, every grid). Four blocks
 // no longer fit an SM's registers, so it runs three an SM (g3, 24 warps) or two (g2); its fill of an SM is
-// 168 of 228 KiB of shared memory. Per launch with its reduction (scripts/probes/stage_kernels.py, CUDA-
-// graph timed, us; version 7 in the same run in brackets):
-//   H100, 2026-11-27 (built from this file with -DS2R_MIN_BLOCKS=3 -DS2R_K_UNROLL=8, version 8's macros):
-//   g3 119.3 at 8192 images (14.56 ns an image) [g4 123.4, 15.07], 898.2 at 65536 (13.71) [926.0, 14.13];
-//   its g4 (a grid of 4 an SM, three resident: the fourth waits for the first block to end) 120.9 / 902.7;
-//   the 80-register build with version 7's four channels a step, g3, 121.8 / 910.1.
-//   H200, 2026-11-27 (the module): g2 / g3 / g4 at 1024 19.9 / 22.8 / 23.1 [20.9 / 23.3 / 23.4], 2048
-//   34.3 / 35.2 / 36.8 [36.3 / 36.8 / 37.7], 4224 63.8 / 65.5 / 66.2 [67.1 / 68.0 / 67.5], 8192 119.4 /
-//   120.3 / 121.1 [127.0 / 124.7 / 123.6], 65536 917.7 / 909.6 / 916.8 [954.4 / 937.2 / 925.4]; sixteen
-//   channels a step (S2R_K_UNROLL=16) within 0.5% of eight. ncu, the kernel alone in a step (H200): 119.45
-//   us at 8192 (14.58 ns), 904.97 at 65536 (13.81).
-// (Timed before Note [an image's own sums], which adds 1-2% to version 8 and 3% to version 7.)
+// 168 of 228 KiB of shared memory. Faster than version 7 from about 2,000 images on (docs/kernels.md,
+// "Stage 2's backward").
 // HEURISTIC (lenet/kernels/stages.py) takes its g3 from 32 images per SM; below that version 7 stays, whose
 // g2 ran beside the head's kernels of a whole step (heuristic_rows.py), which version 8 has not yet.
 //
@@ -112,18 +87,14 @@
 // accumulators) does not round to nearest: the error of a sum carried across images grew linearly with
 // the images a block sums, as a directed rounding's does (round to nearest's grows as their square root).
 // With one accumulator per tile across all of a block's images, the step's conv2 weight gradient at its
-// own decisions was, in relative L2 from float64 (scripts/probes/bwd_numerics.py, H100, 2026-11-27),
-// at 8192 images 1.01e-5 on g2 (31 images a block), 6.71e-6 on g3, 4.98e-6 on g4, and at 65536
-// 8.78e-5 / 5.85e-5 / 4.37e-5 (248 / 165 / 124 images a block): over the tests' 1e-5 and the search's
-// 3e-5 (descriptors/exact.py), which the plan-time check, at 256 images and a block an image, never saw
+// own decisions was, in relative L2 from float64 (scripts/probes/bwd_numerics.py), up to 1e-5 at 8192
+// images and 8.8e-5 at 65536 (docs/kernels.md, "Note [an image's own sums]"): over the tests' 1e-5 and the
+// search's 3e-5 (descriptors/exact.py), which the plan-time check, at 256 images and a block an image, never saw
 // (Note [checking a stage] in lenet/engines/reference.py now also runs one block over all 256). So the
 // tensor warps sum each image's products (24 mma a tile: 8 k-steps of three products) into registers of
-// their own, from zero, and add those to the block's sums in FADDs (round to nearest): 3.5e-7 to 3.9e-7
-// on every grid at 8192 and 65536, the conv2 bias 1.0e-7 to 2.0e-7 (it was up to 3.1e-5). Version 6
-// (stage2_backward_dense.cu) does the same, so versions 6 to 8 keep the same sums in the same order.
-// Cost (stage_kernels.py, H100, the same run): version 8 g3 121.5 against 119.1 us at 8192 images,
-// 910.6 against 901.1 at 65536 (79 registers, no spill); version 7 g4 128.5 against 124.3 at 8192 (its 64
-// registers now spill 120 bytes where they spilled 32).
+// their own, from zero, and add those to the block's sums in FADDs (round to nearest): below 4e-7 on every
+// grid. Version 6 (dev/conv2_backward_v6.cu) does the same, so versions 6 to 8 keep the same sums in the
+// same order. It costs 1-2% (version 8) and 3% (version 7, whose 64 registers now spill 120 bytes).
 #define S2R_PS 100                        // sp's (c, r) stride: rows of 12 on 16-byte boundaries
 #define S2R_SD (16 * S2D_DS)              // one buffer's conv gradient (floats)
 #define S2R_PLANES (2 * S2D_XP)           // one buffer's image planes, big then small (words)

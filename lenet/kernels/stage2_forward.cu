@@ -5,8 +5,8 @@
 // Note [wide loads]: the weights and each image group come in as float4s, loaded into registers before any
 // is stored (every tensor starts on a 256-byte boundary: lenet/params.py, and an image is 216 float4s), a
 // weight load at most 3 a thread and an image's 1. At one image a block the scalar loop (10 weight loads a
-// thread, then 4 of the image) was the forward's longest part: a step at batch 1 took 2.3 us less with
-// 512 threads a block than with 256 (scripts/probes/heuristic_rows.py, H100).
+// thread, then 4 of the image) was the forward's longest part; at batch 1 a step is faster with 512
+// threads a block than with 256 (docs/kernels.md, "The forwards").
 extern "C" __global__ void __launch_bounds__(512)
 stage2_forward_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
                       float* __restrict__ p, unsigned char* __restrict__ arg, int N, int ps) {

@@ -1,5 +1,5 @@
-// The layouts stage 2's dense backwards share (stage2_backward_dense.cu's versions 4 to 6, and
-// stage2_backward_roles.cu's version 7): the conv gradient sd, one 8-wide row of channel k's 8 rows at
+// The layouts stage 2's dense backwards share (stage2_backward_dense.cu's versions 4 and 5,
+// stage2_backward_roles.cu's 7 and 8, and dev/conv2_backward_v6.cu's 6): the conv gradient sd, one 8-wide row of channel k's 8 rows at
 // k * S2D_DS + y * S2D_RS; the image split into two planes of words (big, then small at + S2D_XP), as
 // x[c, Y, X] at c * 144 + Y * 12 + X, with a region of ones past it for the bias's column.
 #ifndef S2D_RS

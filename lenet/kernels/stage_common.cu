@@ -2,9 +2,10 @@
 // direction fused into one kernel (plus one small reduction for the weight and bias gradients).
 // Launchers and the engine around them: lenet/engines/ours.py and lenet/kernels/stages.py. This file is what the stage modules
 // share (each begins with it): stage1_forward.cu, stage2_forward.cu, stage2_forward_tiled.cu,
-// stage1_backward.cu, stage1_backward_dense.cu, stage2_backward.cu (three versions),
-// stage2_backward_dense.cu (three) and stage_reduce.cu hold one kernel each (a module a version), compiled as modules of their own
-// and in parallel (Note [first run] in descriptors/modules.py).
+// stage1_backward_dense.cu, stage2_backward.cu, stage2_backward_dense.cu (two versions),
+// stage2_backward_roles.cu (two) and stage_reduce.cu hold one kernel each (a module a version), compiled as
+// modules of their own and in parallel (Note [first run] in lenet/kernels/nvrtc.py). The versions no
+// generation's rows take are in dev/ (docs/kernels.md, "What ships").
 //
 // Layouts: NCHW float32. An argmax byte q = 2 * dy + dx names the position of a pooling window's
 // maximum (dy, dx in {0, 1}); the first maximum in the order a00, a01, a10, a11 wins. Its bit 2
@@ -25,12 +26,9 @@
 // lenet/engines/cudnn.py), so a stage's ReLU mask is one bit per pooling window: the forward sets bit 2
 // of the argmax byte where the pooled output is not > 0 (NaN included, as x > 0 is false for it), and
 // the backward reads dp as 0 there (arg_g). So whatever computes dp need not mask it: the head's tail
-// form leaves it to the stage (its dp2 comes from cuBLASLt, and a kernel of its own to mask it took 8.8
-// us at 8192 images on an H100, 63 at 65536). The head masks anyway where the stage below is cuDNN's,
-// whose pooling backward reads no byte of ours (``masks_dy`` in lenet/engines/base.py). Measured on an
-// H100 (scripts/bench.py, ours auto, before against after, alternating in one process each): a step at
-// 65536 images 3150 -> 3078 us; at 8192, 449-452 -> 448-450 (ncu: the two backwards 2 us longer each,
-// stage 1's 54.0 -> 56.3 us, stage 2's 158.5 -> 160.5).
+// form leaves it to the stage (its dp2 comes from cuBLASLt, and a kernel of its own to mask it cost more
+// than the bit: docs/kernels.md, "The head"). The head masks anyway where the stage below is cuDNN's,
+// whose pooling backward reads no byte of ours (``masks_dy`` in lenet/engines/base.py).
 //
 // Weight and bias gradients are deterministic: each block sums its images in a fixed order into
 // its own row of `part`, and stage_reduce_kernel adds the rows in block order. No float atomics.
@@ -53,8 +51,8 @@
 // its rows of partial sums, gridDim.x rows after model m - 1's. Each kernel moves its pointers to its
 // model's first, and the rest of it is the one-model kernel. That is its pack version, a module of its
 // own compiled with LENET_PACK (lenet/kernels/__init__.py: PACK); the one-model module compiles without
-// the offsets, as it did before packs existed (with them, a lone model's step took 1.5 to 6% longer on
-// an H100, same machine, before against after).
+// the offsets, as it did before packs existed (with them, a lone model's step was slower: docs/kernels.md,
+// "Note [one wave for a pack]").
 #ifdef LENET_PACK
 #define PACK_MODEL(ptr, per) ((ptr) = (ptr) ? (ptr) + (size_t)blockIdx.y * (size_t)(per) : (ptr))
 #else
@@ -73,7 +71,7 @@ __device__ __forceinline__ unsigned char arg_byte(int q, float best) {
 
 // A backward's window from its argmax byte a and its dp value v, as loaded: the position q and the
 // gradient g, 0 where the ReLU is off. Applied where the prefetched values are used, not where they are
-// loaded (Note [prefetch]): a select at the load waits for it there (stage 1's dense backward took 70 us
-// at 8192 images on an H100, against 54 before the bit and 56 with the select where it is used).
+// loaded (Note [prefetch]): a select at the load waits for it there (docs/kernels.md, "Stage 1's
+// backward").
 __device__ __forceinline__ int arg_q(int a) { return a & 3; }
 __device__ __forceinline__ float arg_g(int a, float v) { return (a & ARG_OFF) ? 0.f : v; }

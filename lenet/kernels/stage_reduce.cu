@@ -3,7 +3,7 @@
 // dw[i], the rest to db[i - mw]. blockDim.x = 256 (8 warps): block (x, m) owns model m's 32 columns, lane = column;
 // warp w sums rows w, w + 8, w + 16, ... in order, then warp 0 adds the 8 warps' sums in order.
 // Shared: sums (8 x 32) the warps' sums. Many rows (a large grid of partials) are read in parallel:
-// one thread per column looping over every row took ~30 us for 528 rows (ncu, batch 8192).
+// one thread per column looping over every row was slow (docs/kernels.md, "Launches and compiles").
 extern "C" __global__ void __launch_bounds__(256)
 stage_reduce_kernel(const float* __restrict__ part, float* __restrict__ dw, float* __restrict__ db,
                     int rows, int mw, int mb, int ps) {

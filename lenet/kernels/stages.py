@@ -24,60 +24,17 @@ from .launch import Launch, resident
 BACKWARD_BLOCKS_PER_SM = (4, 3, 2, 8, 16)   # the launch shapes a search times (scripts/probes/stage_kernels.py)
 FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 # The heuristic's first candidate, per stage and direction: the first row whose bound the batch's images
-# per SM are below. Chosen on whole steps, not kernels alone (scripts/probes/heuristic_rows.py, an H100
-# of 132 SMs, --engine ours, us a step back to back; forwards' images per block iteration / stage 1's
-# backward / stage 2's backward):
-#   n = 8     i1 / v2 / v3 36.0, i1 / v1 / v3 36.7, i1 / v2 / v4 45.9, i2 / v2 / v3 38.9
-#   n = 64    i1 / v2 / v3 39.6, i1 / v1 / v3 40.9, i1 / v2 / v4 49.0, i2 / v2 / v3 41.8
-#   n = 128   i2 / v2 / v3 50.8, i2 / v1 / v3 51.5, i1 / v1 / v3 58.5, i1 / v2 / v4 76.8
-#   n = 256   i1 / v2 / v2 66.3, i1 / v2 / v4 68.7, i1 / v2 / v3 69.1, i2 / v2 / v3 75.0
-# (a forward of one block per SM or a little fewer is slow in a step: i2 at 128 and i1 at 256 make 64
-# and 256 blocks). From 2 images per SM on, kernels alone (scripts/probes/stage_kernels.py, us):
-#   conv2 backward    n:  512   1024   2048   4096   8192  65536
-#     v2 (split) g4      27.1   47.2   86.1  165.8  317.6   2446
-#     v4 (dense) g2      25.7   35.2   53.1   95.3  177.9   1291
-#     v4 (dense) g4      35.1   41.6   57.3   92.9  160.1   1144
-#     v5 (balanced) g2   22.9   30.7   47.6   82.7  150.9   1104
-#     v5 (balanced) g4   30.9   37.5   53.9   87.4  151.5   1068
-#   (v4 and v5 again on 2026-11-25, same machine: v4 g2 25.0, 34.7, 53.0, 94.5, 177.9, 1297; v4 g4 33.3, 41.7,
-#   57.4, 91.7, 159.7, 1144; at 1, 4 and 64 images v4 and v5 alike, 6.7 / 7.7 / 9.3 us.)
-#   Version 6 (the weight gradient on the tensor cores, Note [three tf32 products] in tf32.cu), 2026-11-25,
-#   the same probe, us, at 1 / 64 / 512 / 2048 / 8192 / 65536 images: g2 5.2, 6.5, 15.8, 41.3, 144.5, 1103;
-#   g4 5.2, 6.5, 17.6, 40.8, 135.8 (16.6 ns an image), 1021.5 (15.6 ns); v5 in the same run g2 6.6, 9.4, 23.3,
-#   47.7, 151.1, 1107; v5 g4 6.6, 10.4, 31.0, 53.9, 152.1, 1072.7; v3 g4 at 1 / 64 images 8.0 / 9.6. Version 6
-#   is the fastest at every batch: its g2 below 8 images per SM, its g4 from there.
-#   Version 7 (version 6's sums in two warp roles, Note [two roles] in stage2_backward_roles.cu), 2026-11-25,
-#   g4 against version 6's g4 in the same run: one machine, two rounds, 135.8 / 138.2 against 138.0 / 140.5 at
-#   8192 and 1006.9 / 1018.4 against 1023.6 / 1057.9 at 65536; another, 137.5 against 134.8 and 1017.5 against
-#   1016.4; its g2 at 65536 1045.8 against 1091.9; at 1024 g2 23.6-23.9 against 23.8-24.4; at 64 6.7-6.9
-#   against 6.5-6.6. Level with version 6 within the runs' spread at 8 images per SM and above, where the
-#   heuristic takes its g4 (its gain not established: a search times both).
-#   Version 7 with fewer instructions (Note [fewer instructions] in stage2_backward_roles.cu), 2026-11-25, against
-#   version 6 in the same run, us: g2 / g4 at 1 image 4.2 / 4.3 (v6 5.1 / 5.1), at 64 5.9 / 5.9 (6.5 / 6.5),
-#   256 10.7 / 10.7 (11.5 / 11.5), 1024 22.1 / 24.4 (23.7 / 24.4), 2048 38.6 / 40.1 (41.6 / 41.3); its g4 at
-#   8192 128.4-128.6 and 65536 954.0-955.0 (v6 133.4-136.9, 1006-1025). On whole steps (heuristic_rows.py,
-#   us back to back, the best forward of each): n = 1 v7 g4 20.0, v7 g2 20.0, v6 g2 20.7; 64: 28.6, 29.3, 28.8;
-#   128: 40.8, 41.8, 41.0; 256: 60.5, 60.3, 60.2; 1024: 90.4, 86.7, 88.7. Version 7 g4 below 2 images per SM,
-#   g2 from there to 32.
-#   Version 8 (version 7 budgeted for three blocks an SM: Note [three blocks an SM] in stage2_backward_roles.cu),
-#   2026-11-27, H100: g3 119.3 at 8192 and 898.2 at 65536 against version 7's g4 123.4 and 926.0 in the same
-#   run; from 32 images per SM the heuristic takes its g3 (g3 is a launch shape every version offers: three
-#   blocks an SM fit version 8's registers, four do not).
-#   conv1 backward v1 g4 / v2 (dense) g2: 8.3 / 6.9 at 512, 13.3 / 10.2 at 1024, 40.2 / 30.5 at 4096,
-#     75.2 / 55.8 at 8192, 557 / 396 at 65536.
-#   conv2 forward v1 i1 g8 / v2 i4 g8: 9.9 / 16.1 at 512, 16.0 / 12.5 at 1024, 109.8 / 76.5 at 8192.
-# At one image (rows below 0.015 images per SM: n = 1 on 132 SMs), after the forwards' wide loads (Note
-# [wide loads] in stage2_forward.cu), heuristic_rows.py: i2 / v2 / v4 22.6, i1 / v2 / v4 23.4, i2 / v2 / v3
-# 23.7, i1 / v2 / v3 24.3 (the one-block step: a dense backward of one block, no reduction after it); at 4
-# images, before those loads, i1 / v2 / v4 27.0 against i1 / v2 / v3 27.8 and i2 / v2 / v4 27.9.
+# per SM are below, chosen on whole steps, not kernels alone (scripts/probes/heuristic_rows.py; the
+# measurements: docs/kernels.md, "The heuristic's rows", and each version's section).
 INF = float("inf")
 # The rows of each generation, keyed by the lowest compute capability they are for: ``table`` takes those
-# of the newest generation at most the GPU's (or LENET_KERNEL_ARCH's). From 90, the rows measured above
-# (programmatic launch between the kernels). Below 90 there is no programmatic launch, and below 80 no
-# tensor-core version of stage 2's backward (cp.async and TF32 products: versions 6-8 declare arch=80).
-# Their rows were measured on an H100 running each generation's code, our kernels compiled as PTX for it
-# (scripts/probes/generations.sh; Note [rows of every generation] in scripts/probes/README.md has the
-# tables). The forwards' rows are those of 90 in each: the other forward shape was within 1.5 us a step.
+# of the newest generation at most the GPU's (or LENET_KERNEL_ARCH's). From 90, with programmatic launch
+# between the kernels. Below 90 there is none, and below 80 no tensor-core version of stage 2's backward
+# (cp.async and TF32 products: versions 7 and 8 declare arch=80), so generation 75's rows take versions 3-5:
+# the fallback where the faster versions cannot run. The rows below 90 were measured on an sm_90 GPU running each
+# generation's code, our kernels compiled as PTX for it (scripts/probes/generations.sh). The forwards' rows
+# are those of 90 in each. Every stage version that ships is taken by some generation's rows; the others
+# are in dev/ (docs/kernels.md, "What ships"; tests/test_kernel_versions_cpu.py).
 ROWS_FROM_90 = {
     ("conv1", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
                            (INF, "fused-fwd-v1-i1-g8")),
@@ -100,8 +57,6 @@ def table(arch: int | None = None) -> dict:
     return HEURISTIC[max((g for g in HEURISTIC if g <= arch), default=min(HEURISTIC))]
 
 
-# conv2's v1 compiles in twice v2's time, which a first run waits for (Note [first run] in
-# lenet/kernels/nvrtc.py): no row names it, so it compiles only when a search times it.
 # The stage shapes our kernels are written for (stage_common.cu's constants): (x, w, dx) -> stage.
 SHAPES = {((1, 28, 28), (6, 1, 5, 5), False): "conv1", ((6, 12, 12), (16, 6, 5, 5), True): "conv2"}
 
@@ -109,18 +64,13 @@ SHAPES = {((1, 28, 28), (6, 1, 5, 5), False): "conv1", ((6, 12, 12), (16, 6, 5, 
 # Note [one wave for a pack]: a launch shape's grid is per_sm blocks on every SM, one wave, each block
 # taking its share of the images in turn. A pack of K models shares that wave: each model gets
 # per_sm * SMs // K blocks, rounded down. Rounded up, the blocks overflowed one wave and the last few ran
-# as a second one: 64 models of 128 images on an H100 (132 SMs) made 17 x 64 = 1088 forward blocks for
-# 1056 slots and 9 x 64 = 576 dense-backward blocks for 528, and each stage took 13-30% longer than one
-# model's at 8192 images (ncu: stage 1's forward 99.9 us against 75.3, stage 2's backward 190.5 against
-# 160.5). Rounded down (and the head's tail grid shared the same way: lenet/kernels/head.py, tail_blocks):
-# stage 1's forward 85.3, stage 2's forward 82.7 (88.5), backward 168.2, stage 1's backward 58.0 (68.7), the
-# tail 15.3 (24.8, its rows four times fewer); the pack's step (scripts/sweep_bench.py) 593.7 -> 530-532 us,
-# 13.8 -> 15.4 M images/s.
+# as a second one, each stage 13-30% slower than one model's (docs/kernels.md, "Note [one wave for a
+# pack]"); the head's tail grid is shared the same way (lenet/kernels/head.py, tail_blocks).
 @dataclass(frozen=True)
 class Forward:
     images: int       # per block iteration
     per_sm: int       # blocks per SM (the grid is at most per_sm * SMs, and at most what the batch needs)
-    version: int = 0  # index into StageKernels.forward
+    version: int = 0  # the version's number less one (its name's v{version + 1}); StageKernels.module finds it
 
     @property
     def name(self) -> str:
@@ -137,7 +87,7 @@ class Forward:
 @dataclass(frozen=True)
 class Backward:
     per_sm: int
-    version: int = 0   # index into StageKernels.backward
+    version: int = 0   # the version's number less one (its name's v{version + 1}); StageKernels.module finds it
 
     @property
     def name(self) -> str:
@@ -158,7 +108,8 @@ class Backward:
 @dataclass(frozen=True)
 class StageKernels:
     """One stage shape's kernels: its forward and backward versions (lenet.kernels.Module, in version
-    order) and the widths of a block's partial-sum row."""
+    order; the numbers of those that ship, which need not be 1, 2, ...: docs/kernels.md, "What ships") and
+    the widths of a block's partial-sum row."""
 
     stage: str
     forward: tuple
@@ -184,26 +135,34 @@ class StageKernels:
     def forward_candidates(self, n: int | None = None) -> list:
         """Every forward launch shape this GPU runs, the heuristic's first at batch n (``table``)."""
         arch = kernel_arch()
-        cands = [Forward(i, g, v) for v, m in enumerate(self.forward) if m.runs_on(arch)
+        cands = [Forward(i, g, m.version - 1) for m in self.forward if m.runs_on(arch)
                  for g in FORWARD_BLOCKS_PER_SM for i in m.images]
         return self._ordered(cands, "forward", n)
 
     def backward_candidates(self, n: int | None = None) -> list:
         """Every backward launch shape this GPU runs, the heuristic's first at batch n (``table``)."""
         arch = kernel_arch()
-        cands = [Backward(g, v) for v, m in enumerate(self.backward) if m.runs_on(arch) for g in BACKWARD_BLOCKS_PER_SM]
+        cands = [Backward(g, m.version - 1) for m in self.backward if m.runs_on(arch) for g in BACKWARD_BLOCKS_PER_SM]
         return self._ordered(cands, "backward", n)
+
+    def _version(self, cand):
+        """The module of ``cand``'s version, or None (a version this package does not ship)."""
+        versions = self.forward if isinstance(cand, Forward) else self.backward
+        return next((m for m in versions if m.version == cand.version + 1), None)
 
     def offers(self, cand) -> bool:
         """Whether ``cand`` is a launch shape of this stage (whatever the GPU: ``refuses`` says that)."""
-        if isinstance(cand, Forward):
-            return 0 <= cand.version < len(self.forward) and cand.images in self.forward[cand.version].images \
-                and cand.per_sm >= 1
-        return 0 <= cand.version < len(self.backward) and cand.per_sm >= 1
+        m = self._version(cand)
+        if m is None or cand.per_sm < 1:
+            return False
+        return not isinstance(cand, Forward) or cand.images in m.images
 
     def module(self, cand):
         """The module (lenet.kernels.Module) a launch shape of this stage runs."""
-        return (self.forward if isinstance(cand, Forward) else self.backward)[cand.version]
+        m = self._version(cand)
+        if m is None:
+            raise ValueError(f"stage {self.stage} has no version {cand.version + 1}: {names()}")
+        return m
 
     def refuses(self, cand, arch: int | None = None) -> str | None:
         """None where this GPU (compute capability ``arch``, default lenet.kernels.arch()) runs ``cand``, else
@@ -224,7 +183,7 @@ def kernels() -> dict[tuple, StageKernels]:
     """(x, w, dx) of a stage -> its kernels, from the declarations."""
     out = {}
     for shape, stage in SHAPES.items():
-        mods = [m for m in declared().values() if m.stage == stage]
+        mods = [m for m in declared().values() if m.stage == stage and m.folder is None]   # dev/'s never ship
         by = {d: tuple(sorted((m for m in mods if m.direction == d), key=lambda m: m.version))
               for d in ("forward", "backward")}
         k, c, r, s = shape[1]
@@ -259,7 +218,7 @@ def names() -> str:
         fwd = ", ".join(f"fused-fwd-v{m.version}-i{{{','.join(map(str, m.images))}}}-gN" for m in ks.forward)
         bwd = ", ".join(f"fused-bwd-v{m.version}-gN" for m in ks.backward)
         out.append(f"{ks.stage}: {fwd}, {bwd}")
-    return "; ".join(out) + " (N blocks per SM, N >= 1)"
+    return "; ".join(out) + " (N blocks per SM, N >= 1; a version not listed is dev/'s, not shipped)"
 
 
 def modules() -> tuple[str, ...]:
@@ -273,13 +232,13 @@ def heuristic_modules(batches=None) -> tuple[str, ...]:
     sizes (without them, for any batch), and the reduction."""
     out = []
     for ks in kernels().values():
-        for direction, versions in (("forward", ks.forward), ("backward", ks.backward)):
+        for direction in ("forward", "backward"):
             rows = table()[(ks.stage, direction)]
             if direction == "backward" and batches:
                 picks = [ks.heuristic(direction, n) for n in batches]
             else:
                 picks = [parse_name(name) for _, name in rows]
-            out += [versions[c.version].name for c in picks]
+            out += [ks.module(c).name for c in picks]
     return tuple(dict.fromkeys(out + ["stage_reduce"]))
 
 
@@ -294,7 +253,7 @@ def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, a
     """A launch of the stage's forward on the first n images of each of ``models`` models (their
     parameters ``ps`` floats apart: Note [model from the grid] in stage_common.cu), on ``stream``; each
     model's grid as ``share`` models (default: all of them) share the SMs, 1 for a lone run's grid."""
-    m = ks.forward[cand.version]
+    m = ks.module(cand)
     for name, a in (("input", x), ("weights", w)):   # Note [wide loads] in stage2_forward.cu
         if getattr(getattr(a, "data", None), "ptr", 0) % 16:
             raise ValueError(f"our stage forward reads its {name} as float4s: they must start on a 16-byte boundary")
@@ -311,9 +270,9 @@ def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w,
     of one block writes dw and db itself, and no reduction runs. ``share`` as for stage_forward: each
     model's weight gradients are summed over its grid's blocks, so a lone run's grid (1) sums them as the
     lone run does (Note [a pack and a lone run] in lenet/pack.py)."""
-    m = ks.backward[cand.version]
+    m = ks.module(cand)
     for name, a in (("input", x), ("input gradient", dx), ("argmax bytes", arg), ("output gradient", dy)):
-        if getattr(getattr(a, "data", None), "ptr", 0) % 16:   # conv2's versions 6 and 7 move 16 bytes at a time
+        if getattr(getattr(a, "data", None), "ptr", 0) % 16:   # conv2's versions 7 and 8 move 16 bytes at a time
             raise ValueError(f"our stage backward moves its {name} 16 bytes at a time: it must start on a 16-byte "
                              "boundary")
     fn = function(m, models)   # each model on its lone run's grid (share 1): the plain build's residency, its grid

@@ -1,13 +1,13 @@
-// Float32 products on the tensor cores, for the stage kernels that use them (stage2_backward_dense.cu's
-// version 6).
+// Float32 products on the tensor cores, for the stage kernels that use them (stage2_backward_roles.cu's
+// versions 7 and 8).
 //
 // Note [three tf32 products]: a float32 operand v is split into big = tf32(v) and small = tf32(v - big),
 // and each product a b is three m16n8k8 TF32 products, small(a) big(b) + big(a) small(b) + big(a) big(b)
 // (the small * small term, ~2^-22 of the product, dropped; as CUTLASS's 3xTF32), accumulated in float32:
 // within float32's accuracy of the exact sum, not TF32's (the planner's check and tests/test_stages_gpu.py
-// hold these kernels to the float32 kernels' bounds). On an H100 (scripts/probes/mma_rate.py) mma.sync's
-// m16n8k8 TF32 product issues at 0.6 a cycle and SM, 612 multiply-adds, against FFMA's 111: three of them
-// make 204 float32 multiply-adds a cycle, 1.8 times the FMA pipe's, in a pipe of its own.
+// hold these kernels to the float32 kernels' bounds). Three TF32 products still make more float32
+// multiply-adds a cycle than the FMA pipe, in a pipe of their own (scripts/probes/mma_rate.py;
+// docs/kernels.md, "Launches and compiles").
 
 // cvt.rna.tf32.f32 as its two integer steps, without the instruction's test for Inf and NaN (4 instructions
 // on sm_90): a NaN's big part may come out an Inf or a zero, but its small part, v - big, is a NaN, so the

@@ -10,7 +10,7 @@ mkdir -p "$out"
 export CUDA_VISIBLE_DEVICES=$gpu LENET_KERNEL_ARCH=$arch PYTHONUNBUFFERED=1 LENET_PLAN_CACHE=/tmp/plans-$arch.json
 [ "$arch" = 90 ] && unset LENET_KERNEL_ARCH
 python3 scripts/probes/resident.py > "$out/resident.txt" 2>&1
-if [ "$arch" -ge 80 ]; then b2="fused-bwd-v6-g2 fused-bwd-v7-g2 fused-bwd-v7-g4 fused-bwd-v8-g3"
+if [ "$arch" -ge 80 ]; then b2="fused-bwd-v7-g2 fused-bwd-v7-g4 fused-bwd-v8-g3"
 else b2="fused-bwd-v3-g4 fused-bwd-v4-g2 fused-bwd-v4-g4 fused-bwd-v5-g2 fused-bwd-v5-g4"; fi
 python3 scripts/probes/heuristic_rows.py --steps 200 --batch 1 64 128 256 1024 --conv2-backward $b2 \
     > "$out/rows_small.txt" 2>&1

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 FORWARDS = ("fused-fwd-v1-i1-g8", "fused-fwd-v1-i2-g8")
 STAGE1_BACKWARDS = ("fused-bwd-v2-g2",)
-STAGE2_BACKWARDS = ("fused-bwd-v6-g2", "fused-bwd-v7-g2", "fused-bwd-v7-g4")
+STAGE2_BACKWARDS = ("fused-bwd-v7-g2", "fused-bwd-v7-g4", "fused-bwd-v8-g3")
 
 
 def time_steps(model, x, y, steps: int) -> tuple[float, list[float], float]:

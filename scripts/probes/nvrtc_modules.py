@@ -4,7 +4,7 @@ threads of one process, then all at once in processes of their own; each measure
 process (NVRTC answered a second compile of one source in a process from memory). No GPU needed:
 the architecture is named.
 
-    python3 scripts/probes/nvrtc_modules.py [--arch 90] [--only head stage2_backward ...]
+    python3 scripts/probes/nvrtc_modules.py [--arch 90] [--only head stage2_backward_split4 ...]
 """
 
 from __future__ import annotations

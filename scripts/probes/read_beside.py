@@ -40,8 +40,8 @@ def main() -> None:
 
     print(f"read alone: {read():.3f} s, {read():.3f} s")
     nv = modules.nvrtc()
-    names = [*kernels.COMMON_MODULES, "stage1_forward", "stage1_backward", "stage2_forward", "stage2_forward_tiled",
-             "stage2_backward_split4", "stage2_backward_split"]
+    names = [*kernels.COMMON_MODULES, "stage1_forward", "stage1_backward_dense", "stage2_forward", "stage2_forward_tiled",
+             "stage2_backward_split4", "stage2_backward_balanced"]
     for k in (6, 12):
         took: dict = {}
 

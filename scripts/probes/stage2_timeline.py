@@ -87,7 +87,7 @@ def main() -> int:
             part = cupy.empty((max(args.per_sm) * ours.sm_count(), ks.width), cupy.float32)
             cupy.cuda.runtime.deviceSynchronize()
             ours.stage_forward(ks, ks.forward_candidates()[0], n, stream, x, w, b, y, arg)()
-            version = next(i for i, m in enumerate(ks.backward) if m.name == name)
+            version = next(m.version - 1 for m in ks.backward if m.name == name)
             for per_sm in args.per_sm:
                 cand = ours.Backward(per_sm, version)
                 run = ours.stage_backward(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)

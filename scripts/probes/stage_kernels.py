@@ -90,21 +90,21 @@ def main() -> int:
                         return args.kernel is None or any(k in name for k in args.kernel)
 
                     for cand in ks.forward_candidates():
-                        if not wanted(ks.forward[cand.version].name):
+                        if not wanted(ks.module(cand).name):
                             continue
                         run = ours.stage_forward(ks, cand, n, stream, x, w, b, y, arg)
                         ms = once(run, stream) if args.once else time_launcher(run, stream)
-                        rows.append({"define": define, "kernel": ks.forward[cand.version].name, "shape": cand.name, "n": n,
+                        rows.append({"define": define, "kernel": ks.module(cand).name, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
                     cupy.cuda.runtime.deviceSynchronize()   # the inputs (made on the null stream) are ready
                     # the backward's argmax bytes from a forward, whichever forwards were timed
                     ours.stage_forward(ks, ks.forward_candidates()[0], n, stream, x, w, b, y, arg)()
                     for cand in ks.backward_candidates():
-                        if not wanted(ks.backward[cand.version].name):
+                        if not wanted(ks.module(cand).name):
                             continue
                         run = ours.stage_backward(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
                         ms = once(run, stream) if args.once else time_launcher(run, stream)
-                        rows.append({"define": define, "kernel": ks.backward[cand.version].name, "shape": cand.name, "n": n,
+                        rows.append({"define": define, "kernel": ks.module(cand).name, "shape": cand.name, "n": n,
                                      "us": ms * 1e3, "ns_per_image": ms * 1e6 / n})
                         if args.same:
                             got = [cupy.asnumpy(a) for a in (dw, db, dx) if a is not None]
