@@ -577,7 +577,10 @@ def start_gpu() -> None:
     these threads may be inside an import or a CUDA call. Then the compiles of the modules every
     program launches (``_start_compiles``)."""
     global _started_early
+    from . import cli
+
     _started_early = True
+    cli.leave_without_teardown()
     _start_preload()
     _start_compiles(None)
 

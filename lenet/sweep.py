@@ -205,7 +205,9 @@ def parser() -> cli.Parser:
                         "median pruner)")
     s.add_argument("--pack-size", type=cli.positive_int, default=None, metavar="K",
                    help=f"models trained together in one step (default: as many as the grid has, up to {MAX_PACK})")
-    cli.add_algorithm_flags(p, None, "exhaustive, a pack's plan searched once and kept in the plan cache; where "
+    from .engines import FLAGS, Policy
+
+    cli.add_algorithm_flags(p, FLAGS, Policy.parse, None, "exhaustive, a pack's plan searched once and kept in the plan cache; where "
                                      "every pack holds at most 4 images per SM, heuristic, so that each model "
                                      "chooses and sums as its lone `lenet train` run does; with --deterministic, "
                                      "heuristic, so that timing decides nothing and each model is its lone "
@@ -638,7 +640,9 @@ def main(argv=None) -> int:
     import sys
 
     args = parser().parse_args(argv)
-    policy = cli.policy_from(args)
+    from .engines import Policy
+
+    policy = cli.policy_from(args, Policy)
     if args.gpus is not None:   # one worker per GPU: lenet/workers.py
         from . import workers
 

@@ -149,7 +149,9 @@ def parser() -> cli.Parser:
                    help="seed of the init and the batch order, an integer >= 0 (default: 0)")
     cli.add_split_flags(p)
     _recipe_flags(p.add_argument_group("recipe"))
-    cli.add_algorithm_flags(p)
+    from .engines import FLAGS, Policy
+
+    cli.add_algorithm_flags(p, FLAGS, Policy.parse)
     cli.add_speed_flags(p)
     _output_flags(p)
     return p
@@ -579,7 +581,9 @@ def start_plotter(args) -> Plotter | None:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    policy = cli.policy_from(args)
+    from .engines import Policy
+
+    policy = cli.policy_from(args, Policy)
     plotter = start_plotter(args)   # Note [plotting in a child] in lenet/plot.py
     with startup.starting(args.engine, (args.batch_size, args.eval_batch_size)):   # Note [overlapped start-up]
         run = prepare(args)   # everything that needs no GPU, first

@@ -33,7 +33,9 @@ def parser() -> cli.Parser:
                    help="untimed steps first, their updates undone (default: 3)")
     p.add_argument("--seed", type=cli.nonneg_int, default=0,
                    help="seed of the parameters and the batch, an integer >= 0 (default: 0)")
-    cli.add_algorithm_flags(p)
+    from .engines import FLAGS, Policy
+
+    cli.add_algorithm_flags(p, FLAGS, Policy.parse)
     cli.add_speed_flags(p)
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="IDX dataset to take the batch from (default: look in $LENET_DATA, ./data/<name>, "
@@ -77,7 +79,9 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    policy = cli.policy_from(args)
+    from .engines import Policy
+
+    policy = cli.policy_from(args, Policy)
     if args.overwrite and args.dump is None:
         raise ValueError("--overwrite is for --dump PATH: without it the program writes nothing")
     if args.dump is not None:
