@@ -653,7 +653,7 @@ def main(argv=None) -> int:
         study.check(args)
         root = cli.run_splits(args)[0]   # the dataset, checked here once (each worker reads it again)
         return workers.run(args, list(sys.argv[1:] if argv is None else argv), start_plotter(args), root)
-    from .model import check_pack
+    from .checks import check_pack
 
     check_pack(policy, 2)   # an engine for every operation of a pack, before anything is read
     plotter = start_plotter(args)
@@ -704,7 +704,7 @@ def check_pack_memory(args, run, policy) -> None:
     with it, one line naming how many fit, before any allocation."""
     import cupy
 
-    from .model import check_memory, models_that_fit
+    from .checks import check_memory, models_that_fit
 
     sizes = [k for k, _ in pack_shapes(args, run)]
     batch = max(max(args.batch_size), min(args.eval_batch_size, len(run["evals"][0])))
