@@ -31,8 +31,8 @@ def check_batch(x, y, max_batch: int) -> int:
         raise ValueError(f"images must be floating point, got dtype {x.dtype}")
     on_gpu = type(x).__module__.split(".")[0] != "numpy"
     # The labels (n integers) are read on the host; a device batch's images are counted by a kernel of
-    # ours: CuPy's min, max and isfinite().all() reduce through CUB, each a module NVRTC compiles for
-    # 2-2.5 s on a first run (Note [first run] in lenet/kernels/nvrtc.py).
+    # ours: CuPy's min, max and isfinite().all() reduce through CUB, each a module NVRTC compiles on a
+    # first run (docs/model.md, "A batch's check on the device").
     labels = y.get() if hasattr(y, "get") else np.asarray(y)
     lo, hi = int(labels.min()), int(labels.max())
     if lo < 0 or hi >= CLASSES:

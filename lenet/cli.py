@@ -361,8 +361,8 @@ def leave(code: int) -> None:
     Note [fast exit]: when a program's main returns, every file it wrote is complete (the writer
     thread was waited for, each write atomic) and the GPU has finished. What Python's teardown
     would still do is release memory the process is about to lose anyway: CuPy's pools, the
-    cuDNN and cuBLAS handles, the modules' globals, one by one; 0.15-0.25 s of a run's wall clock
-    on an H100 machine (scripts/probes/train_timeline.py). Only a program's entry point (cli.run)
+    cuDNN and cuBLAS handles, the modules' globals, one by one: a share of a run's wall clock worth
+    saving (docs/model.md, "Fast exit"). Only a program's entry point (cli.run)
     calls this; the leak check frees everything itself (scripts/profile_step.py) and never comes
     here, and an unexpected exception still leaves through the interpreter with its traceback.
     A cache entry still being written (files.write_later, a compiled module) is waited for first."""

@@ -600,9 +600,8 @@ class Trainer:
 
 def start_plotter(args) -> Plotter | None:
     """The plotting child for --out, started before the start-up so that matplotlib's import and
-    its first figure (0.7 s on the GPU machine, 2.2 s on a first run) are done by the time the last
-    epoch asks for a drawing: started when the loop began, it kept a fast run 0.37-0.47 s at its
-    end. The one lenet.startup.begin started before the imports when it saw --out (Note [the
+    its first figure are done by the time the last epoch asks for a drawing (started when the loop
+    began, it kept a fast run waiting at its end: docs/model.md, "The plotting child"). The one lenet.startup.begin started before the imports when it saw --out (Note [the
     plotting child's first run] in lenet/plot.py), else one started now. It draws nothing until
     asked, and leaves when this process does, whatever happens before the loop."""
     early = take_early()

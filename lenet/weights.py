@@ -43,8 +43,7 @@ class Weights:
 
     def save(self):
         # On the model's stream: a copy on another stream could still be pending when the warm-up run
-        # changes the state or the restore reads the copy (a race seen on an H100: docs/model.md, "The
-        # warm-up's state").
+        # changes the state or the restore reads the copy (a race seen: docs/model.md, "The warm-up's state").
         with self.stream:
             return [copy_of(a) for a in self.state()]
 
