@@ -1,4 +1,7 @@
-"""What the programs share: flags for algorithms and sizes, one-line errors, the GPU facts."""
+"""What the programs share: flags for algorithms and sizes, one-line errors, the GPU facts.
+
+A floor below the engines and the model: what it needs of them (the --engine choices, the Policy that
+checks --algo and is made from the flags, the model whose facts it prints) the program hands it."""
 
 from __future__ import annotations
 
@@ -7,9 +10,17 @@ import os
 import re
 import sys
 
-from . import __version__, startup
+from . import __version__
 
 _invoked_as: str | None = None   # set by the `lenet` command: "lenet train"
+_leaves_fast = False   # set by lenet.startup.start_gpu: its threads may be inside an import or a CUDA call
+
+
+def leave_without_teardown() -> None:
+    """From now on the parser's exits (--help, a bad flag) go through ``leave``: threads started before the
+    flags were parsed (lenet.startup.start_gpu) may be inside an import or a CUDA call."""
+    global _leaves_fast
+    _leaves_fast = True
 
 
 def invoked_as(name: str) -> None:
@@ -89,7 +100,7 @@ class Parser(argparse.ArgumentParser):
 
         if message:
             last_line(message, status)   # one last line, whatever signal comes (lenet/interrupt.py)
-        if not startup.started_early():
+        if not _leaves_fast:
             super().exit(status)
         leave(status)   # start_gpu's threads may be inside an import or a CUDA call
 
@@ -174,29 +185,30 @@ def accuracy(text: str) -> float:
     return v
 
 
-def algo_spec(text: str) -> str:
-    # Names are checked here, without a GPU; support for the shapes is checked when the model is built.
-    from .engines import Policy
+def algo_spec(parse):
+    """--algo's type: the text, once ``parse`` (lenet.engines.Policy.parse) takes it. Names are checked here,
+    without a GPU; support for the shapes is checked when the model is built."""
+    def check(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text
+    return check
 
-    try:
-        Policy.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
-
-def add_algorithm_flags(p: argparse.ArgumentParser, algo: str | None = "heuristic", algo_default: str = "") -> None:
-    """The engine and algorithm flags; ``algo``: --algo's default (None: the program resolves it after the
-    parse, as ``algo_default`` says)."""
-    from .engines import FLAGS
-
+def add_algorithm_flags(p: argparse.ArgumentParser, flags: tuple, parse, algo: str | None = "heuristic",
+                        algo_default: str = "") -> None:
+    """The engine and algorithm flags: ``flags``, --engine's choices, and ``parse``, what checks an --algo
+    spec (lenet.engines' FLAGS and Policy.parse, passed by the program); ``algo``: --algo's default (None: the
+    program resolves it after the parse, as ``algo_default`` says)."""
     g = p.add_argument_group("stages and convolutions: engines, algorithms, chunks")
-    g.add_argument("--engine", choices=FLAGS, default="auto",
+    g.add_argument("--engine", choices=flags, default="auto",
                    help="auto: every engine competes and the fastest measured wins, per stage and batch size "
                         "(our fused kernels, and cuDNN's descriptor API and graph API for each convolution); "
                         "ours: our fused stage kernels only; legacy: cuDNN's descriptor API only; graph: "
                         "cuDNN's graph API only (needs nvidia-cudnn-frontend) (default: auto)")
-    g.add_argument("--algo", type=algo_spec, default=algo, metavar="SPEC",
+    g.add_argument("--algo", type=algo_spec(parse), default=algo, metavar="SPEC",
                    help="heuristic (each engine's first-ranked candidate, timed against the others'), "
                         "exhaustive (time every candidate), one cuDNN algorithm or graph plan name for every "
                         "direction that has it (e.g. fft, implicit_gemm, eng0; the stages then run on cuDNN), "
@@ -278,11 +290,10 @@ def add_speed_flags(p: argparse.ArgumentParser) -> None:
                         "bias/ReLU/bias-gradient epilogues (default: on)")
 
 
-def policy_from(args):
-    """The Policy the flags ask for; a one-line ValueError where the engine they name cannot run under the
-    rest (the engines' own rules: lenet.engines.registry.flag_errors), or cannot run here (Policy.checked)."""
-    from .engines import Policy
-
+def policy_from(args, Policy):
+    """The Policy (lenet.engines.Policy, passed by the program) the flags ask for; a one-line ValueError where
+    the engine they name cannot run under the rest (the engines' own rules: lenet.engines.registry.flag_errors),
+    or cannot run here (Policy.checked)."""
     return Policy.parse(args.algo, workspace_limit=args.workspace_limit, deterministic=args.deterministic,
                         allow_winograd=args.allow_winograd, engine=args.engine, allow_tf32=args.allow_tf32,
                         chunk=args.chunk, fused=args.fused).checked()
@@ -351,8 +362,8 @@ def leave(code: int) -> None:
     Note [fast exit]: when a program's main returns, every file it wrote is complete (the writer
     thread was waited for, each write atomic) and the GPU has finished. What Python's teardown
     would still do is release memory the process is about to lose anyway: CuPy's pools, the
-    cuDNN and cuBLAS handles, the modules' globals, one by one; 0.15-0.25 s of a run's wall clock
-    on an H100 machine (scripts/probes/train_timeline.py). Only a program's entry point (cli.run)
+    cuDNN and cuBLAS handles, the modules' globals, one by one: a share of a run's wall clock worth
+    saving (docs/model.md, "Fast exit"). Only a program's entry point (cli.run)
     calls this; the leak check frees everything itself (scripts/profile_step.py) and never comes
     here, and an unexpected exception still leaves through the interpreter with its traceback.
     A cache entry still being written (files.write_later, a compiled module) is waited for first."""

@@ -366,6 +366,23 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     record the GPU's status (require_gpu() finds it cached) and, where the engine may use the graph
     API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread (Note [cuDNN's
     first call]) and build and drop one tiny graph with one plan."""
+    _preload_stack(driver)
+    name = engine()
+    import descriptors.graph  # noqa: F401 (here, before lenet.model, as ever: _first_graph finds it imported)
+    from descriptors.handle import gpu_status
+
+    from .engines import uses_frontend
+
+    importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
+    mark("preload thread: descriptors, lenet.model imported")
+    up = driver is not None and gpu_status()[0]
+    if uses_frontend(name):
+        _first_graph(name, up, driver)
+
+
+def _preload_stack(driver: threading.Thread | None) -> None:
+    """The preload's part before the engine is known: libcudnn located, CuPy and the cuBLAS bindings
+    imported, the CUDA runtime started once the driver's thread has the context."""
     global _cudnn_path
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib
@@ -395,18 +412,14 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
             mark("preload thread: CUDA runtime started")
         except cupy.cuda.runtime.CUDARuntimeError:   # no GPU: require_gpu() says so, in its turn
             pass
-    name = engine()
+
+
+def _first_graph(name: str, up: bool, driver: threading.Thread | None) -> None:
+    """The frontend imported and, with a GPU up, one tiny graph built and dropped (unless no stored choice
+    of --engine auto runs cuDNN)."""
     from descriptors import Handle
     from descriptors.graph import ConvGraph, available
-    from descriptors.handle import gpu_status
 
-    from .engines import uses_frontend
-
-    importlib.import_module(f"{__package__}.model")   # here, so the program's own import finds it done
-    mark("preload thread: descriptors, lenet.model imported")
-    up = driver is not None and gpu_status()[0]
-    if not uses_frontend(name):
-        return
     if up and name == "auto" and not _cudnn_stored():   # before the frontend's import, which costs too
         mark("preload thread: no first cuDNN graph (no stored choice runs cuDNN)")   # nor the frontend
         return
@@ -574,7 +587,10 @@ def start_gpu() -> None:
     these threads may be inside an import or a CUDA call. Then the compiles of the modules every
     program launches (``_start_compiles``)."""
     global _started_early
+    from . import cli
+
     _started_early = True
+    cli.leave_without_teardown()
     _start_preload()
     _start_compiles(None)
 

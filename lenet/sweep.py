@@ -174,6 +174,13 @@ def parser() -> cli.Parser:
                    help="also evaluate every finished model on the test split, once, at its end: reported apart "
                         "(test_accuracy in its row), never ranked on")
     cli.add_split_flags(p)
+    _grid_flags(p)
+    _search_flags(p)
+    _output_flags(p)
+    return p
+
+
+def _grid_flags(p) -> None:
     g = p.add_argument_group("the grid (every flag takes one or more values; ranges LOW:HIGH for --search optuna)")
     for dest, (kind, what) in FLAG_TYPES.items():
         default = getattr(FAST, dest)
@@ -185,6 +192,12 @@ def parser() -> cli.Parser:
     g.add_argument("--tta", action=__import__("argparse").BooleanOptionalAction, default=True,
                    help="score each evaluated image on the mean of its logits and its mirror's (default: on, "
                         "as the fast recipe)")
+
+
+def _search_flags(p) -> None:
+    """The search, the engines and the speed flags, and the workers (--gpus)."""
+    from .engines import FLAGS, Policy
+
     s = p.add_argument_group("search")
     s.add_argument("--search", choices=("grid", "optuna"), default="grid",
                    help="grid: every combination; optuna: an Optuna study picks --trials configurations from the "
@@ -205,23 +218,25 @@ def parser() -> cli.Parser:
                         "median pruner)")
     s.add_argument("--pack-size", type=cli.positive_int, default=None, metavar="K",
                    help=f"models trained together in one step (default: as many as the grid has, up to {MAX_PACK})")
-    cli.add_algorithm_flags(p, None, "exhaustive, a pack's plan searched once and kept in the plan cache; where "
-                                     "every pack holds at most 4 images per SM, heuristic, so that each model "
-                                     "chooses and sums as its lone `lenet train` run does; with --deterministic, "
-                                     "heuristic, so that timing decides nothing and each model is its lone "
-                                     "`lenet train --deterministic` run, bit for bit")
+    cli.add_algorithm_flags(p, FLAGS, Policy.parse, None,
+                            "exhaustive, a pack's plan searched once and kept in the plan cache; where every pack "
+                            "holds at most 4 images per SM, heuristic, so that each model chooses and sums as its "
+                            "lone `lenet train` run does; with --deterministic, heuristic, so that timing decides "
+                            "nothing and each model is its lone `lenet train --deterministic` run, bit for bit")
     cli.add_speed_flags(p)
     s.add_argument("--gpus", type=_gpus, default=None, metavar="all|I,J",
                    help="--search optuna: one worker per GPU (all, or indices such as 0,2) over one study, its "
                         "storage a journal file under --out unless --storage names one; the workers' results "
                         "merged under --out (default: this process alone, on GPU 0)")
+
+
+def _output_flags(p) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--out", metavar="DIR", help="write the results, curves, the best model and its export here "
                                               "(default: none: print the table only)")
     o.add_argument("--resume", action="store_true", help="continue the sweep in --out where it stopped")
     o.add_argument("--overwrite", action="store_true", help="replace an earlier sweep in --out")
     o.add_argument("--quiet", action="store_true", help="plain log lines, no progress bar")
-    return p
 
 
 def grid(args) -> list[Config]:
@@ -638,7 +653,9 @@ def main(argv=None) -> int:
     import sys
 
     args = parser().parse_args(argv)
-    policy = cli.policy_from(args)
+    from .engines import Policy
+
+    policy = cli.policy_from(args, Policy)
     if args.gpus is not None:   # one worker per GPU: lenet/workers.py
         from . import workers
 
@@ -649,7 +666,7 @@ def main(argv=None) -> int:
         study.check(args)
         root = cli.run_splits(args)[0]   # the dataset, checked here once (each worker reads it again)
         return workers.run(args, list(sys.argv[1:] if argv is None else argv), start_plotter(args), root)
-    from .model import check_pack
+    from .checks import check_pack
 
     check_pack(policy, 2)   # an engine for every operation of a pack, before anything is read
     plotter = start_plotter(args)
@@ -700,7 +717,7 @@ def check_pack_memory(args, run, policy) -> None:
     with it, one line naming how many fit, before any allocation."""
     import cupy
 
-    from .model import check_memory, models_that_fit
+    from .checks import check_memory, models_that_fit
 
     sizes = [k for k, _ in pack_shapes(args, run)]
     batch = max(max(args.batch_size), min(args.eval_batch_size, len(run["evals"][0])))

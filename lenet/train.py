@@ -149,7 +149,9 @@ def parser() -> cli.Parser:
                    help="seed of the init and the batch order, an integer >= 0 (default: 0)")
     cli.add_split_flags(p)
     _recipe_flags(p.add_argument_group("recipe"))
-    cli.add_algorithm_flags(p)
+    from .engines import FLAGS, Policy
+
+    cli.add_algorithm_flags(p, FLAGS, Policy.parse)
     cli.add_speed_flags(p)
     _output_flags(p)
     return p
@@ -313,10 +315,98 @@ def prepare(args) -> dict:
             "resume": resume, "meta": meta, "params": params_flat, "velocity": velocity_flat, "done": done}
 
 
+class Outputs:
+    """What a run writes under --out (RUN_FILES): the checkpoint and the metrics lines on the writer thread,
+    the curves by the plotting child; the seconds spent writing go to ``clock["writing"]``. Without --out,
+    nothing."""
+
+    def __init__(self, out: Path | None, model, clock: dict):
+        self.out, self.model, self.clock = out, model, clock
+        self.written: set = set()
+        self.checkpoint_path = out / "checkpoint.npz" if out else None
+        self.plotter = self.writer = None
+        self.last_plot = 0.0   # set when the loop begins
+
+    def open(self, plotter: Plotter | None, overwrite: bool) -> None:
+        """The output folder (emptied of an earlier run when ``overwrite``) and the writer thread; the
+        plotting child, started with the program (``start_plotter``), draws into it from now on."""
+        out = self.out
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            if overwrite:
+                for name in RUN_FILES:
+                    (out / name).unlink(missing_ok=True)
+            self.plotter = plotter
+            self.writer = Background()
+
+    def checkpoint(self, m: dict, now: bool = False) -> None:
+        """The checkpoint (``m``: where the run stands, its configuration), on the writer thread, or written
+        before returning (``now``)."""
+        if self.out is None:
+            return
+        t = time.perf_counter()
+        params_flat, velocity_flat, ema_flat = self.model.flat_state()   # waits for the step in flight
+        path = self.checkpoint_path
+        job = (lambda: ckpt.save(path, params_flat, velocity_flat, m, ema_flat))
+        if now:
+            self.writer.wait()
+            job()
+        else:
+            self.writer.submit("checkpoint", job)
+        self.written.add("checkpoint.npz")
+        self.clock["writing"] += time.perf_counter() - t
+
+    def has_checkpoint(self) -> bool:
+        """Whether a checkpoint stands under --out (this run's, once its writes are done, or one before it)."""
+        if self.writer is not None:
+            self.writer.wait()
+        return bool("checkpoint.npz" in self.written or (self.out and (self.out / "checkpoint.npz").exists()))
+
+    def metrics(self, rec: dict, history: list, epochs: int, last: bool) -> None:
+        """An epoch's metrics line and (at most every PLOT_SECONDS, and last) the plot."""
+        t = time.perf_counter()
+        line, out = json.dumps(rec), self.out
+        self.writer.submit(f"metrics {rec['epoch']}", lambda: files.append_line(out / "metrics.jsonl", line))
+        self.written.add("metrics.jsonl")
+        if self.plotter is not None:   # every epoch, written at most every PLOT_SECONDS (Note [the last drawing])
+            write = last or time.perf_counter() - self.last_plot >= PLOT_SECONDS
+            self.plotter.draw(history, epochs=epochs, write=write)
+            if write:
+                self.last_plot = time.perf_counter()
+        self.clock["writing"] += time.perf_counter() - t
+
+    def close(self) -> str | None:
+        """Wait for the writes and the plots asked for; a note for the last line when curves.png was not written."""
+        if self.writer is not None:
+            t = time.perf_counter()
+            self.writer.close()
+            self.clock["writing"] += time.perf_counter() - t
+        if self.plotter is None:
+            return " (curves.png skipped: matplotlib is not installed)" if self.out else None
+        t = time.perf_counter()
+        err = self.plotter.close()
+        self.clock["writing"] += time.perf_counter() - t
+        if err is None and (self.out / "curves.png").exists():
+            self.written.add("curves.png")
+            return None
+        return f" (curves.png not written: {err or 'no epoch finished'})"
+
+    def stopped_at_once(self) -> str:
+        """After a second signal: a write in flight finishes (atomic either way); where the last checkpoint is."""
+        if self.writer is not None:
+            self.writer.close(timeout=5.0)
+        path = self.checkpoint_path
+        return f"the last good checkpoint is {path}" if self.out and path.exists() else "no checkpoint was written"
+
+    def wrote(self) -> str | None:
+        """The files this run wrote, in RUN_FILES' order (None: none)."""
+        return ", ".join(str(self.out / n) for n in RUN_FILES if n in self.written) if self.written else None
+
+
 class Trainer:
     """One training run on the GPU, after prepare(): the model and the data on the GPU, the schedule,
-    and what the run writes under --out. ``run()`` trains epoch by epoch (``epoch``), evaluates after
-    each (``evaluate``), writes the checkpoint (``save_checkpoint``), the metrics line and the plot
+    and what the run writes under --out (``Outputs``). ``run()`` trains epoch by epoch (``epoch``), evaluates
+    after each (``evaluate``), writes the checkpoint (``save_checkpoint``), the metrics line and the plot
     (``record``), and ends with the report (``report``); each returns or raises what main turns into
     an exit status."""
 
@@ -353,11 +443,10 @@ class Trainer:
         for n in {B if train.size >= B else train.size, train.size - (self.steps - 1) * B, min(E, test.size),
                   test.size % E or E}:
             self.model.plan(n)
-        self.written: set = set()
-        self.checkpoint_path = self.out / "checkpoint.npz" if self.out else None
-        self.plotter = self.writer = None
         self.clock = {"start-up": 0.0, "training": 0.0, "evaluation": 0.0, "writing": 0.0}
-        self.t_begin = self.last_plot = 0.0   # set by open_outputs, when the loop begins
+        self.outputs = Outputs(self.out, self.model, self.clock)
+        self.checkpoint_path = self.outputs.checkpoint_path
+        self.t_begin = 0.0   # set by open_outputs, when the loop begins
         self.reached = None
 
     @staticmethod
@@ -378,42 +467,20 @@ class Trainer:
                  + (f" | {', '.join(r for r in recipe if r)}" if any(recipe) else ""))
 
     def open_outputs(self, plotter: Plotter | None) -> None:
-        """The output folder (emptied of an earlier run with --overwrite) and the writer thread; the
-        plotting child, started with the program (``start_plotter``), draws into it from now on."""
-        out = self.out
-        if out:
-            out.mkdir(parents=True, exist_ok=True)
-            if self.meta is None and self.args.overwrite:
-                for name in RUN_FILES:
-                    (out / name).unlink(missing_ok=True)
-            self.plotter = plotter
-            self.writer = Background()
+        """The outputs (Outputs.open: emptied of an earlier run with --overwrite); the start-up's end."""
+        self.outputs.open(plotter, self.meta is None and self.args.overwrite)
         self.clock["start-up"] = startup.process_seconds()   # start-up ends here: the loop begins
         self.t_begin = time.perf_counter() - self.clock["start-up"]   # the program's start, on perf_counter's scale
-        self.last_plot = time.perf_counter()
+        self.outputs.last_plot = time.perf_counter()
 
     def save_checkpoint(self, epoch_done: int, step: int, running_sum: float, now: bool = False) -> None:
         """The checkpoint at (epoch_done, step), on the writer thread, or written before returning (``now``)."""
-        if self.out is None:
-            return
-        t = time.perf_counter()
-        params_flat, velocity_flat, ema_flat = self.model.flat_state()   # waits for the step in flight
-        m = {"epoch": epoch_done, "step": step, "iteration": self.iteration, "running_loss": running_sum,
-             "config": self.config, "history": list(self.history)}
-        path = self.checkpoint_path
-        job = (lambda: ckpt.save(path, params_flat, velocity_flat, m, ema_flat))
-        if now:
-            self.writer.wait()
-            job()
-        else:
-            self.writer.submit("checkpoint", job)
-        self.written.add("checkpoint.npz")
-        self.clock["writing"] += time.perf_counter() - t
+        self.outputs.checkpoint({"epoch": epoch_done, "step": step, "iteration": self.iteration,
+                                 "running_loss": running_sum, "config": self.config, "history": list(self.history)},
+                                now)
 
     def _diverged(self, epoch: int, s: int, mean_loss: float) -> TrainingDiverged:
-        if self.writer is not None:
-            self.writer.wait()
-        has = "checkpoint.npz" in self.written or (self.out and (self.out / "checkpoint.npz").exists())
+        has = self.outputs.has_checkpoint()
         return TrainingDiverged(f"loss became {mean_loss} in epoch {epoch + 1} by step {s + 1}; stopped. "
                                 + (f"The last good checkpoint is {self.checkpoint_path}" if has
                                    else "No checkpoint was written") + "; try a smaller --lr")
@@ -486,32 +553,7 @@ class Trainer:
         if not self.out:
             return
         self.save_checkpoint(rec["epoch"], 0, 0.0)
-        t = time.perf_counter()
-        line, out = json.dumps(rec), self.out
-        self.writer.submit(f"metrics {rec['epoch']}", lambda: files.append_line(out / "metrics.jsonl", line))
-        self.written.add("metrics.jsonl")
-        if self.plotter is not None:   # every epoch, written at most every PLOT_SECONDS (Note [the last drawing])
-            write = last or time.perf_counter() - self.last_plot >= PLOT_SECONDS
-            self.plotter.draw(self.history, epochs=self.args.epochs, write=write)
-            if write:
-                self.last_plot = time.perf_counter()
-        self.clock["writing"] += time.perf_counter() - t
-
-    def close_outputs(self) -> str | None:
-        """Wait for the writes and the plots asked for; a note for the last line when curves.png was not written."""
-        if self.writer is not None:
-            t = time.perf_counter()
-            self.writer.close()
-            self.clock["writing"] += time.perf_counter() - t
-        if self.plotter is None:
-            return " (curves.png skipped: matplotlib is not installed)" if self.out else None
-        t = time.perf_counter()
-        err = self.plotter.close()
-        self.clock["writing"] += time.perf_counter() - t
-        if err is None and (self.out / "curves.png").exists():
-            self.written.add("curves.png")
-            return None
-        return f" (curves.png not written: {err or 'no epoch finished'})"
+        self.outputs.metrics(rec, self.history, self.args.epochs, last)
 
     def report(self, plot_note: str | None) -> None:
         args, history = self.args, self.history
@@ -525,8 +567,9 @@ class Trainer:
         other = total - sum(c.values())
         self.say(f"wall clock {total:.2f} s: start-up {c['start-up']:.2f} s, training {c['training']:.2f} s, "
                  f"evaluation {c['evaluation']:.2f} s, writing {c['writing']:.2f} s, other {other:.2f} s")
-        if self.written:
-            self.say(f"wrote {', '.join(str(self.out / n) for n in RUN_FILES if n in self.written)}{plot_note or ''}")
+        wrote = self.outputs.wrote()
+        if wrote:
+            self.say(f"wrote {wrote}{plot_note or ''}")
 
     def run(self) -> int:
         """Every epoch left, then the report; the exit status."""
@@ -546,15 +589,10 @@ class Trainer:
                         self.say(f"target accuracy {100 * args.target_accuracy:.2f}% reached at epoch {epoch + 1} "
                                  f"({100 * rec['test_accuracy']:.2f}%), {self.reached:.2f} s after the program started")
                         break
-                plot_note = self.close_outputs()
+                plot_note = self.outputs.close()
         except StoppedAtOnce as e:
             name = Signals.NAMES.get(e.signum, str(e.signum))
-            if self.writer is not None:
-                self.writer.close(timeout=5.0)   # a write in flight finishes (atomic either way)
-            path = self.checkpoint_path
-            print(f"stopped at once by a second {name}; "
-                  + (f"the last good checkpoint is {path}" if self.out and path.exists() else
-                     "no checkpoint was written"), flush=True)
+            print(f"stopped at once by a second {name}; {self.outputs.stopped_at_once()}", flush=True)
             return 128 + e.signum
         self.report(plot_note)
         return 0
@@ -562,9 +600,8 @@ class Trainer:
 
 def start_plotter(args) -> Plotter | None:
     """The plotting child for --out, started before the start-up so that matplotlib's import and
-    its first figure (0.7 s on the GPU machine, 2.2 s on a first run) are done by the time the last
-    epoch asks for a drawing: started when the loop began, it kept a fast run 0.37-0.47 s at its
-    end. The one lenet.startup.begin started before the imports when it saw --out (Note [the
+    its first figure are done by the time the last epoch asks for a drawing (started when the loop
+    began, it kept a fast run waiting at its end: docs/model.md, "The plotting child"). The one lenet.startup.begin started before the imports when it saw --out (Note [the
     plotting child's first run] in lenet/plot.py), else one started now. It draws nothing until
     asked, and leaves when this process does, whatever happens before the loop."""
     early = take_early()
@@ -579,7 +616,9 @@ def start_plotter(args) -> Plotter | None:
 
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
-    policy = cli.policy_from(args)
+    from .engines import Policy
+
+    policy = cli.policy_from(args, Policy)
     plotter = start_plotter(args)   # Note [plotting in a child] in lenet/plot.py
     with startup.starting(args.engine, (args.batch_size, args.eval_batch_size)):   # Note [overlapped start-up]
         run = prepare(args)   # everything that needs no GPU, first

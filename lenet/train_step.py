@@ -33,7 +33,9 @@ def parser() -> cli.Parser:
                    help="untimed steps first, their updates undone (default: 3)")
     p.add_argument("--seed", type=cli.nonneg_int, default=0,
                    help="seed of the parameters and the batch, an integer >= 0 (default: 0)")
-    cli.add_algorithm_flags(p)
+    from .engines import FLAGS, Policy
+
+    cli.add_algorithm_flags(p, FLAGS, Policy.parse)
     cli.add_speed_flags(p)
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="IDX dataset to take the batch from (default: look in $LENET_DATA, ./data/<name>, "
@@ -75,9 +77,8 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
     return x, labels[idx].astype(np.int32), f"{root} (train split, {how})"
 
 
-def main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    policy = cli.policy_from(args)
+def check_dump(args) -> None:
+    """--dump's file and --overwrite, checked before anything runs."""
     if args.overwrite and args.dump is None:
         raise ValueError("--overwrite is for --dump PATH: without it the program writes nothing")
     if args.dump is not None:
@@ -86,24 +87,18 @@ def main(argv=None) -> int:
         files.check_output_file(args.dump, "--dump")
         refuse_overwriting(args.dump, "--dump")
         files.check_output_file(args.dump, "--dump", overwrite=args.overwrite)
-    with startup.starting(args.engine, (args.batch_size,)):   # Note [overlapped start-up]
-        x, y, source = make_batch(args)   # the data is checked before the GPU is touched
-    from descriptors import require_gpu
 
-    require_gpu()
 
+def time_steps(model, n: int, args) -> dict:
+    """The warm-up's steps (kernel compilation, lazy library init, graph capture; their updates undone), then
+    --steps timed steps and a forward after them: the parameters before and after, the first step's
+    gradients (with --dump), the losses and each step's milliseconds."""
     import cupy
 
     from .kernels import fill
-    from .model import LeNet
 
-    model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph,
-                  fused=args.fused, plan_cache=args.plan_cache)
-    n = model.load_batch(x, y)
     before = model.state_dict()
     stream = model.stream
-
-    # Warm-up (kernel compilation, lazy library init, graph capture), then undo its updates.
     if args.warmup > 0:
         for _ in range(args.warmup):
             model.step(n, args.lr)
@@ -124,37 +119,63 @@ def main(argv=None) -> int:
             first_grads = model.grad_dict() if args.dump else None
     model.forward(n)
     after_loss = model.loss()
-    after = model.state_dict()
+    return {"before": before, "after": model.state_dict(), "first_grads": first_grads, "first_loss": first_loss,
+            "after_loss": after_loss, "times": times}
 
-    mean_ms = float(np.mean(times))
-    rows = model.describe(n)
-    facts = {**cli.device_facts(model), "batch_size": n, "data": source, "policy": str(policy),
-             "engine": args.engine, "cuda_graph": args.cuda_graph, "fused": args.fused, "operations": rows,
-             "algorithms": cli.conv_rows(rows), "workspace_bytes": model.workspace.size,
-             "lr": args.lr, "steps": args.steps, "loss_before": first_loss, "loss_after": after_loss,
-             "step_ms": mean_ms, "images_per_s": n / (mean_ms / 1000.0),
-             "plan_cache": model.plan_cache.summary() if model.plan_cache is not None else None}
-    if args.dump:
-        arrays = {"x": x, "y": y, **before, **{f"grad.{k}": v for k, v in first_grads.items()},
-                  **{f"after.{k}": v for k, v in after.items()}}
-        files.save_npz(args.dump, arrays)
-        facts["dump"] = args.dump
-    if args.json:
-        print(json.dumps(facts, indent=2))
-        return 0
+
+def show(facts: dict, args, policy, rows: list, workspace: int) -> None:
+    """The step's facts as lines (without --json)."""
+    n, source, first_loss, after_loss = facts["batch_size"], facts["data"], facts["loss_before"], facts["loss_after"]
     print(f"GPU {facts['gpu']} | cuDNN {facts['cudnn']} | cuBLAS {facts['cublas']} | graph API: {facts['graph_api']}")
     print(f"batch {n} from {source}")
     print(f"operations ({policy}, fusion {'on' if args.fused else 'off'}):")
-    print(cli.format_rows(rows, model.workspace.size))
+    print(cli.format_rows(rows, workspace))
     print(f"loss before {first_loss:.6f} | after {args.steps} step{'s' if args.steps > 1 else ''} "
           f"{after_loss:.6f}")
     pc = facts["plan_cache"]
     print(f"plan cache {pc['path']}: {pc['hits']} stored choices used, {pc['searched']} searched" if pc
           else "plan cache off (--no-plan-cache)")
-    print(f"step {mean_ms * 1000:.1f} us mean over {args.steps} | {facts['images_per_s'] / 1e6:.3f} M img/s "
+    print(f"step {facts['step_ms'] * 1000:.1f} us mean over {args.steps} | {facts['images_per_s'] / 1e6:.3f} M img/s "
           f"| cuda graph {'on' if args.cuda_graph else 'off'}")
     if args.dump:
         print(f"dump written to {files.show(args.dump)}")
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    from .engines import Policy
+
+    policy = cli.policy_from(args, Policy)
+    check_dump(args)
+    with startup.starting(args.engine, (args.batch_size,)):   # Note [overlapped start-up]
+        x, y, source = make_batch(args)   # the data is checked before the GPU is touched
+    from descriptors import require_gpu
+
+    require_gpu()
+
+    from .model import LeNet
+
+    model = LeNet(max_batch=args.batch_size, policy=policy, seed=args.seed, cuda_graph=args.cuda_graph,
+                  fused=args.fused, plan_cache=args.plan_cache)
+    n = model.load_batch(x, y)
+    r = time_steps(model, n, args)
+    mean_ms = float(np.mean(r["times"]))
+    rows = model.describe(n)
+    facts = {**cli.device_facts(model), "batch_size": n, "data": source, "policy": str(policy),
+             "engine": args.engine, "cuda_graph": args.cuda_graph, "fused": args.fused, "operations": rows,
+             "algorithms": cli.conv_rows(rows), "workspace_bytes": model.workspace.size,
+             "lr": args.lr, "steps": args.steps, "loss_before": r["first_loss"], "loss_after": r["after_loss"],
+             "step_ms": mean_ms, "images_per_s": n / (mean_ms / 1000.0),
+             "plan_cache": model.plan_cache.summary() if model.plan_cache is not None else None}
+    if args.dump:
+        arrays = {"x": x, "y": y, **r["before"], **{f"grad.{k}": v for k, v in r["first_grads"].items()},
+                  **{f"after.{k}": v for k, v in r["after"].items()}}
+        files.save_npz(args.dump, arrays)
+        facts["dump"] = args.dump
+    if args.json:
+        print(json.dumps(facts, indent=2))
+        return 0
+    show(facts, args, policy, rows, model.workspace.size)
     return 0
 
 

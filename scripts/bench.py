@@ -42,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the PyTorch reference: tests/torch_lenet.py
 
 from lenet.engines import Policy  # noqa: E402
 from lenet import data  # noqa: E402

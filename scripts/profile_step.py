@@ -105,7 +105,7 @@ def report_holders(depth: int = 6) -> None:
 
 def torch_steps(args):
     import torch
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))   # the PyTorch reference
     from torch_lenet import exact_float32, from_state
 
     from lenet.params import init_host

@@ -1,5 +1,5 @@
 """A PyTorch training step (forward, cross-entropy, backward, optimizer.step()) with our module
-(lenet.torch.LeNet) and with PyTorch's own LeNet (scripts/torch_lenet.py), each eager and captured
+(lenet.torch.LeNet) and with PyTorch's own LeNet (tests/torch_lenet.py), each eager and captured
 in a CUDA graph (torch.cuda.graphs), at several batch sizes, in one run; microseconds per step.
 
     python3 scripts/torch_bench.py [--batch 64 1024 8192] [--engine auto] [--repeats 5] [--steps 200]
@@ -22,6 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))   # the PyTorch reference: tests/torch_lenet.py
 
 
 def main() -> int:

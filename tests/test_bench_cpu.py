@@ -5,10 +5,15 @@ from a results file. Their timing runs on the GPU machine."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
+
+# The scripts this file tests, imported as modules (the tests' own helpers are in tests/, on the path already).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import bench  # noqa: E402
 import torch_forms as tf  # noqa: E402

@@ -280,7 +280,7 @@ def test_a_wrong_pin_is_one_line(spec, kw, needle):
 def test_train_step_takes_a_pinned_candidate_before_the_gpu():
     from lenet import cli, train_step
     args = train_step.parser().parse_args(["--algo", "fused-bwd-v2-g4", "--engine", "ours"])
-    assert cli.policy_from(args).bwd_filter == "fused-bwd-v2-g4"
+    assert cli.policy_from(args, Policy).bwd_filter == "fused-bwd-v2-g4"
 
 
 def test_a_model_too_large_for_the_gpu_is_one_line_before_any_allocation():

@@ -125,7 +125,7 @@ def test_the_tail_head_is_float64_at_its_decisions(monkeypatch, torch_ref, n, ki
     images, 125 and 264 blocks' rows added by stage_reduce at 1000 and 4099) against a float64
     recomputation: every gradient within 1e-5 in relative L2 at the step's own decisions (random
     normals), or, on pictures, each decision that differs from float64's within 1e-6 of its layer's scale
-    of a tie and the agreeing images within 1e-5 (Note [judging per decision] in scripts/numerics.py)."""
+    of a tie and the agreeing images within 1e-5 (Note [judging per decision] in tests/numerics.py)."""
     from lenet.engines import Policy
     from lenet.kernels.head import HeadShape
     from lenet.model import LeNet

@@ -1,4 +1,4 @@
-"""The numerics judge's rules without a GPU (scripts/numerics.py, Note [judging per decision]), NumPy alone:
+"""The numerics judge's rules without a GPU (tests/numerics.py, Note [judging per decision]), NumPy alone:
 the ways a wrong step passed the judge before (a ReLU flipped far from 0, or passed through an entry far
 below 0; a window routed to an entry far below its maximum; a batch with no image left to judge), each
 built on purpose, passed by the old rules (transcribed below) and failed by the new; and a step whose only

@@ -1,7 +1,7 @@
 """Every gradient of the step within 1e-5 in relative L2 norm of a float64 recomputation at the step's
 own pooling and ReLU decisions, for every engine, at batch 1, 64 and 8192, and for ours at 65536, where
 a block of stage 2's backward sums 165 images (Note [an image's own sums] in
-lenet/kernels/stage2_backward_roles.cu) (Note [step numerics] in scripts/numerics.py; the script also
+lenet/kernels/stage2_backward_roles.cu) (Note [step numerics] in tests/numerics.py; the script also
 reports the distance from float64's own decisions and the decisions that differ)."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_pictures_are_judged_per_decision(torch_ref, n, engine):
     constant background, every window of it an exact tie and every pooled output over it the same. Each
     decision our step takes otherwise than float64 must be within 1e-6 of its layer's scale of a tie (a
     wider one is a wrong argmax or mask), and the images whose decisions all agree within 1e-5 of float64
-    on every gradient (Note [judging per decision] in scripts/numerics.py; the script reports them against
+    on every gradient (Note [judging per decision] in tests/numerics.py; the script reports them against
     1e-6)."""
     from numerics import MARGIN, judge
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from lenet import sweep
+from lenet.engines import Policy
 from lenet.pack import Config, config_from, packs
 from lenet.schedule import SCHEDULES, Schedule
 
@@ -108,7 +109,7 @@ def test_small_packs_take_the_heuristic_so_each_model_chooses_as_its_lone_run(mo
     def algo(*argv):
         args = parse(*argv)
         run = {"configs": sweep.grid(args)}
-        return sweep.default_algo(args, run, policy_from(args)).choice("fwd")
+        return sweep.default_algo(args, run, policy_from(args, Policy)).choice("fwd")
 
     assert algo("--seeds", "0-2") == algo("--seeds", "0-3") == "heuristic"                    # 3 or 4 of 128
     assert algo("--seeds", "0-4") == algo("--seeds", "0-15") == "exhaustive"                  # 640, 2048 images
@@ -316,7 +317,7 @@ def test_the_default_ranks_on_held_out_images_and_the_test_split_is_read_once_by
     args = parse("--data-dir", dataset, "--lr", 0.05, 0.1, 0.2, "--epochs", 2, "--quiet")
     run = sweep.prepare(args)
     tested = _no_gpu_sweep(monkeypatch, run)
-    grid = sweep.GridSweep(args, run, cli.policy_from(args), None, run["configs"])
+    grid = sweep.GridSweep(args, run, cli.policy_from(args, Policy), None, run["configs"])
     assert grid.run() == 0
     assert _FakePack.made == ["validation"]                  # every model evaluated on held-out training images
     assert [round(w, 4) for w in tested] == [0.1]            # the test split read once, by the validation winner
@@ -333,7 +334,7 @@ def test_every_model_on_the_test_split_is_reported_apart_and_never_ranked_on(dat
     run = sweep.prepare(args)
     sweep.open_out(run["out"], False, run["settings"], False)
     tested = _no_gpu_sweep(monkeypatch, run)
-    grid = sweep.GridSweep(args, run, cli.policy_from(args), None, run["configs"])
+    grid = sweep.GridSweep(args, run, cli.policy_from(args, Policy), None, run["configs"])
     monkeypatch.setattr(grid, "save_best", lambda row, r: None)   # the checkpoint's export: not this test's
     assert grid.run() == 0
     assert sorted(round(w, 4) for w in tested) == [0.05, 0.1, 0.2]   # once each, the winner's reused
@@ -353,7 +354,7 @@ def test_ranking_on_the_test_split_is_said_on_every_line_that_names_a_best(datas
                  "--rank-on-test")
     run = sweep.prepare(args)
     tested = _no_gpu_sweep(monkeypatch, run)
-    assert sweep.GridSweep(args, run, cli.policy_from(args), None, run["configs"]).run() == 0
+    assert sweep.GridSweep(args, run, cli.policy_from(args, Policy), None, run["configs"]).run() == 0
     assert _FakePack.made == ["test"] and tested == []
     out = capsys.readouterr().out
     bests = [x for x in out.splitlines() if "best" in x or "winner" in x or "ranked" in x]
@@ -627,7 +628,7 @@ def test_optunas_objective_and_pruner_see_the_validation_split_alone(dataset, mo
     run = sweep.prepare(args)
     run["study"] = open_study(args, run["settings"])   # as main() does, once the GPU is there
     tested = _no_gpu_sweep(monkeypatch, run)
-    assert StudySweep(args, run, cli.policy_from(args), None).run() == 0
+    assert StudySweep(args, run, cli.policy_from(args, Policy), None).run() == 0
     assert _FakePack.made == ["validation"]
     trials = [t for t in run["study"].get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(trials) == 3
@@ -656,7 +657,7 @@ def test_a_study_reads_the_test_split_only_for_its_winner_once_it_is_known(datas
     theirs.set_user_attr("out", "/elsewhere")
     if other != "running":
         run["study"].tell(theirs, 0.99 if other == "better" else 0.5)
-    worker = StudySweep(args, run, cli.policy_from(args), None)
+    worker = StudySweep(args, run, cli.policy_from(args, Policy), None)
     assert worker.run() == 0
     out = capsys.readouterr().out
     mine = max((r for r in worker.rows), key=lambda r: r["final"])

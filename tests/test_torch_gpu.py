@@ -24,7 +24,7 @@ def torch(torch_ref):
 
 def _batch(torch, n: int, seed: int = 0):
     """n images whose pooling and ReLU decisions are at least 1e-4 from a tie in float64 (a float32
-    computation takes the same ones: scripts/torch_lenet.py), our initialization's parameters."""
+    computation takes the same ones: tests/torch_lenet.py), our initialization's parameters."""
     from torch_lenet import well_conditioned_batch
 
     from lenet.params import init_host

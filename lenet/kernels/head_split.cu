@@ -32,7 +32,7 @@
 // kernel after its work and held up the stage below (scripts/probes/chain.py; docs/kernels.md, "The
 // head"). Now block 0 of each
 // slice stores its part, and head_split_loss_kernel adds the parts on a stream beside the step (lane 1 of
-// lenet.plan.SideStream), joined with the side stream's other work before the step ends. A slice's sums
+// lenet.engines.context.SideStream), joined with the side stream's other work before the step ends. A slice's sums
 // are its first warp's (the images are threads 0 .. count - 1 < 32), added in block_sum's tree order
 // (softmax_ce_row.cu), so the loss keeps head.cu's bits.
 //

@@ -266,7 +266,7 @@ def stage_forward(ks: StageKernels, cand: Forward, n: int, stream, x, w, b, y, a
 def stage_backward(ks: StageKernels, cand: Backward, n: int, stream, part, x, w, arg, dy, dw, db, dx=None,
                    side=None, models: int = 1, ps: int = 0, share: int | None = None):
     """A zero-argument launch of the stage's backward on ``stream``, then the reduction of its partial
-    sums: on ``side`` (lenet.plan.SideStream, Note [side stream]) when given, else on ``stream``. A grid
+    sums: on ``side`` (lenet.engines.context.SideStream, Note [side stream]) when given, else on ``stream``. A grid
     of one block writes dw and db itself, and no reduction runs. ``share`` as for stage_forward: each
     model's weight gradients are summed over its grid's blocks, so a lone run's grid (1) sums them as the
     lone run does (Note [a pack and a lone run] in lenet/pack.py)."""

@@ -1,5 +1,5 @@
 """Probe (GPU): each candidate's share of the step's distance from float64, at the step's own decisions
-(scripts/numerics.py's measure): stage 2's backward pinned to each shape (HEURISTIC's conv2 backward row,
+(tests/numerics.py's measure): stage 2's backward pinned to each shape (HEURISTIC's conv2 backward row,
 as heuristic_rows.py pins it) under --engine ours, then the searches (auto, heuristic and exhaustive) with
 what they chose. Prints conv2's weight and bias distances (relative L2, max-elementwise) and the worst of
 the other tensors.
@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))   # the judge: tests/numerics.py
 sys.path.insert(0, str(ROOT / "scripts" / "probes"))
 
 

@@ -1,0 +1,91 @@
+"""A model's operations planned per batch size: a Step for each n, made on first use and kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Step:
+    """The planned operations for one batch size, in the network's order: the stages, the head, and
+    the loss (which the head's forward may run itself in a training step)."""
+
+    n: int
+    stages: list
+    head: object
+    loss: object
+    side: object   # lenet.engines.context.SideStream
+
+    @property
+    def layers(self) -> list:
+        return [*self.stages, self.head]
+
+    def forward(self) -> None:
+        """The logits (evaluation: the loss is the caller's, ``loss.evaluate()``)."""
+        for layer in self.layers:
+            layer.forward()
+
+    def forward_loss(self) -> None:
+        """A training step's forward: the logits, the mean loss and dlogits (the loss's total may still be
+        on the side stream: ``side.join()`` before reading it; ``backward()`` joins)."""
+        for stage in self.stages:
+            stage.forward()
+        self.head.forward_loss()
+
+    def backward(self) -> None:
+        """Every gradient, the side stream's work included (Note [side stream] in lenet/plan.py)."""
+        for layer in reversed(self.layers):
+            layer.backward()
+        self.side.join()
+
+    def backward_given(self) -> None:
+        """Every gradient from dlogits the caller wrote after ``forward()`` (a loss of its own:
+        lenet/torch.py), the side stream's work included."""
+        self.head.backward_given()
+        for stage in reversed(self.stages):
+            stage.backward()
+        self.side.join()
+
+    @property
+    def workspace_bytes(self) -> int:
+        return max(layer.workspace_bytes for layer in self.layers)
+
+    def describe(self) -> list[dict]:
+        rows = []
+        for op in self.layers:
+            for row in op.describe():
+                rows.append({**row, "candidates_ms": op.times})
+        return rows if self.head.fuses_loss else rows + self.loss.describe()
+
+
+class Plans:
+    """The Steps of a model's operations (lenet.network.Operations), planned by ``planner`` (lenet/plan.py)
+    for batch sizes 1 to ``max_batch``; choices stored in ``store`` (lenet/plancache.py) when given."""
+
+    def __init__(self, planner, operations, max_batch: int, store=None):
+        self.planner, self.operations, self.max_batch, self.store = planner, operations, max_batch, store
+        self.steps: dict[int, Step] = {}
+
+    def plan(self, n: int) -> Step:
+        """Every operation planned for batch size n (made once, then kept)."""
+        step = self.steps.get(n)
+        if step is not None:
+            return step
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
+        plan, ops = self.planner.plan, self.operations
+        stages = [plan(s, n) for s in ops.stages]
+        head = plan(ops.head_unmasked if stages[-1].masks_dy else ops.head, n)
+        step = Step(n, stages, head, plan(ops.loss, n), self.planner.ctx.side)
+        self.planner.ctx.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
+        self.steps[n] = step
+        if self.store is not None:
+            self.store.flush()
+        return step
+
+    def replan(self) -> None:
+        """Every planned batch size's Step made again (under the planner's policy now)."""
+        sizes = list(self.steps)
+        self.steps.clear()
+        for n in sizes:
+            self.plan(n)
