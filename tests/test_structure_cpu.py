@@ -182,7 +182,6 @@ def test_an_engine_added_to_the_registry_alone_is_offered_everywhere(monkeypatch
     """A toy engine, defined here and registered (the registry's lists patched, no other file touched): the
     programs' --engine takes its flag, a Policy names it, the planner offers its candidates (and, under its
     flag, only its), and the other engines refuse under its flag by the registry's rule."""
-    import argparse
     import types
 
     from descriptors.algorithms import AlgorithmNotSupportedError
