@@ -761,3 +761,36 @@ def test_a_convolution_with_no_candidate_passing_says_why(monkeypatch):
     loop = _ConvLoop(bad={(64, f"{e}{i}") for e in "lg" for i in range(3)}).patch(monkeypatch)
     with pytest.raises(AlgorithmNotSupportedError, match=r"no candidate for fwd .* passed: legacy:l0 is far; legacy:l1 is far"):
         BY_NAME["cudnn"].conv_choice(loop.planner, ConvSpec("fwd", 64, (1, 28, 28), (6, 1, 5, 5)))
+
+
+def test_a_heads_loss_is_planned_before_the_head_as_its_own_operation(monkeypatch):
+    """Note [the head's loss]: planning a head plans its loss first (its own decision, which the model's
+    plan of the loss then finds); the cuBLASLt head's bind only takes it from the planner."""
+    from types import SimpleNamespace
+
+    from lenet import plan as plan_module
+    from lenet.engines.base import PlannedOp
+    from lenet.ops import LossTensors
+
+    planner = _Planner().p
+    planner.policy, planner._states, planner._losses = Policy(engine="legacy"), {}, {}
+    planner.ctx = SimpleNamespace(device_id=0, captured=True, workspace=SimpleNamespace(reserve=lambda b: None))
+    bound = []
+
+    def bind(engine, op, n, candidate, planner):
+        loss = planner.loss(op, n) if op.kind == "head" else None
+        bound.append((engine.name, op.kind, loss.op if loss is not None else None))
+        return PlannedOp()
+    for name in ("ours", "cublaslt"):
+        monkeypatch.setattr(type(BY_NAME[name]), "bind", bind)
+    monkeypatch.setattr(plan_module.Planner, "time_step", lambda self, op, planned: 1.0)
+    logits = SimpleNamespace(shape=(8, 10))
+    loss_t = LossTensors(logits, None, None, None, None, None)
+    head = Head(SimpleNamespace(w={"fc1.weight": SimpleNamespace(shape=(120, 256)),
+                                   "fc2.weight": SimpleNamespace(shape=(10, 120))}), loss_t, 8)
+    chosen = planner.plan(head, 8)
+    assert [(e, k) for e, k, _ in bound] == [("ours", "loss"), ("cublaslt", "head")] and chosen.engine == ""
+    loss = planner.plan(Loss(loss_t, 8), 8)   # the model's own: the same decision, nothing bound again
+    assert bound[1][2] is loss.op and len(bound) == 2
+    with pytest.raises(AlgorithmNotSupportedError, match="was not planned before it"):
+        planner.loss(head, 16)

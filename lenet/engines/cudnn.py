@@ -27,7 +27,7 @@ Note [chunked weight gradient]: the graph API's weight gradient has no beta, so 
 writes its own partial (chunks x K*C*R*S floats, allocated at plan time) and one gemv adds them in
 a fixed order: deterministic, and equal to one call's result up to float32 summation order. Each
 partial starts on a 256-byte boundary: graph plans refuse a pointer that is not aligned
-(CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen on an H100 for rows of 150 floats).
+(docs/engines.md, "Aligned partials").
 
 Note [conv bias gradient]: cudnnConvolutionBackwardBias launches one block per channel, the largest
 items of the step where it ran; two gemv take a fraction of it (docs/engines.md, "The conv bias gradient").
