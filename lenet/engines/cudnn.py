@@ -273,7 +273,7 @@ class SizeTrials:
     model's life (two batch sizes whose calls meet share it, as two chunk sizes with one remainder do):
     the candidates in cuDNN's heuristic order once offered, each one's trial once tried (a Trial, or why
     it was refused, by label) and the best time so far (the cutoff of slower ones); while trying, the
-    operands, their exact reference and a workspace."""
+    operands and their exact reference."""
 
     def __init__(self):
         self.cands: list | None = None
@@ -306,12 +306,17 @@ class ConvSearch:
         self.kind = choice if choice in ("heuristic", "exhaustive") else "fixed"
         self.broken: dict[int, str] = {}   # call sizes that cannot be tried here, and why
         self.errors: list = []             # their errors: the first is raised where no way passes
+        self._sized: dict[int, SizeTrials] = {}
+        self.ws: Workspace | None = None   # while trying
 
     def sized(self, s: int) -> SizeTrials:
-        key = self.planner.key(f"conv {self.spec.direction}", {"spec": dataclasses.asdict(self.spec.at(s))},
-                               self.engines, self.policy)
-        return self.planner.state(self.engine.name).setdefault(("conv", json.dumps(key, sort_keys=True, default=str)),
-                                                               SizeTrials())
+        """The model's SizeTrials for this direction at s images a call under this policy."""
+        if s not in self._sized:
+            key = self.planner.key(f"conv {self.spec.direction}", {"spec": dataclasses.asdict(self.spec.at(s))},
+                                   self.engines, self.policy)
+            self._sized[s] = self.planner.state(self.engine.name).setdefault(
+                ("conv", json.dumps(key, sort_keys=True, default=str)), SizeTrials())
+        return self._sized[s]
 
     def offered(self, s: int) -> list:
         """(engine, candidate) pairs for ``spec`` at s images a call, in cuDNN's heuristic order."""
@@ -379,6 +384,7 @@ class ConvSearch:
             self.release(c, r)
 
     def release(self, *sizes) -> None:
+        """Let the operands of ``sizes`` go (their trials are kept)."""
         for s in sizes:
             if s:
                 self.sized(s).kept = None
@@ -402,9 +408,10 @@ class ConvSearch:
         planner = self.planner
         if rec.kept is None:
             arrays = _operands(spec)
-            rec.kept = (arrays, reference(planner.ctx.handle, spec, arrays),
-                        Workspace(max(x.workspace_bytes for _, x in rec.cands)))
-        arrays, ref, ws = rec.kept
+            rec.kept = (arrays, reference(planner.ctx.handle, spec, arrays))
+        arrays, ref = rec.kept
+        ws = self.ws = self.ws or Workspace()   # one for the search's sizes, grown to the largest
+        ws.reserve(max(x.workspace_bytes for _, x in rec.cands))
         out = arrays[spec.output]
         with planner.ctx.stream:
             out.data.memset_async(0xFF, out.nbytes)   # NaN everywhere: an output not written cannot pass
@@ -445,6 +452,7 @@ class ConvSearch:
             raise
         finally:
             self.release(*sizes, *(spec.n % c for c in sizes))
+            self.ws = None
         full, rest = d.best.plan
         return ConvChoice(spec, d.best.candidate.size, full, rest, d.best.ms, self.kind)
 
@@ -457,6 +465,7 @@ class ConvSearch:
                     self.measure(s, c)
             finally:
                 self.release(s)
+                self.ws = None
             if self.errors:
                 raise self.errors[0]
             passed = [t for t in rec.tried.values() if isinstance(t, Trial)]
