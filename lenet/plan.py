@@ -9,8 +9,12 @@ engine's GPU objects for it); nothing here is shared between two models.
 
 Every choice made by measurement goes through ``choose`` (the loop) under a key from ``key`` (the one
 format: the operation, its shape, the policy, the versions of the competing engines, the device and
-how candidates are timed); engines make their own finer choices (a convolution's candidate, its chunk
-size, a kernel's launch shape) through the same two.
+how candidates are timed); engines make their own finer choices through the same two, each one loop
+whose candidates are whole ways to run their part: a convolution direction's chunk size with the
+candidates of its calls (lenet/engines/cudnn.py: ConvSearch), the pooling's chunk size, our kernels'
+launch shapes, the tail's matmul algorithms and slices. Each is made while binding the engine's
+candidate for the operation, one level below ``plan``'s loop, never inside another part's loop; an
+operation another one runs (the head's loss) is planned before it (Note [the head's loss]).
 
 Note [search state]: what planning learns (every decision, the checks and references the engines
 keep, the cuDNN objects they make) and the store of choices across processes belong to one Planner,
@@ -32,12 +36,19 @@ nothing: the first engine (in the registry's order) that runs an operation wins,
 first-ranked candidate that runs and passes its check, and chunks are chosen by rule, so reruns and
 resumed runs are bit-identical. exhaustive always times.
 
-Note [stored choices]: a search times candidates (0.3 to 1 s for LeNet's step at batch 64, minutes at
-65536). A Planner given a store (lenet/plancache.py keeps one on disk) puts every choice there under
+Note [stored choices]: a search times candidates, from under a second for LeNet's step at batch 64 to
+minutes at 65536 (docs/engines.md, "What a search costs"). A Planner given a store (lenet/plancache.py keeps one on disk) puts every choice there under
 its key and, before searching, recalls one: the choice's engine must still serve the operation and
 the engine must still offer the stored candidate (a graph plan is built alone for it: Note [one plan]
 in descriptors/graph.py), else it is searched again. The store adds the GPU, the driver and the
 libraries' versions to the key; the key holds the rest (ours: a digest of our kernel sources).
+
+Note [the head's loss]: the loss after the head (softmax cross-entropy) is an operation of its own,
+which the model plans and runs after the head (lenet/model.py: Step). A head that computes it itself
+(``fuses_loss``) runs none; one that does not runs the planned loss in its training forward, and is
+timed with it. So planning a head first plans its loss, as its own operation at the same batch size
+(the same decision the model's own asks for, made once), and a head engine's ``bind`` takes it from
+``planner.loss(op, n)``: no engine plans another operation inside its own.
 
 Note [side stream] is in lenet/engines/context.py, with the other resources the engines share.
 """
@@ -52,6 +63,7 @@ from descriptors.algorithms import AlgorithmNotSupportedError
 from .engines import registry
 from .engines.base import Check, Chosen, Decision, Trial, label
 from .engines.context import Context, SideStream
+from .ops import Loss
 from .timing import time_forward_backward, time_launcher
 
 
@@ -65,6 +77,7 @@ class Planner:
         self.ctx = Context(handle, max_batch, captured)
         self.decisions: dict[str, Decision] = {}
         self._states: dict[str, dict] = {}
+        self._losses: dict[tuple, Chosen] = {}
 
     def state(self, engine: str) -> dict:
         """What engine ``engine`` keeps for this model (its cuDNN objects, scratch buffers, checks)."""
@@ -137,7 +150,11 @@ class Planner:
 
     def plan(self, op, n: int) -> Chosen:
         """Operation ``op`` (lenet/ops.py) at batch n, run by the engine that wins (Note [stage engines]):
-        the winner's planned operation with every engine's measured time and why the others were refused."""
+        the winner's planned operation with every engine's measured time and why the others were refused.
+        A head's loss first (Note [the head's loss])."""
+        if op.kind == "head":
+            loss = Loss(op.loss, op.max_batch, op.models)
+            self._losses[(n, json.dumps(loss.key(), sort_keys=True))] = self.plan(loss, n)
         engines, why_not = registry.serving(op, self.policy)
         if not engines:
             raise AlgorithmNotSupportedError(f"no engine runs {op.kind} {op.name} under {self.policy}: "
@@ -172,6 +189,14 @@ class Planner:
                         encode=encode if timed else None, what=f"{op.kind} {op.name} at batch {n}")
         return Chosen(d.best.plan, d.best.ms, {label(t.candidate): t.ms for t in d.table}, why_not)
 
+    def loss(self, head, n: int) -> Chosen:
+        """The planned loss after ``head`` at batch n, for a head that leaves the loss to it (planned before
+        the head's candidates were bound: Note [the head's loss])."""
+        key = (n, json.dumps(Loss(head.loss, head.max_batch, head.models).key(), sort_keys=True))
+        if key not in self._losses:
+            raise AlgorithmNotSupportedError(f"the loss after {head.name} at batch {n} was not planned before it")
+        return self._losses[key]
+
     def part_engines(self, kind: str, part, policy=None) -> list:
         """The engines that offer parts of ``kind`` (a convolution direction) and may run them under the
         model's policy (or ``policy``): what an engine that runs an operation by parts asks."""
@@ -204,6 +229,7 @@ class Planner:
         registry.close(self._states)
         self._states.clear()
         self.decisions.clear()
+        self._losses.clear()
         self.ctx.close()
 
 

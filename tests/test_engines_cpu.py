@@ -676,3 +676,121 @@ def test_a_search_offers_no_workspace_the_gpu_cannot_give():
     kept = within_free_memory(cands, 7 << 30, excluded)
     assert [c.name for _, c in kept] == ["gemm", "plan7"]
     assert set(excluded) == {"fft", "plan3"} and "needs 9,663,676,416 B of workspace" in excluded["fft"]
+
+
+class _ConvLoop:
+    """ConvSearch's loop without a GPU: two convolution engines offering three candidates each, each
+    candidate's time per call at a size given by ``ms``, ``bad`` failing its check; every trial counted."""
+
+    def __init__(self, policy=None, bad=()):
+        from types import SimpleNamespace
+
+        from descriptors.candidates import Candidate
+
+        self.planner = _Planner().p
+        self.planner.policy, self.planner._states = policy or Policy(), {}
+        self.planner.ctx = SimpleNamespace(device_id=0, captured=True)
+        engines = [SimpleNamespace(name=e, version=lambda: "1") for e in ("legacy", "graph")]
+        self.planner.part_engines = lambda kind, part, policy=None: engines
+        self.cands = [(e, Candidate(e.name, f"{e.name[0]}{i}", False, 0, True, "fp32")) for e in engines for i in range(3)]
+        self.bad, self.tried = set(bad), []
+
+    def ms(self, size: int, name: str) -> float:
+        return size * (1.0 + int(name[1:]) / 10) * (0.9 if name[0] == "g" else 1.0) / (1 + (size == 1024))
+
+    def patch(self, monkeypatch):
+        from lenet.engines import cudnn
+        from lenet.engines.base import Check, Trial
+
+        def try_(search, spec, c, rec):
+            self.tried.append((spec.n, c.name))
+            return "is far" if (spec.n, c.name) in self.bad else Trial(c, self.ms(spec.n, c.name), Check(0.0))
+        monkeypatch.setattr(cudnn.ConvSearch, "offered", lambda search, s: list(self.cands))
+        monkeypatch.setattr(cudnn.ConvSearch, "_try", try_)
+        return self
+
+
+def _per_size_tables(loop, sizes, rule):
+    """What one search per call size tried and found (the loop's nesting before it was one loop)."""
+    tried, best = [], {}
+    for s in sizes:
+        passed = set()
+        for _, c in loop.cands:
+            if (rule == "first-per-engine" and c.engine in passed) or (rule == "first" and passed):
+                continue
+            tried.append((s, c.name))
+            if (s, c.name) not in loop.bad:
+                passed.add(c.engine)
+                best[s] = min(best.get(s, float("inf")), loop.ms(s, c.name))
+    return tried, best
+
+
+@pytest.mark.parametrize("algo,rule", [("heuristic", "first-per-engine"), ("exhaustive", "all")])
+def test_a_convolution_is_one_loop_over_chunks_and_candidates(monkeypatch, algo, rule):
+    from descriptors.candidates import ConvSpec
+
+    loop = _ConvLoop(Policy.parse(algo), bad={(2500, "l0"), (452, "g0"), (1024, "l0"), (1024, "l1")}).patch(monkeypatch)
+    spec = ConvSpec("bwd-filter", 2500, (1, 28, 28), (6, 1, 5, 5))
+    choice = BY_NAME["cudnn"].conv_choice(loop.planner, spec)
+    tried, best = _per_size_tables(loop, [2500, 1024, 452, 2048], rule)
+    assert sorted(loop.tried) == sorted(tried) and len(set(loop.tried)) == len(loop.tried)   # each once
+    totals = {c: (2500 // c) * best[c] + (best[2500 % c] if 2500 % c else 0.0) for c in (2500, 1024, 2048)}
+    chunk = min(totals, key=totals.get)
+    assert chunk == 1024 and choice.chunk == chunk and choice.ms == pytest.approx(totals[chunk])
+    assert choice.full.ms == best[1024] and choice.rest.ms == best[452] and choice.policy == algo
+    assert [(s, k) for s, k, _ in choice.calls()] == [(0, 1024), (1024, 1024), (2048, 452)]
+    n = len(loop.tried)   # a batch of 1024 meets the calls of 1024 just tried: nothing is tried again
+    assert BY_NAME["cudnn"].conv_choice(loop.planner, spec.at(1024)).full.ms == best[1024] and len(loop.tried) == n
+    table = BY_NAME["cudnn"].table(loop.planner, spec.at(1024)).table   # the view of one size's trials
+    assert [t.ms for t in table] == sorted(t.ms for t in table) and table[0].ms == best[1024]
+    assert BY_NAME["cudnn"].table(loop.planner, spec.at(1024)).table is table and len(loop.tried) == n
+
+
+def test_a_reproducible_convolution_takes_the_first_that_passes(monkeypatch):
+    from descriptors.candidates import ConvSpec
+
+    loop = _ConvLoop(Policy(deterministic=True), bad={(16384, "l0"), (3616, "l0"), (3616, "l1")}).patch(monkeypatch)
+    choice = BY_NAME["cudnn"].conv_choice(loop.planner, ConvSpec("fwd", 20000, (1, 28, 28), (6, 1, 5, 5)))
+    assert loop.tried == [(16384, "l0"), (16384, "l1"), (3616, "l0"), (3616, "l1"), (3616, "l2")]
+    assert (choice.chunk, choice.full.candidate.name, choice.rest.candidate.name) == (16384, "l1", "l2")
+
+
+def test_a_convolution_with_no_candidate_passing_says_why(monkeypatch):
+    from descriptors.candidates import ConvSpec
+
+    loop = _ConvLoop(bad={(64, f"{e}{i}") for e in "lg" for i in range(3)}).patch(monkeypatch)
+    with pytest.raises(AlgorithmNotSupportedError, match=r"no candidate for fwd .* passed: legacy:l0 is far; legacy:l1 is far"):
+        BY_NAME["cudnn"].conv_choice(loop.planner, ConvSpec("fwd", 64, (1, 28, 28), (6, 1, 5, 5)))
+
+
+def test_a_heads_loss_is_planned_before_the_head_as_its_own_operation(monkeypatch):
+    """Note [the head's loss]: planning a head plans its loss first (its own decision, which the model's
+    plan of the loss then finds); the cuBLASLt head's bind only takes it from the planner."""
+    from types import SimpleNamespace
+
+    from lenet import plan as plan_module
+    from lenet.engines.base import PlannedOp
+    from lenet.ops import LossTensors
+
+    planner = _Planner().p
+    planner.policy, planner._states, planner._losses = Policy(engine="legacy"), {}, {}
+    planner.ctx = SimpleNamespace(device_id=0, captured=True, workspace=SimpleNamespace(reserve=lambda b: None))
+    bound = []
+
+    def bind(engine, op, n, candidate, planner):
+        loss = planner.loss(op, n) if op.kind == "head" else None
+        bound.append((engine.name, op.kind, loss.op if loss is not None else None))
+        return PlannedOp()
+    for name in ("ours", "cublaslt"):
+        monkeypatch.setattr(type(BY_NAME[name]), "bind", bind)
+    monkeypatch.setattr(plan_module.Planner, "time_step", lambda self, op, planned: 1.0)
+    logits = SimpleNamespace(shape=(8, 10))
+    loss_t = LossTensors(logits, None, None, None, None, None)
+    head = Head(SimpleNamespace(w={"fc1.weight": SimpleNamespace(shape=(120, 256)),
+                                   "fc2.weight": SimpleNamespace(shape=(10, 120))}), loss_t, 8)
+    chosen = planner.plan(head, 8)
+    assert [(e, k) for e, k, _ in bound] == [("ours", "loss"), ("cublaslt", "head")] and chosen.engine == ""
+    loss = planner.plan(Loss(loss_t, 8), 8)   # the model's own: the same decision, nothing bound again
+    assert bound[1][2] is loss.op and len(bound) == 2
+    with pytest.raises(AlgorithmNotSupportedError, match="was not planned before it"):
+        planner.loss(head, 16)

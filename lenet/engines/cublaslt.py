@@ -20,7 +20,6 @@ from descriptors import ActivationDescriptor, TensorDescriptor, add_tensor
 
 from descriptors.algorithms import AlgorithmNotSupportedError
 
-from ..ops import Loss
 from .base import Engine, Named, PlannedOp, sums_as_lone
 from .fc import fc_matmuls
 
@@ -61,7 +60,7 @@ class Cublaslt(Engine):
             state["lt"] = planner.ctx.lt   # the model's cuBLASLt (scripts/bench.py reads its workspace here)
             with planner.ctx.stream:   # fc1's ReLU bits, cuBLASLt's aux output
                 state["mask"] = cupy.zeros(op.models * op.max_batch * LtMatmul.AUX_LD // 8, cupy.uint8)
-        loss = planner.plan(Loss(op.loss, op.max_batch, op.models), n)
+        loss = planner.loss(op, n)   # planned before the head (Note [the head's loss] in lenet/plan.py)
         head = PlannedHead(self.name, op.tensors, n, loss, planner, state["relu"],
                            planner.ctx.lt if planner.policy.fused else None, state["mask"], op.models, op.dx_mask)
         if op.models > 1 and head.lt is None:

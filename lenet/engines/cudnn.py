@@ -7,9 +7,11 @@ the engines that offer convolutions (under their --engine flags), and competes u
 a flag a stage is cuDNN's only.
 
 Note [chunks]: per image, cuDNN's kernels for LeNet's shapes cost about the same from 1024 to 16384
-images a call, and many times more in one call of 65536 (docs/engines.md, "Chunks"). A batch of n therefore runs as calls of ``chunk`` images and one remainder call,
-where chunk is n or one of CHUNK_SIZES below n, whichever the timings say is fastest (``--chunk``
-fixes it). Each chunk size has its own candidate table, so a remainder runs its own best candidate.
+images a call, and many times more in one call of 65536 (docs/engines.md, "Chunks"). A batch of n
+therefore runs as calls of ``chunk`` images and one remainder call, where chunk is n or one of
+CHUNK_SIZES below n, whichever the timings say is fastest (``--chunk`` fixes it). The planner's loop
+for a direction chooses among ways, each a chunk size with a candidate for its full calls and one for
+its remainder (ConvSearch), so a remainder runs its own best candidate.
 With --deterministic and the heuristic, chunks by rule: the whole batch up to DETERMINISTIC_CHUNK
 images, calls of DETERMINISTIC_CHUNK above (Note [reproducible choices] in lenet/plan.py).
 
@@ -25,7 +27,7 @@ Note [chunked weight gradient]: the graph API's weight gradient has no beta, so 
 writes its own partial (chunks x K*C*R*S floats, allocated at plan time) and one gemv adds them in
 a fixed order: deterministic, and equal to one call's result up to float32 summation order. Each
 partial starts on a 256-byte boundary: graph plans refuse a pointer that is not aligned
-(CUDNN_STATUS_BAD_PARAM_MISALIGNED_POINTER, seen on an H100 for rows of 150 floats).
+(docs/engines.md, "Aligned partials").
 
 Note [conv bias gradient]: cudnnConvolutionBackwardBias launches one block per channel, the largest
 items of the step where it ran; two gemv take a fraction of it (docs/engines.md, "The conv bias gradient").
@@ -39,6 +41,7 @@ size is timed like a convolution's. A single size is not timed.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 
@@ -50,7 +53,7 @@ from descriptors.exact import reference, tolerance
 
 from .. import params as P
 from ..kernels import distance, prefetch
-from .base import Check, Engine, Named, PlannedOp, Trial
+from .base import Check, Decision, Engine, Named, PlannedOp, Trial
 
 CHUNK_SIZES = (1024, 2048, 4096, 8192, 16384)
 DETERMINISTIC_CHUNK = 16384
@@ -162,7 +165,7 @@ class Cudnn(Engine):
         prefetch(("distance",))   # the check of every convolution candidate (Note [exact candidates])
 
     def candidates(self, op, n: int, planner) -> list:
-        # its parts are cuDNN's exact reference or checked against it as they are chosen (``table``)
+        # its parts are cuDNN's exact reference or checked against it as they are chosen (ConvSearch)
         return [Named(self.name, "cuDNN by parts")]
 
     def bind(self, op, n: int, candidate, planner) -> "CudnnPlan":
@@ -194,95 +197,15 @@ class Cudnn(Engine):
 
     # ---------------------------------------------------------------- convolutions
 
-    def table(self, planner, spec, policy=None):
-        """The planner's decision among every convolution engine's candidates for ``spec`` (one chunk
-        size), fastest first: heuristic, each engine's first candidate that runs and is exact; exhaustive,
-        all of them; a fixed name, that one (kept whatever its distance). Timed on random operands as the
-        step runs them, each checked against the exact reference (Note [exact candidates] in
-        descriptors/exact.py). Not stored: the chunk choice is (``conv_choice``)."""
-        policy = policy or planner.policy
-        engines = planner.part_engines("conv", spec, policy)
-        by_name = {e.name: e for e in engines}
-        choice, fixed = policy.choice(spec.direction), policy.fixed(spec.direction)
-        reproducible = choice == "heuristic" and policy.deterministic   # Note [reproducible choices]
-        tol, kept = tolerance(policy), {}
+    def table(self, planner, spec, policy=None) -> Decision:
+        """What the loop of ``conv_choice`` tries of ``spec`` at its own size under the model's policy (or
+        ``policy``): the candidates that passed, fastest first, and those refused (ConvSearch)."""
+        return ConvSearch(self, planner, spec, policy).at_size()
 
-        def offered():
-            cands, excluded = [], {}
-            for e in engines:
-                c, ex = e.conv_candidates(spec, planner, policy)
-                cands += [(e, x) for x in c]
-                excluded.update(ex)
-            if fixed:
-                named = [(e, c) for e, c in cands if c.name == choice]
-                if not named:
-                    raise AlgorithmNotSupportedError(_unsupported_message(spec, policy, choice, cands, excluded))
-                cands = named
-            import cupy
-
-            free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()   # CuPy's cached blocks too
-            cands = within_free_memory(cands, free, excluded)
-            if not cands:
-                raise AlgorithmNotSupportedError(
-                    f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "
-                    + ("; ".join(f"{k} {v}" for k, v in list(excluded.items())[:6]) or "none listed"))
-            kept["arrays"] = _operands(spec)
-            kept["ref"] = reference(planner.ctx.handle, spec, kept["arrays"])
-            kept["ws"] = Workspace(max(c.workspace_bytes for _, c in cands))
-            return [c for _, c in cands]
-
-        def trial(c, best):
-            arrays, out = kept["arrays"], kept["arrays"][spec.output]
-            with planner.ctx.stream:
-                out.data.memset_async(0xFF, out.nbytes)   # NaN everywhere: an output not written cannot pass
-            try:
-                run = by_name[c.engine].bind_conv(spec, c, arrays, kept["ws"], planner)
-                ms = planner.time(run, cutoff_ms=3 * best if best < math.inf else None)
-            except CudnnError as e:
-                if e.is_not_supported or e.is_alloc_failure or e.is_execution_failure:   # Note [algorithm fallback]
-                    return e.status_name
-                raise
-            with planner.ctx.stream:
-                err = distance(out, kept["ref"])
-            if not fixed and not err <= tol:   # NaN fails too
-                return f"is {err:.1e} from the exact reference (bound {tol:.0e}; see Note [exact candidates])"
-            return Trial(c, ms, Check(err))
-        key = planner.key(f"conv {spec.direction}", {"spec": dataclasses.asdict(spec)}, engines, policy)
-        rule = "first" if reproducible else "first-per-engine" if choice == "heuristic" else "fastest"
-        return planner.choose(key, offered, trial, rule=rule, what=f"{spec.direction} {spec} under {policy}")
-
-    def conv_choice(self, planner, spec) -> ConvChoice:
-        """How to run ``spec`` (a whole batch): the candidate and chunk size with the least time (Note [chunks])."""
-        import cupy
-
-        policy, n, first_error = planner.policy, spec.n, []
-        engines = planner.part_engines("conv", spec, policy)
-        reproducible = policy.choice(spec.direction) == "heuristic" and policy.deterministic
-
-        def best_at(c):
-            return self.table(planner, spec.at(c)).best
-
-        def trial(chunk, best):
-            c = chunk.size
-            try:
-                full, rest = best_at(c), (best_at(n % c) if n % c else None)
-            except (AlgorithmNotSupportedError, cupy.cuda.memory.OutOfMemoryError) as e:
-                first_error.append(e)
-                return str(e).splitlines()[0]
-            return Trial(chunk, (n // c) * full.ms + (rest.ms if rest else 0.0), Check(), (full, rest))
-        key = planner.key(f"conv {spec.direction} chunks", {"spec": dataclasses.asdict(spec)}, engines)
-        try:
-            d = planner.choose(key, [Chunk(c) for c in chunk_sizes(n, policy.chunk, reproducible)], trial,
-                               recall=lambda v: self._decode(planner, spec, v, engines), encode=self._encode,
-                               what=f"{spec.direction} {spec} in chunks")
-        except AlgorithmNotSupportedError:
-            if first_error:
-                raise first_error[0] from None
-            raise
-        full, rest = d.best.plan
-        c = policy.choice(spec.direction)
-        return ConvChoice(spec, d.best.candidate.size, full, rest, d.best.ms,
-                          c if c in ("heuristic", "exhaustive") else "fixed")
+    def conv_choice(self, planner, spec, policy=None) -> ConvChoice:
+        """How to run ``spec`` (a whole batch): the chunk size and candidates with the least time (Note
+        [chunks]), one loop of the planner (ConvSearch)."""
+        return ConvSearch(self, planner, spec, policy).choose()
 
     @staticmethod
     def _encode(d) -> dict:
@@ -328,6 +251,227 @@ class Cudnn(Engine):
             if isinstance(k, tuple) and k[0] == "pool":
                 v.close()
         state.clear()
+
+
+@dataclass(frozen=True)
+class Way:
+    """A candidate of a convolution direction's loop: calls of ``size`` images by cuDNN candidate ``full``
+    (descriptors.candidates.Candidate), the remainder by ``rest`` (None: no remainder)."""
+
+    size: int
+    full: Candidate
+    rest: Candidate | None
+    engine = None   # the loop's rule is applied at each call size (ConvSearch.picks), not per engine
+
+    @property
+    def name(self) -> str:
+        return f"chunks of {self.size} by {self.full.label}" + (f", the rest by {self.rest.label}" if self.rest else "")
+
+
+class SizeTrials:
+    """What the loops of one convolution direction learn at one call size under one policy, kept for the
+    model's life (two batch sizes whose calls meet share it, as two chunk sizes with one remainder do):
+    the candidates in cuDNN's heuristic order once offered, each one's trial once tried (a Trial, or why
+    it was refused, by label) and the best time so far (the cutoff of slower ones); while trying, the
+    operands and their exact reference."""
+
+    def __init__(self):
+        self.cands: list | None = None
+        self.tried: dict[str, Trial | str] = {}
+        self.best = math.inf
+        self.kept: tuple | None = None
+        self.decision: Decision | None = None
+
+
+class ConvSearch:
+    """The planner's one loop for one convolution direction over a whole batch (Note [chunks]): its
+    candidates are the ways to run it (Way: a chunk size, the candidate of its full calls, that of its
+    remainder), each way's time the whole batch's from its parts' times per call. Each part is tried once
+    at its size (SizeTrials): timed on random operands as the step runs it and checked against the exact
+    reference (Note [exact candidates] in descriptors/exact.py). Which parts a size tries is the policy's
+    rule there: heuristic, each engine's first candidate that runs and is exact; with --deterministic, the
+    first (Note [reproducible choices] in lenet/plan.py); exhaustive, all; a fixed name, that one (kept
+    whatever its distance). The loop offers only ways of parts the rule tries, so it times what one
+    search per size did; the choice is stored, the parts' trials are not."""
+
+    def __init__(self, engine: Cudnn, planner, spec, policy=None):
+        self.engine, self.planner, self.spec = engine, planner, spec
+        self.policy = policy = policy or planner.policy
+        self.engines = planner.part_engines("conv", spec, policy)
+        self.by_name = {e.name: e for e in self.engines}
+        choice = policy.choice(spec.direction)
+        self.fixed, self.tol = policy.fixed(spec.direction), tolerance(policy)
+        self.reproducible = choice == "heuristic" and policy.deterministic   # Note [reproducible choices]
+        self.rule = "first" if self.reproducible else "first-per-engine" if choice == "heuristic" else "all"
+        self.kind = choice if choice in ("heuristic", "exhaustive") else "fixed"
+        self.broken: dict[int, str] = {}   # call sizes that cannot be tried here, and why
+        self.errors: list = []             # their errors: the first is raised where no way passes
+        self._sized: dict[int, SizeTrials] = {}
+        self.ws: Workspace | None = None   # while trying
+
+    def sized(self, s: int) -> SizeTrials:
+        """The model's SizeTrials for this direction at s images a call under this policy."""
+        if s not in self._sized:
+            key = self.planner.key(f"conv {self.spec.direction}", {"spec": dataclasses.asdict(self.spec.at(s))},
+                                   self.engines, self.policy)
+            self._sized[s] = self.planner.state(self.engine.name).setdefault(
+                ("conv", json.dumps(key, sort_keys=True, default=str)), SizeTrials())
+        return self._sized[s]
+
+    def offered(self, s: int) -> list:
+        """(engine, candidate) pairs for ``spec`` at s images a call, in cuDNN's heuristic order."""
+        import cupy
+
+        spec, policy, choice = self.spec.at(s), self.policy, self.policy.choice(self.spec.direction)
+        cands, excluded = [], {}
+        for e in self.engines:
+            c, ex = e.conv_candidates(spec, self.planner, policy)
+            cands += [(e, x) for x in c]
+            excluded.update(ex)
+        if self.fixed:
+            named = [(e, c) for e, c in cands if c.name == choice]
+            if not named:
+                raise AlgorithmNotSupportedError(_unsupported_message(spec, policy, choice, cands, excluded))
+            cands = named
+        free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()   # CuPy's cached blocks too
+        cands = within_free_memory(cands, free, excluded)
+        if not cands:
+            raise AlgorithmNotSupportedError(
+                f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "
+                + ("; ".join(f"{k} {v}" for k, v in list(excluded.items())[:6]) or "none listed"))
+        return cands
+
+    def _broke(self, s: int, err: Exception) -> None:
+        self.broken.setdefault(s, str(err).splitlines()[0])
+        self.errors.append(err)
+
+    def picks(self, s: int):
+        """The candidates the rule tries at s images a call, in order, each yielded before it is tried (the
+        rule reads its trial after); a size where none passes is broken, with why."""
+        rec = self.sized(s)
+        if s not in self.broken and rec.cands is None:
+            try:
+                rec.cands = self.offered(s)
+            except AlgorithmNotSupportedError as e:
+                self._broke(s, e)
+        if s in self.broken:
+            return
+        passed = set()
+        for _, c in rec.cands:
+            if (self.rule == "first" and passed) or (self.rule == "first-per-engine" and c.engine in passed):
+                continue
+            if not isinstance(rec.tried.get(c.label), str):
+                yield c
+            if s in self.broken:
+                return
+            if isinstance(rec.tried.get(c.label), Trial):
+                passed.add(c.engine)
+        if not passed and all(c.label in rec.tried for _, c in rec.cands):
+            self._broke(s, AlgorithmNotSupportedError(
+                f"no candidate for {self.spec.direction} {self.spec.at(s)} under {self.policy} passed: "
+                + "; ".join(f"{k} {v}" for k, v in list(rec.tried.items())[:6])))
+
+    def ways(self, sizes: list):
+        """Every way the loop tries: per chunk size, each picked candidate of its full calls with each of
+        its remainder's; the operands of a chunk's sizes are let go once its ways are tried."""
+        for c in sizes:
+            r = self.spec.n % c
+            for a in self.picks(c):
+                for b in (self.picks(r) if r else (None,)):
+                    yield Way(c, a, b)
+                    if not isinstance(self.sized(c).tried.get(a.label), Trial):
+                        break
+            self.release(c, r)
+
+    def release(self, *sizes) -> None:
+        """Let the operands of ``sizes`` go (their trials are kept)."""
+        for s in sizes:
+            if s:
+                self.sized(s).kept = None
+
+    def measure(self, s: int, c) -> Trial | str:
+        """Candidate c at s images a call: timed and checked once (its trial kept, SizeTrials)."""
+        rec = self.sized(s)
+        if c.label not in rec.tried:
+            import cupy
+
+            try:
+                rec.tried[c.label] = t = self._try(self.spec.at(s), c, rec)
+            except (AlgorithmNotSupportedError, cupy.cuda.memory.OutOfMemoryError) as e:   # the size is not tried further
+                self._broke(s, e)
+                return self.broken[s]
+            if isinstance(t, Trial):
+                rec.best = min(rec.best, t.ms)
+        return rec.tried[c.label]
+
+    def _try(self, spec, c, rec: SizeTrials) -> Trial | str:
+        planner = self.planner
+        if rec.kept is None:
+            arrays = _operands(spec)
+            rec.kept = (arrays, reference(planner.ctx.handle, spec, arrays))
+        arrays, ref = rec.kept
+        ws = self.ws = self.ws or Workspace()   # one for the search's sizes, grown to the largest
+        ws.reserve(max(x.workspace_bytes for _, x in rec.cands))
+        out = arrays[spec.output]
+        with planner.ctx.stream:
+            out.data.memset_async(0xFF, out.nbytes)   # NaN everywhere: an output not written cannot pass
+        try:
+            run = self.by_name[c.engine].bind_conv(spec, c, arrays, ws, planner)
+            ms = planner.time(run, cutoff_ms=3 * rec.best if rec.best < math.inf else None)
+        except CudnnError as e:
+            if e.is_not_supported or e.is_alloc_failure or e.is_execution_failure:   # Note [algorithm fallback]
+                return e.status_name
+            raise
+        with planner.ctx.stream:
+            err = distance(out, ref)
+        if not self.fixed and not err <= self.tol:   # NaN fails too
+            return f"is {err:.1e} from the exact reference (bound {self.tol:.0e}; see Note [exact candidates])"
+        return Trial(c, ms, Check(err))
+
+    def trial(self, way: Way, best: float) -> Trial | str:
+        n, c = self.spec.n, way.size
+        full = self.measure(c, way.full)
+        if isinstance(full, str):
+            return f"{way.full.label} {full}"
+        rest = self.measure(n % c, way.rest) if way.rest is not None else None
+        if isinstance(rest, str):
+            return f"{way.rest.label} at {n % c} {rest}"
+        return Trial(way, (n // c) * full.ms + (rest.ms if rest else 0.0), Check(), (full, rest))
+
+    def choose(self) -> ConvChoice:
+        spec, policy, planner = self.spec, self.policy, self.planner
+        sizes = chunk_sizes(spec.n, policy.chunk, self.reproducible)
+        key = planner.key(f"conv {spec.direction} chunks", {"spec": dataclasses.asdict(spec)}, self.engines, policy)
+        try:
+            d = planner.choose(key, lambda: self.ways(sizes), self.trial,
+                               recall=lambda v: Cudnn._decode(planner, spec, v, self.engines),
+                               encode=Cudnn._encode, what=f"{spec.direction} {spec} in chunks")
+        except AlgorithmNotSupportedError:
+            if self.errors:
+                raise self.errors[0] from None
+            raise
+        finally:
+            self.release(*sizes, *(spec.n % c for c in sizes))
+            self.ws = None
+        full, rest = d.best.plan
+        return ConvChoice(spec, d.best.candidate.size, full, rest, d.best.ms, self.kind)
+
+    def at_size(self) -> Decision:
+        """Every candidate the rule tries at the spec's own size, tried (``Cudnn.table``)."""
+        s, rec = self.spec.n, self.sized(self.spec.n)
+        if rec.decision is None:
+            try:
+                for c in self.picks(s):
+                    self.measure(s, c)
+            finally:
+                self.release(s)
+                self.ws = None
+            if self.errors:
+                raise self.errors[0]
+            passed = [t for t in rec.tried.values() if isinstance(t, Trial)]
+            rec.decision = Decision(sorted(passed, key=lambda t: t.ms),
+                                    {k: v for k, v in rec.tried.items() if isinstance(v, str)})
+        return rec.decision
 
 
 def supported_names(planner, specs, n: int, engine: str | None = None) -> dict[str, list[str]]:

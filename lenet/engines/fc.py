@@ -25,8 +25,7 @@ def fc_matmuls(lt, t, n: int, models: int, *, aux=None, model: int | None = None
     its lone run. ``algos``: the algorithms each keeps (LtMatmul, Note [tuned matmuls] in lenet/blas.py).
 
     Note [a deterministic pack's head]: batched matmuls sum as cuBLASLt's batched kernel does, which is
-    not bit for bit the lone run's (measured on an H100: a pack on cuDNN's engines then differed from the
-    lone runs in every gradient). Where a pack sums as its lone runs (``sums_as_lone`` in base.py: under
+    not bit for bit the lone run's (docs/engines.md, "A pack's batched matmuls"). Where a pack sums as its lone runs (``sums_as_lone`` in base.py: under
     --deterministic, or a pack of few images) its head therefore runs each model's matmuls of its lone
     run, K times as many launches: with --engine legacy|graph (Note [a pack on cuDNN] in
     lenet/engines/cudnn.py) every model of the pack is then its lone run, bit for bit."""

@@ -28,12 +28,13 @@ The reference is cuDNN's exact descriptor-API convolutions (descriptors.exact.re
 float32); the operands, the bias, the pooling, the routing through the argmax and every comparison
 are NumPy's, on the host. Note [no generic kernels in the check]: done by CuPy on the GPU, they
 took about 20 of CuPy's generic kernels and six CUB reductions (count_nonzero, max) that a first
-run on a fresh machine compiled with NVRTC before its first step: 16 s of its 26 (H100, every
-cache empty). At CHECK_BATCH images the host's work takes milliseconds.
+run on a fresh machine compiled with NVRTC before its first step, most of its start-up
+(docs/engines.md, "The stage check on the host"). At CHECK_BATCH images the host's work takes
+milliseconds.
 A candidate is checked once per model before it is timed; a stored choice (Note [stored choices] in
 lenet/plan.py) was checked when it was stored, and its key names the GPU, the driver, the libraries
 and a digest of our kernel sources (lenet.kernels.source_digest), so it is not checked again: a later
-run's start-up skips the reference's cuDNN calls (0.4 s measured on an H100).
+run's start-up skips the reference's cuDNN calls (docs/engines.md, "The stage check on the host").
 """
 
 from __future__ import annotations
