@@ -166,7 +166,7 @@ class PlannedLoss(PlannedOp):
     device totals, scored on the mean of the logits and ``mean_with`` when given."""
 
     def __init__(self, engine: str, t, n: int, sce: SoftmaxCE, stream, models: int = 1):
-        self.engine, self.n, self.t, self.sce, self.stream, self.models = n, t, sce, stream, models
+        self.engine, self.n, self.t, self.sce, self.stream, self.models = engine, n, t, sce, stream, models
         rows = models * n   # a pack's models one after another (Note [packs] in lenet/ops.py)
         self.logits, self.labels, self.dlogits = t.logits[:rows], t.labels[:rows], t.dlogits[:rows]
 

@@ -118,7 +118,7 @@ class OursStagePlan(PlannedOp):
     masks_dy = True   # the argmax byte's ReLU bit (Note [the ReLU bit] in lenet/kernels/stage_common.cu)
 
     def __init__(self, engine: str, spec, n: int, fwd, bwd):
-        self.engine, self.spec, self.n, self.fwd, self.bwd = spec, n, fwd, bwd
+        self.engine, self.spec, self.n, self.fwd, self.bwd = engine, spec, n, fwd, bwd
         self.forward, self.backward = fwd.plan, bwd.plan
 
     def describe(self, ms: float | None = None) -> list[dict]:

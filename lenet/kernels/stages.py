@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -71,6 +72,7 @@ class Forward:
     images: int       # per block iteration
     per_sm: int       # blocks per SM (the grid is at most per_sm * SMs, and at most what the batch needs)
     version: int = 0  # the version's number less one (its name's v{version + 1}); StageKernels.module finds it
+    engine: ClassVar[None] = None   # a candidate of one engine's own loop: the planner's table names it by its name
 
     @property
     def name(self) -> str:
@@ -88,6 +90,7 @@ class Forward:
 class Backward:
     per_sm: int
     version: int = 0   # the version's number less one (its name's v{version + 1}); StageKernels.module finds it
+    engine: ClassVar[None] = None   # as Forward's
 
     @property
     def name(self) -> str:
