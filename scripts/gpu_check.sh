@@ -39,7 +39,7 @@ if [ "$part" = arch ]; then
     export LENET_KERNEL_ARCH=${2:?"gpu_check.sh arch needs a compute capability: 75, 80, 86, 89"}
     export LENET_PLAN_CACHE=/tmp/lenet-plans-$LENET_KERNEL_ARCH.json
     part="arch $LENET_KERNEL_ARCH"
-    LENET_REQUIRE_GPU=1 python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} tests/test_model_gpu.py \
+    LENET_REQUIRE_GPU=1 python3 -B -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} tests/test_model_gpu.py \
         tests/test_stages_gpu.py tests/test_head_gpu.py tests/test_numerics_gpu.py tests/test_pack_gpu.py \
         tests/test_torch_gpu.py 2>&1 | tee "$out/pytest.log"
     test_rc=${PIPESTATUS[0]}
@@ -68,7 +68,7 @@ if [ "$part" = arch ]; then
     rm -rf "$sweep"
 fi
 if [ "$part" = all ] || [ "$part" = tests ]; then
-LENET_REQUIRE_GPU=1 python3 -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log"
+LENET_REQUIRE_GPU=1 python3 -B -m pytest -m gpu -q -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee "$out/pytest.log"
 test_rc=${PIPESTATUS[0]}
 elif [ "${part#arch}" = "$part" ]; then
     echo "GPU tests not run in this part" > "$out/pytest.log"
@@ -87,7 +87,7 @@ python3 -m lenet.train_step --algo exhaustive --steps 20 --no-cuda-graph --no-fu
 # The programs in hostile environments and their start-up, where a GPU takes them further than CI's machine
 # does (these tests have a GPU's branch: on an H100 a HOME that did not exist was made by the CUDA driver's
 # compute cache, which no machine without a GPU reaches). About 80 s on an H100.
-python3 -m pytest -q -p no:cacheprovider tests/test_hostile_cpu.py tests/test_startup.py > "$out/hostile.txt" 2>&1 \
+python3 -B -m pytest -q -p no:cacheprovider tests/test_hostile_cpu.py tests/test_startup.py > "$out/hostile.txt" 2>&1 \
     || prog_rc=1
 tail -1 "$out/hostile.txt" | sed "s/^/hostile and start-up tests: /"
 # compute-sanitizer memcheck over a few steps, eager and CUDA graph, with --leak-check full: an

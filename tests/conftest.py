@@ -15,6 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+# The test process itself writes no bytecode beside the sources either (as `python -B -m pytest`, the
+# README's test command, does): run as `python -m pytest`, a module of ours a test imports later than the
+# session's first look at the checkout would leave lenet/__pycache__/<module>.pyc in it.
+sys.dont_write_bytecode = True
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
