@@ -7,7 +7,7 @@ its output poisoned with NaN first, and its norm-wise relative distance from the
 is kept with its time. Under heuristic or exhaustive a candidate farther than EXACT_RTOL
 (3e-5; every exact algorithm and plan measured <= 1.3e-6 at LeNet's shapes) is dropped: numerical
 notes do not catch everything (graph plan eng17_k25=0 of conv1's weight gradient carries no
-TF32 or Winograd note and is off by 5.3e-4 on an H100, scripts/probes/README.md). With
+TF32 or Winograd note and is off by 5.3e-4: docs/probes.md, conv_engines.py). With
 allow_winograd the bound is WINOGRAD_RTOL, with allow_tf32 TF32_RTOL. A candidate the user
 names is kept whatever its distance, which train_step reports.
 """

@@ -121,7 +121,7 @@ __device__ __forceinline__ void s2d_taps(float* acc, const float (&d)[8], const 
 // blocks per SM) against version 5's 18.6 / 16.4, 5.2 against 6.6 us at one image, 6.5 against 9.4 at 64.
 // ncu at 65536: 10,050 instructions an image (version 5: 13,460), 480 of them tensor products; the four
 // FFMA data-gradient warps (1,500 instructions an image each, against the tensor warps' 530) set its time.
-// Both gradients on the tensor cores was slower (19.0 / 18.2 ns: scripts/probes/README.md has it, and the
+// Both gradients on the tensor cores was slower (19.0 / 18.2 ns: docs/probes.md, stage_kernels.py, and the
 // steps on the way here).
 #define S2D_AY 284                  // sa's k-step stride (words); lane l's 8 words at y * S2D_AY + l * 8 + (l >> 2) * 4
                                     // (to 283): the expansion's stores meet a bank at most twice, the loads never

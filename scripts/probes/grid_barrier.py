@@ -22,7 +22,7 @@ Written for issue 33's "a step fused into a persistent kernel against the chain 
 step's floor with every kernel emptied is 5.1 us at 1 image and 7.5 at 64 for about eight edges
 (chain.py); a persistent step can save at most what an edge costs beyond a grid barrier.
 
-Note [a barrier against an edge] (H100, 2026-11-27, scripts/probes/README.md has the table): an edge of
+Note [a barrier against an edge] (H100, 2026-11-27, docs/probes.md, grid_barrier.py): an edge of
 the chain cost 0.75-0.92 us, the fenced barrier 1.11-1.83 and the light one 0.83-1.68 (one block to two
 an SM): the light barrier loses 0.07 us an edge at one block, 0.2-0.4 at 8-132 blocks, 0.75 at 264.
 PDL overlaps the next kernel's launch with the last one's tail; a barrier waits for the slowest block and
