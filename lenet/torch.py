@@ -134,17 +134,21 @@ class _Engine:
         from .model import STAGES
         from .ops import Stage
 
-        engines, why = registry.serving(Stage(dataclasses.replace(STAGES[0], dx=True, dx_mask=False), None, 1, 1),
-                                        self.policy)
-        return None if engines else "; ".join(f"{k}: {v}" for k, v in why.items())
+        stage = Stage(dataclasses.replace(STAGES[0], dx=True, dx_mask=False), None, 1, 1)
+        engines, why = registry.serving(stage, self.policy)
+        if engines:
+            return None
+        self.input_grad_flags = [f for f in registry.FLAGS
+                                 if registry.serving(stage, self.policy.replace(engine=f))[0]]
+        return "; ".join(f"{k}: {v}" for k, v in why.items())
 
     def check_input_grad(self) -> None:
         """A one-line ValueError where images that require a gradient cannot get it under this policy."""
         why = self.no_input_grad
         if why is not None:
             raise ValueError(f"lenet.torch.LeNet(engine={self.policy.engine!r}) cannot compute the images' gradient "
-                             f"({why}): pass images that do not require one (x.detach()), or use engine='auto', "
-                             f"'legacy' or 'graph'")
+                             f"({why}): pass images that do not require one (x.detach()), or use engine="
+                             + " or ".join(map(repr, self.input_grad_flags)))
 
     def _model(self, n: int, device: torch.device, input_grad: bool = False):
         """Our model on ``device`` for at least n images (made again: larger, for a larger batch; with the

@@ -144,6 +144,7 @@ def test_images_requiring_a_gradient_under_ours_are_refused_at_the_forward_in_on
     with pytest.raises(ValueError) as e:
         model(x)
     assert "cannot compute the images' gradient" in str(e.value) and "x.detach()" in str(e.value)
+    assert str(e.value).endswith("or use engine='auto' or 'legacy' or 'graph'"), str(e.value)   # the registry's answer
     assert "\n" not in str(e.value) and model._engine.model is None and model._engine.held is None
     with torch.no_grad(), pytest.raises(ValueError, match="runs on CUDA tensors"):
         model(x)
