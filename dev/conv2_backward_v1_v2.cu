@@ -214,7 +214,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
 
 // Each module of this file compiles one version (S2B_KS, set by lenet/kernels/__init__.py): three
 // modules compile in parallel in a third of the time one module of all three took (Note [first run]
-// in descriptors/modules.py).
+// in lenet/kernels/nvrtc.py).
 #if S2B_KS == 1
 extern "C" __global__ void __launch_bounds__(160, S2B_MIN_BLOCKS)
 stage2_backward_kernel(const float* __restrict__ x, const float* __restrict__ w, const unsigned char* __restrict__ arg,
@@ -233,7 +233,7 @@ stage2_backward_split_kernel(const float* __restrict__ x, const float* __restric
 #elif S2B_KS == 4
 // Note [registers of the split kernel]: 640 threads at 72 registers take 46 K of an SM's 64 K
 // registers, and leave room for a block of the head's weight-gradient kernel, which runs beside the
-// stages' backward on the side stream (Note [side stream] in lenet/plan.py). Left to ptxas,
+// stages' backward on the side stream (Note [side stream] in lenet/engines/context.py). Left to ptxas,
 // __launch_bounds__(640, 1) took 96 registers: the whole register file, so at batch 128 (a grid of
 // 128 blocks) the side stream waited, and the step took 69.7 us against 62.6. __launch_bounds__(640)
 // alone took 48 registers and spilled.

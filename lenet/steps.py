@@ -33,7 +33,7 @@ class Step:
         self.head.forward_loss()
 
     def backward(self) -> None:
-        """Every gradient, the side stream's work included (Note [side stream] in lenet/plan.py)."""
+        """Every gradient, the side stream's work included (Note [side stream] in lenet/engines/context.py)."""
         for layer in reversed(self.layers):
             layer.backward()
         self.side.join()

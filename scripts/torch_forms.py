@@ -8,7 +8,7 @@ A form is (mode, cudnn.benchmark, the SGD implementation, TF32, micro-batches):
   graph               the whole step captured in one CUDA graph and replayed (torch.cuda.graph)
   compile             the model through torch.compile (mode "default"), the step eager around it
   compile+graph       the compiled model, the whole step captured in one CUDA graph (the fastest form at
-                      batch 1 to 128 on an H100: /work/shared probes, GPU.md)
+                      batch 1 to 128 on an H100: docs/results/speed.json)
   reduce-overhead     torch.compile(mode="reduce-overhead"): inductor's own CUDA graphs (cudagraph trees)
                       around the model's forward and backward, the optimizer's step eager
   max-autotune        torch.compile(mode="max-autotune"): kernels chosen by timing, and inductor's CUDA graphs

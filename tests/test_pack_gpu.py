@@ -197,7 +197,7 @@ def test_a_deterministic_pack_is_each_models_lone_run(engine, n, deterministic):
 
 
 def test_the_pack_versions_of_our_kernels_pass_cudnns_check():
-    """Note [checking a pack] in lenet/engines/ours.py: each launch shape's pack version, as a pack launches
+    """Note [checking a pack] in lenet/engines/ours_check.py: each launch shape's pack version, as a pack launches
     it, against cuDNN's exact result, model by model; and a planned pack's decisions carry the checks."""
     from lenet.engines.ours import Ours
     from lenet.model import STAGES, LeNet

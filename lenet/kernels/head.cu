@@ -18,7 +18,7 @@
 // not the multiply-adds (256 x 120 + 120 x 10 per image and direction). So: one kernel runs everything
 // an image needs on the step's critical path (the forward, the loss, the gradients the layer below
 // waits for), the weight gradients, which only the update reads, run beside it on the side stream
-// (Note [side stream] in lenet/plan.py), and each phase issues its loads together: fc1's warps
+// (Note [side stream] in lenet/engines/context.py), and each phase issues its loads together: fc1's warps
 // load five rows of W1 (1 KB each, two coalesced 16-byte loads per lane) before using any; W2 is staged
 // in shared memory once per block; dp2 reads W1 by columns, from the L1 copy fc1's loads left.
 // A weight gradient summed over a range of images per block needs no partial rows when one range
@@ -34,7 +34,7 @@
 // Note [head compile]: fc1's loop over its three batches of five rows stays rolled. Unrolled (3 x 5 x 8
 // warp sums), NVRTC took 1.3 s over this module against 0.65 s rolled, and on a first run on a fresh
 // machine this module is the longest compile, which the first step waits for (Note [first run] in
-// descriptors/modules.py); each batch's loads are issued together before any is used either way.
+// lenet/kernels/nvrtc.py); each batch's loads are issued together before any is used either way.
 
 // dp2 = (W1^T dh1) * (p2 > 0) for a group's images: thread i (of 256) owns input i, summing over the 120
 // hidden units in order (one FMA chain per image). NG images per thread: the group size G where it is

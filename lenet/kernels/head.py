@@ -146,7 +146,7 @@ class HeadLaunches:
     gradients dh1 and dx (masked by x > 0); ``backward_given()``: from dlogits written by the caller (a
     loss of its own), the data gradients (the forward run again first: it is a few microseconds), then
     ``backward()``: the weight and bias gradients on the side stream (Note [side stream] in
-    lenet/plan.py), over ranges of ``per`` images (one range: written straight into the gradients;
+    lenet/engines/context.py), over ranges of ``per`` images (one range: written straight into the gradients;
     several: per-range rows added in order). head.cu's version runs each of these forwards in one
     kernel, head_split.cu's in two (fc1, then fc2, the loss and the data gradients: Note [head split]),
     with, in training, a third beside the step that adds the slices' loss sums (lane 1 of the side

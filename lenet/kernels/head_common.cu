@@ -1,7 +1,7 @@
 // What the head's modules share (lenet/kernels/__init__.py: SOURCES): its shapes, block size and arithmetic.
 // head.cu and head_split.cu hold the forward's two versions (with the loss and the data gradients),
 // head_weights.cu the weight and bias gradients: modules of their own, so that no compile waits for
-// another on a first run (Note [first run] in descriptors/modules.py).
+// another on a first run (Note [first run] in lenet/kernels/nvrtc.py).
 
 #define H_IN 256
 #define H_HID 120

@@ -45,7 +45,7 @@ extern "C" __global__ void sgd_kernel(float* __restrict__ p, const float* __rest
 
 // a[0..n) = value: the learning rate and the running loss set on the model's stream without a host
 // copy that could wait for the stream, and without CuPy's fill kernel (one more NVRTC compile on a
-// first run: Note [first run] in descriptors/modules.py). Thread i (grid-stride) owns a[i]; no
+// first run: Note [first run] in lenet/kernels/nvrtc.py). Thread i (grid-stride) owns a[i]; no
 // shared memory.
 extern "C" __global__ void fill_kernel(float* __restrict__ a, float value, int n) {
     griddep_entry();

@@ -2,7 +2,7 @@
 // softmax_ce.cu's kernel and the head's forward (head.cu, which fuses the loss into it) are compiled
 // from; the kernel is in softmax_ce.cu, so that the head's module compiles no second copy of it (a
 // fourth of that module's compile, on the first run's longest path: Note [first run] in
-// descriptors/modules.py).
+// lenet/kernels/nvrtc.py).
 //
 // logits (n, classes) row-major, labels (n,) int32; z = logits, or (logits + logits2) / 2 when
 // logits2 is given (test-time augmentation: the mean of two views' logits). For each row i:

@@ -215,7 +215,7 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
 #if S2B_KS == 4
 // Note [registers of the split kernel]: 640 threads at 72 registers take 46 K of an SM's 64 K
 // registers, and leave room for a block of the head's weight-gradient kernel, which runs beside the
-// stages' backward on the side stream (Note [side stream] in lenet/plan.py). Left to ptxas,
+// stages' backward on the side stream (Note [side stream] in lenet/engines/context.py). Left to ptxas,
 // __launch_bounds__(640, 1) took 96 registers: the whole register file, so at batch 128 (a grid of
 // 128 blocks) the side stream waited and the step was slower (docs/kernels.md, "Stage 2's backward").
 // __launch_bounds__(640) alone took 48 registers and spilled.
