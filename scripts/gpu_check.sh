@@ -20,7 +20,7 @@
 set -u -o pipefail
 out=${OUT:-out/gpu-check}
 mkdir -p "$out"
-if compgen -G ".whl/*.whl" >/dev/null; then
+if compgen -G ".whl/*.whl" >/dev/null && [ -z "${GPU_CHECK_WHEELS_IN:-}" ]; then
     python3 -m pip install -q --no-index --no-deps --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl || { echo "gpu-check: could not install .whl/*.whl"; exit 1; }
     export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
@@ -30,6 +30,56 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 
 part=${1:-all}
 test_rc=0 prog_rc=0 san_rc=0
+# `spread`: the whole check over every GPU of the machine (or $GPU_CHECK_GPUS of them), the parts longest first
+# from one queue, each GPU taking the next part when it is free; each part runs in its own copy of the checkout
+# (a part's checkout check sees only its own files) with the wheels installed once, here. Prints each part's
+# summary line, then one line for the whole. Run one by one on four H100s (2026-11-28), the parts took about
+# 2,400 GPU-seconds in all, the longest under 300 s: about ten minutes on four GPUs, where one GPU needs 40.
+# (The queue has run on two stand-in GPUs without a GPU, tests/test_gpu_check_cpu.py; not yet on four.)
+if [ "$part" = spread ]; then
+    gpus=${GPU_CHECK_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
+    out=$(cd "$out" && pwd)
+    [ "$gpus" -ge 1 ] 2>/dev/null || { echo "gpu-check (spread): no GPU"; exit 1; }
+    work=$(mktemp -d); queue=$work/queue
+    fixed=tests/test_model_gpu.py::test_parity_every_fixed_combination   # a third of the model's tests' time
+    printf '%s\n' "tests-parity|$fixed" \
+        "tests-model|tests/test_model_gpu.py --deselect $fixed tests/test_pack_gpu.py tests/test_readme_gpu.py tests/test_startup.py" \
+        "tests-stages|tests/test_descriptors_gpu.py tests/test_graph_gpu.py tests/test_stages_gpu.py tests/test_head_gpu.py" \
+        "tests-torch|tests/test_torch_gpu.py tests/test_numerics_gpu.py tests/test_bench_gpu.py" \
+        "tests-train|tests/test_train_gpu.py tests/test_recipe_gpu.py tests/test_sweep_gpu.py" \
+        "racecheck|" "synccheck|" "programs|" "initcheck|" "packs-racecheck|" "packs-synccheck|" "packs-initcheck|" > "$queue"
+    worker() {
+        local g=$1 line name args
+        while line=$(flock "$queue.lock" sh -c 'head -1 "$0"; sed -i 1d "$0"' "$queue") && [ -n "$line" ]; do
+            name=${line%%|*} args=${line#*|}
+            rm -rf "$work/g$g"; mkdir "$work/g$g"
+            tar -C . --exclude="./${out#"$PWD"/}" -cf - . | tar -C "$work/g$g" -xf -   # without the logs
+            (cd "$work/g$g" && CUDA_VISIBLE_DEVICES=$g GPU_CHECK_WHEELS_IN=1 PYTEST_ARGS="$args" OUT="$out/$name" \
+                bash scripts/gpu_check.sh "$([ "${name#tests-}" = "$name" ] && echo "$name" || echo tests)" \
+                > "$out/$name.txt" 2>&1)
+        done
+        rm -rf "$work/g$g"
+    }
+    for g in $(seq 0 $((gpus - 1))); do worker "$g" & done
+    wait
+    rm -rf "$work"
+    python3 - "$out" <<'PY' | tee "$out/summary.txt"
+import pathlib, re, sys
+out, lines, ok, counts = pathlib.Path(sys.argv[1]), [], True, [0, 0, 0, 0]
+for d in sorted(p for p in out.iterdir() if p.is_dir()):
+    s = (d / "summary.txt").read_text().strip() if (d / "summary.txt").exists() else f"gpu-check ({d.name}): FAIL | no summary"
+    print(f"{d.name}: {s}")
+    ok &= " PASS " in s
+    m = re.search(r"(\d+) passed, (\d+) failed, (\d+) skipped, (\d+) errors", s)
+    counts = [a + int(b) for a, b in zip(counts, m.groups())] if m else counts
+gpu = re.findall(r"\| GPU (.*)$", "\n".join((d / "summary.txt").read_text() for d in out.iterdir() if (d / "summary.txt").exists()))
+print(f"gpu-check (spread): {'PASS' if ok and counts[0] else 'FAIL'} | {counts[0]} passed, {counts[1]} failed, "
+      f"{counts[2]} skipped, {counts[3]} errors | programs, memcheck + leak check, racecheck, synccheck, initcheck, "
+      f"over one model and a pack: {'all clean' if ok else 'see the parts'} | GPU {gpu[0] if gpu else 'unknown'}")
+sys.exit(0 if ok and counts[0] else 1)
+PY
+    exit $?
+fi
 # `arch A`: an older GPU generation's code path on this GPU (Note [kernel architecture] in
 # lenet/kernels/nvrtc.py): our kernels compiled as PTX for compute capability A (75: a T4; 80: an A100; 86,
 # 89), then the GPU tests of the model, stages, head, numerics, packs and lenet.torch (every engine), and the

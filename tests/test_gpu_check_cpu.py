@@ -1,0 +1,54 @@
+"""scripts/gpu_check.sh's `spread` part, on a machine without a GPU: its queue holds every GPU test file once,
+and a run over two stand-in GPUs runs each part once, in its own copy of the checkout, and adds the parts'
+counts into its one line (every part fails here, so the whole fails)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+PARTS = {"tests-parity", "tests-model", "tests-stages", "tests-torch", "tests-train", "programs", "racecheck",
+         "synccheck", "initcheck", "packs-racecheck", "packs-synccheck", "packs-initcheck"}
+
+
+def _queue() -> dict[str, str]:
+    text = SCRIPT.read_text()
+    block = text[text.index("printf '%s\\n' \"tests-parity"):text.index('> "$queue"')]
+    return dict(line.split("|", 1) for line in re.findall(r'"([^"]*\|[^"]*)"', block))
+
+
+def test_the_spread_queue_holds_every_gpu_test_file_and_every_part():
+    queue = _queue()
+    assert set(queue) == PARTS, sorted(queue)
+    named = re.findall(r"tests/(test_\w+\.py)", " ".join(queue.values()))
+    marked = sorted(p.name for p in (ROOT / "tests").glob("test_*.py")
+                    if p.name != Path(__file__).name and "pytest.mark.gpu" in p.read_text())
+    assert len(marked) >= 14 and all(f in named for f in marked), sorted(set(marked) - set(named))
+
+
+def test_spread_runs_each_part_once_and_adds_their_counts(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: stand-in"\necho "GPU 1: stand-in"\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+           "GPU_CHECK_WHEELS_IN": "1"}
+    out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    lines = out.stdout.strip().splitlines()
+    parts = [line.split(":", 1)[0] for line in lines if re.match(r"^[a-z-]+: gpu-check", line)]
+    assert sorted(parts) == sorted(PARTS), lines
+    whole = lines[-1]
+    assert out.returncode == 1 and whole.startswith("gpu-check (spread): FAIL"), whole
+    sums = [0, 0, 0, 0]
+    for line in lines[:-1]:
+        m = re.search(r"(\d+) passed, (\d+) failed, (\d+) skipped, (\d+) errors", line)
+        if m:
+            sums = [a + int(b) for a, b in zip(sums, m.groups())]
+    assert f"{sums[0]} passed, {sums[1]} failed, {sums[2]} skipped, {sums[3]} errors" in whole, whole
+    assert sum(sums) > 200, sums   # every GPU test was collected by some part (and none ran: no GPU here)
+    assert not list((tmp_path / "out").glob("*/.git")), "a copy of the checkout was left in the logs"
