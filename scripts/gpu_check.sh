@@ -54,7 +54,9 @@ if [ "$part" = spread ]; then
             name=${line%%|*} args=${line#*|}
             rm -rf "$work/g$g"; mkdir "$work/g$g"
             tar -C . --exclude="./${out#"$PWD"/}" -cf - . | tar -C "$work/g$g" -xf -   # without the logs
+            # pytest empties its --basetemp at start: a worker's own, after any the caller's PYTEST_ADDOPTS names
             (cd "$work/g$g" && CUDA_VISIBLE_DEVICES=$g GPU_CHECK_WHEELS_IN=1 PYTEST_ARGS="$args" OUT="$out/$name" \
+                PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --basetemp=$work/t$g" \
                 bash scripts/gpu_check.sh "$([ "${name#tests-}" = "$name" ] && echo "$name" || echo tests)" \
                 > "$out/$name.txt" 2>&1)
         done

@@ -39,9 +39,9 @@ def test_spread_runs_each_part_once_and_adds_their_counts(tmp_path):
            "GPU_CHECK_WHEELS_IN": "1"}
     out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)
-    lines = out.stdout.strip().splitlines()
+    lines = out.stdout.strip().splitlines() or [out.stderr]
     parts = [line.split(":", 1)[0] for line in lines if re.match(r"^[a-z-]+: gpu-check", line)]
-    assert sorted(parts) == sorted(PARTS), lines
+    assert sorted(parts) == sorted(PARTS), (lines, out.stderr[-2000:])
     whole = lines[-1]
     assert out.returncode == 1 and whole.startswith("gpu-check (spread): FAIL"), whole
     sums = [0, 0, 0, 0]
