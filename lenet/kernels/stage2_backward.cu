@@ -210,8 +210,8 @@ __device__ __forceinline__ void stage2_backward(const float* __restrict__ x, con
   if (t < 16) (direct ? db : mine + S2_WEIGHTS)[t] = bacc;
 }
 
-// The one version this file ships (S2B_KS, set by its declaration; dev/conv2_backward_v1_v2.cu has the
-// template's other instances).
+// The one version this file ships (S2B_KS, set by its declaration). dev/conv2_backward_v1_v2.cu compiles this
+// file before its own (uses=) for the template's other instances, KS = 1 and 2.
 #if S2B_KS == 4
 // Note [registers of the split kernel]: 640 threads at 72 registers take 46 K of an SM's 64 K
 // registers, and leave room for a block of the head's weight-gradient kernel, which runs beside the
@@ -226,6 +226,6 @@ stage2_backward_split4_kernel(const float* __restrict__ x, const float* __restri
                               float* __restrict__ db, int N, int ps) {
   stage2_backward<4>(x, w, arg, dp, dx, part, dw, db, N, ps);
 }
-#else
-#error "S2B_KS must be 4: versions 1 and 2 (KS = 1, 2) are in dev/"
+#elif S2B_KS != 1 && S2B_KS != 2
+#error "S2B_KS must be 4 (versions 1 and 2, KS = 1 and 2, are dev/conv2_backward_v1_v2.cu's)"
 #endif
