@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from signals import guarded  # noqa: E402 (the test's reading of a child's signals)
 
 
 def dataset(root: Path, images: int) -> Path:
@@ -51,18 +53,6 @@ def dataset(root: Path, images: int) -> Path:
             raw = bytes([0, 0, 8, a.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in a.shape) + a.tobytes()
             (root / (stem + ".gz")).write_bytes(gzip.compress(raw, mtime=0))
     return root
-
-
-def guarded(pid: int) -> bool:
-    """Whether the child has run our first line: SIGTERM blocked or caught, which Python's own start never does;
-    a child already gone (a zombie) counts as guarded, as tests/test_hostile_cpu.py's _guarded reads it."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        held = int(fields["SigCgt"], 16) | int(fields["SigBlk"], 16)
-    except (OSError, KeyError, ValueError):
-        return True
-    return bool(held & (1 << (signal.SIGTERM - 1))) or fields.get("State", "").strip().startswith("Z")
 
 
 def bare_start(python: str, env: dict) -> float:

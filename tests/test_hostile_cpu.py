@@ -18,6 +18,7 @@ import pytest
 
 from lenet import checkpoint as ckpt
 from lenet import params as P
+from signals import guarded
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = "no usable NVIDIA GPU"
@@ -63,18 +64,6 @@ def _startup_seconds() -> float:
     return time.monotonic() - t0
 
 
-def _guarded(pid: int) -> bool:
-    """Whether process ``pid`` has run our first line (interrupt.guard): SIGTERM caught or held back, which
-    Python's own start never does. A process already gone counts as guarded (the stricter reading)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        held = int(fields["SigCgt"], 16) | int(fields["SigBlk"], 16)
-    except (OSError, KeyError, ValueError):
-        return True
-    return bool(held & (1 << (signal.SIGTERM - 1))) or fields.get("State", "").strip().startswith("Z")
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="POSIX signals")
 def test_a_signal_at_any_moment_of_the_first_seconds_is_one_line_and_never_a_hang(dataset, tmp_path):
     first = max(0.1, 3 * _startup_seconds())   # the interpreter's own start-up is not ours
@@ -96,7 +85,7 @@ def test_a_signal_at_any_moment_of_the_first_seconds_is_one_line_and_never_a_han
         p = subprocess.Popen(cmd + ["--out", str(out_dir)], env=_env(XDG_CACHE_HOME=str(cache)),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
         time.sleep(offset)
-        early = not _guarded(p.pid)   # still in the interpreter's own start (a loaded machine): not ours yet
+        early = not guarded(p.pid)   # still in the interpreter's own start (a loaded machine): not ours yet
         sent = time.monotonic()
         p.send_signal(sig)
         try:
