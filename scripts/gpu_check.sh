@@ -18,6 +18,11 @@
 # programs, sanitizer, GPU, cuDNN.
 # Wheels in .whl/ (packages the machine lacks, e.g. nvmath-python) are installed to /tmp/site.
 set -u -o pipefail
+case "${1:-all}" in   # a part not named here would run nothing and pass
+    all|tests|programs|racecheck|synccheck|initcheck|sanitizers|packs|packs-racecheck|packs-synccheck|packs-initcheck|arch|spread) ;;
+    *) echo "gpu-check: no part ${1}: all, tests, programs, racecheck, synccheck, initcheck, sanitizers, packs," \
+            "packs-racecheck, packs-synccheck, packs-initcheck, arch A, spread"; exit 2 ;;
+esac
 out=${OUT:-out/gpu-check}
 mkdir -p "$out"
 if compgen -G ".whl/*.whl" >/dev/null && [ -z "${GPU_CHECK_WHEELS_IN:-}" ]; then

@@ -52,3 +52,10 @@ def test_spread_runs_each_part_once_and_adds_their_counts(tmp_path):
     assert f"{sums[0]} passed, {sums[1]} failed, {sums[2]} skipped, {sums[3]} errors" in whole, whole
     assert sum(sums) > 200, sums   # every GPU test was collected by some part (and none ran: no GPU here)
     assert not list((tmp_path / "out").glob("*/.git")), "a copy of the checkout was left in the logs"
+
+
+def test_a_part_it_does_not_have_is_one_line_and_runs_nothing(tmp_path):
+    """A misspelt part (`test` for `tests`) would run no check and pass: it is refused, before anything."""
+    out = subprocess.run(["bash", str(SCRIPT), "test"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout.count("\n") == 1 and "no part test: all, tests," in out.stdout, out
+    assert not list(tmp_path.iterdir())
