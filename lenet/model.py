@@ -104,7 +104,7 @@ class LeNet:
         self.loss_op, self.update_op = ops.loss, ops.update
         self.sgd = self.planner.plan(self.update_op, 0)
         self.runner = Runner(self.stream, self.planner.ctx.workspace, w.save, w.restore)
-        self.plans = Plans(self.planner, ops, self.max_batch, self.plan_cache)
+        self.plans = Plans(self.planner, ops, self.max_batch, self.plan_cache, self.sgd)
         self._steps: dict[int, Step] = self.plans.steps
         self.inputs = Inputs(self.buf, w.lr_dev, self.stream, self.slots, self.max_batch)
         self.evaluation = Evaluation(self.plans, self.inputs, w, self.runner, self.cuda_graph)
@@ -213,9 +213,7 @@ class LeNet:
         self.sgd()
 
     def _train(self, step: Step) -> None:
-        step.forward_loss()
-        step.backward()
-        self.sgd()
+        step.train()
 
     def step(self, n: int | None = None, lr: float | None = None):
         """forward + backward + SGD on the batch already in the input buffers; returns the

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import params as P
 from .ops import (Head, HeadTensors, Loss, LossTensors, Stage, StageSpec, StageTensors, Update,
-                  UpdateTensors)
+                  UpdateTensors, WholeStep)
 
 CLASSES = 10
 IMAGE = (1, 28, 28)
@@ -34,7 +34,8 @@ BUFFERS = {
 
 @dataclass
 class Operations:
-    """The network, in order: two stages, the head, the loss, the update (unplanned: lenet/ops.py)."""
+    """The network, in order: two stages, the head, the loss, the update; and all of them as one training
+    step (unplanned: lenet/ops.py)."""
 
     stages: tuple
     head: Head
@@ -42,6 +43,7 @@ class Operations:
     loss_tensors: LossTensors
     loss: Loss
     update: Update
+    step: WholeStep
 
 
 def operations(buf: dict, weights, specs, max_batch: int, models: int, momentum, weight_decay, nesterov,
@@ -65,7 +67,7 @@ def operations(buf: dict, weights, specs, max_batch: int, models: int, momentum,
     update = Update(UpdateTensors(w.params, w.grads, w.velocity, w.lr_dev, w.ema, momentum, weight_decay, nesterov,
                                   ema_decay, K, w.hyper))
     return Operations(stages, head, dataclasses.replace(head, dx_mask=False), loss_tensors, Loss(loss_tensors, N, K),
-                      update)
+                      update, WholeStep(stages, loss_tensors, update.tensors, N, K))
 
 
 def buffers(max_batch: int, models: int, seed: int, input_grad: bool) -> dict:

@@ -5,6 +5,8 @@ how. An engine (lenet/engines/) runs an operation; the planner (lenet/plan.py) c
     head     fc1 + ReLU + fc2, forward and backward (an engine may fuse the loss into it)
     loss     softmax cross-entropy, mean over the batch, and its gradient
     update   SGD with momentum (plain or Nesterov), weight decay, and the weights' moving average
+    step     all of the above for one training step, as one operation (an engine may run it whole:
+             Note [a whole step] in lenet/steps.py)
 
 Each holds its full-batch tensors (a batch of n uses their first n rows) and the largest batch it
 takes; ``key()`` is what a stored choice names of it (pointer-free).
@@ -242,5 +244,25 @@ class Update:
                          t.models)
 
 
+@dataclass(frozen=True, eq=False)
+class WholeStep:
+    """One training step (the stages, the head, the loss and the update) as one operation: what it reads
+    and writes are the stages' input and parameters, the loss's tensors (its logits too) and the update's
+    buffers; its activations in between are the engine's own."""
+
+    kind = "step"
+    stages: tuple          # the network's Stage operations, in order
+    loss: LossTensors
+    update: UpdateTensors
+    max_batch: int
+    models: int = 1
+    name = "train step"
+
+    def key(self) -> dict:
+        t = self.update
+        return _pack_key({"stages": [s.spec.key() for s in self.stages], "size": int(t.params.size) // t.models,
+                          "nesterov": t.nesterov, "ema": t.ema is not None}, self.models)
+
+
 __all__ = ["StageSpec", "StageTensors", "HeadTensors", "LossTensors", "UpdateTensors", "Stage", "Head", "Loss",
-           "Update"]
+           "Update", "WholeStep"]

@@ -58,10 +58,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+
 from descriptors.algorithms import AlgorithmNotSupportedError
 
 from .engines import registry
-from .engines.base import Check, Chosen, Decision, Trial, label
+from .engines.base import Check, Chosen, Decision, Named, Trial, label
 from .engines.context import Context, SideStream
 from .ops import Loss
 from .timing import time_forward_backward, time_launcher
@@ -189,6 +191,54 @@ class Planner:
                         encode=encode if timed else None, what=f"{op.kind} {op.name} at batch {n}")
         return Chosen(d.best.plan, d.best.ms, {label(t.candidate): t.ms for t in d.table}, why_not)
 
+    def plan_whole(self, op, n: int, chain) -> Chosen | None:
+        """A whole training step (lenet.ops.WholeStep) at batch n where an engine offers one and it beats the
+        chain of planned operations (``chain()`` runs one training step of them), checked against the chain's
+        result first; None where the chain runs (Note [a whole step] in lenet/steps.py)."""
+        engines, why_not = registry.serving(op, self.policy)
+        offered = [c for e in engines for c in e.candidates(op, n, self)]
+        if not offered:
+            return None
+        by_name = {e.name: e for e in engines}
+        state = _StepState(op, self.ctx.stream)
+
+        def timed(fn) -> float:
+            state.save()
+            try:
+                return self.time(fn)
+            finally:
+                state.restore()
+
+        def trial(c, best):
+            if c is CHAIN:
+                return Trial(c, timed(chain), Check(), None)
+            try:
+                planned = by_name[c.engine].bind(op, n, c, self)
+            except AlgorithmNotSupportedError as err:
+                return f"failed: {err}"
+            error, why = state.check(planned.train, chain, n)
+            if why is not None:
+                return why
+            return Trial(c, timed(planned.train), Check(error), planned)
+
+        def recall(stored):
+            if stored.get("engine") == CHAIN.engine:
+                return Trial(CHAIN, stored.get("ms"), Check(), None)
+            e = by_name.get(stored.get("engine"))
+            c = e.recall(op, n, stored, self) if e is not None else None
+            return None if c is None else Trial(c, stored.get("ms"), Check(stored.get("error")), e.bind(op, n, c, self))
+
+        def encode(d):
+            return {"engine": d.best.candidate.engine, **d.best.candidate.encode(), "ms": d.best.ms,
+                    "error": d.best.check.error, "times": {label(t.candidate): t.ms for t in d.table}}
+
+        key = self.key(f"{op.kind} {op.name}", {"n": n, **op.key()}, engines)
+        d = self.choose(key, [CHAIN, *offered], trial, rule="first" if self.policy.reproducible else "fastest",
+                        recall=recall, encode=encode, what=f"the whole step at batch {n}")
+        if d.best.candidate is CHAIN or d.best.candidate == CHAIN:
+            return None
+        return Chosen(d.best.plan, d.best.ms, {label(t.candidate): t.ms for t in d.table}, why_not)
+
     def loss(self, head, n: int) -> Chosen:
         """The planned loss after ``head`` at batch n, for a head that leaves the loss to it (planned before
         the head's candidates were bound: Note [the head's loss])."""
@@ -231,6 +281,80 @@ class Planner:
         self.decisions.clear()
         self._losses.clear()
         self.ctx.close()
+
+
+# The chain of planned operations, as the whole step's first candidate (Note [a whole step] in lenet/steps.py).
+CHAIN = Named("chain", "planned operations")
+
+# Note [checking a whole step]: a whole step is held to the chain's step from the same state: every
+# parameter's gradient and its value after the update, each within STEP_TOLERANCE of the chain's (norm-wise
+# relative), on the input the buffers hold (random normals until a batch is loaded) and on blank images
+# (every pooling window an exact four-way tie, every conv1 output its bias). The two sum in different orders;
+# a ReLU or pooling decision decided by a hair could differ and fail it, so a failure names the tensor, and
+# the chain runs.
+STEP_TOLERANCE = 1e-4
+
+
+class _StepState:
+    """What a training step changes (the parameters, their momentum and moving average, the loss totals),
+    kept aside and put back while a whole step is checked and timed; and the check itself."""
+
+    def __init__(self, op, stream):
+        u, t = op.update, op.loss
+        self.op, self.stream = op, stream
+        self.kept = [a for a in (u.params, u.velocity, u.ema, t.loss, t.correct, t.running) if a is not None]
+
+    def save(self) -> None:
+        from .kernels import copy_of
+
+        with self.stream:
+            self.saved = [copy_of(a) for a in self.kept]
+
+    def restore(self) -> None:
+        from .kernels import device_copy
+
+        with self.stream:
+            for a, s in zip(self.kept, self.saved):
+                device_copy(a, s)
+
+    def _after(self, fn) -> tuple:
+        from .kernels import copy_of
+
+        self.save()
+        fn()
+        with self.stream:
+            out = copy_of(self.op.update.grads), copy_of(self.op.update.params)
+        self.restore()
+        return out
+
+    def check(self, whole, chain, n: int) -> tuple[float | None, str | None]:
+        """(the largest distance, None) where ``whole`` passes Note [checking a whole step], else (None, why)."""
+        from . import params as P
+        from .kernels import copy_of, device_copy, distance, fill
+
+        x = self.op.stages[0].tensors.x[:n]
+        with self.stream:
+            images = copy_of(x)
+        worst = 0.0
+        try:
+            for inputs in ("the buffers' images", "blank images"):
+                if inputs == "blank images":
+                    with self.stream:
+                        fill(x, 0.0)
+                ref, mine = self._after(chain), self._after(whole)
+                for what, a, b in zip(("gradient", "value after the update"), mine, ref):
+                    for name, off in P.OFFSETS.items():
+                        size = int(np.prod(P.SHAPES[name]))
+                        with self.stream:
+                            d = distance(a[off:off + size], b[off:off + size])
+                        worst = max(worst, d)
+                        if not d <= STEP_TOLERANCE:
+                            return None, (f"{name}'s {what} is {d:.2e} from the chain's on {inputs} "
+                                          f"(at most {STEP_TOLERANCE:g})")
+        finally:
+            with self.stream:
+                device_copy(x, images)
+        return worst, None
 
 
 __all__ = ["Planner", "SideStream", "Context", "Trial", "Decision", "Chosen"]

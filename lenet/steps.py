@@ -1,4 +1,15 @@
-"""A model's operations planned per batch size: a Step for each n, made on first use and kept."""
+"""A model's operations planned per batch size: a Step for each n, made on first use and kept.
+
+Note [a whole step]: at small batches a training step is a chain of about ten short launches whose
+latencies make its time (docs/performance.md). Our engine offers the whole step as one launch of
+thread-block clusters on sm_90 and newer, up to lenet.kernels.step.LIMIT images (lenet/kernels/
+step_cluster.cu). The planner times it against the chain (the chain first: under a reproducible policy the
+chain runs, as it did before), after checking it against the chain's result from the same state (Note
+[checking a whole step] in lenet/plan.py), and keeps the faster. A Step then trains with it (``train()``),
+and its planned operations still run everything else: an evaluation, ``forward()`` and ``backward()`` alone,
+lenet.torch's operators. The whole step writes what a training step's caller reads (the loss's totals, the
+logits, every gradient, the updated state), not the activations in between.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +26,8 @@ class Step:
     head: object
     loss: object
     side: object   # lenet.engines.context.SideStream
+    update: object = None   # the planned update (lenet.engines.base.PlannedOp)
+    whole: object = None    # the whole step, where it beats the chain (Note [a whole step]), else None
 
     @property
     def layers(self) -> list:
@@ -31,6 +44,20 @@ class Step:
         for stage in self.stages:
             stage.forward()
         self.head.forward_loss()
+
+    def train(self) -> None:
+        """One training step: the forward with the loss, every gradient, the update (the whole step's one or
+        two launches where it was chosen)."""
+        if self.whole is not None:
+            self.whole.train()
+            return
+        self.chain()
+
+    def chain(self) -> None:
+        """One training step of the planned operations, one after another."""
+        self.forward_loss()
+        self.backward()
+        self.update()
 
     def backward(self) -> None:
         """Every gradient, the side stream's work included (Note [side stream] in lenet/engines/context.py)."""
@@ -55,15 +82,19 @@ class Step:
         for op in self.layers:
             for row in op.describe():
                 rows.append({**row, "candidates_ms": op.times})
-        return rows if self.head.fuses_loss else rows + self.loss.describe()
+        rows = rows if self.head.fuses_loss else rows + self.loss.describe()
+        if self.whole is not None:   # what a training step runs; the rows above, what the rest runs
+            rows = [{**row, "candidates_ms": self.whole.times} for row in self.whole.describe()] + rows
+        return rows
 
 
 class Plans:
     """The Steps of a model's operations (lenet.network.Operations), planned by ``planner`` (lenet/plan.py)
     for batch sizes 1 to ``max_batch``; choices stored in ``store`` (lenet/plancache.py) when given."""
 
-    def __init__(self, planner, operations, max_batch: int, store=None):
+    def __init__(self, planner, operations, max_batch: int, store=None, update=None):
         self.planner, self.operations, self.max_batch, self.store = planner, operations, max_batch, store
+        self.update = update   # the planned update, which a training step runs after the chain
         self.steps: dict[int, Step] = {}
 
     def plan(self, n: int) -> Step:
@@ -76,8 +107,10 @@ class Plans:
         plan, ops = self.planner.plan, self.operations
         stages = [plan(s, n) for s in ops.stages]
         head = plan(ops.head_unmasked if stages[-1].masks_dy else ops.head, n)
-        step = Step(n, stages, head, plan(ops.loss, n), self.planner.ctx.side)
+        step = Step(n, stages, head, plan(ops.loss, n), self.planner.ctx.side, self.update)
         self.planner.ctx.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
+        if self.update is not None:
+            step.whole = self.planner.plan_whole(ops.step, n, step.chain)
         self.steps[n] = step
         if self.store is not None:
             self.store.flush()

@@ -59,3 +59,30 @@ def test_a_part_it_does_not_have_is_one_line_and_runs_nothing(tmp_path):
     out = subprocess.run(["bash", str(SCRIPT), "test"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and out.stdout.count("\n") == 1 and "no part test: all, tests," in out.stdout, out
     assert not list(tmp_path.iterdir())
+
+
+def _stand_ins(tmp_path, **env):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\necho "GPU 0: stand-in"\necho "GPU 1: stand-in"\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    return {**os.environ, "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+            "GPU_CHECK_WHEELS_IN": "1", **env}
+
+
+def test_spread_runs_only_the_parts_named_and_says_it_is_not_the_whole_check(tmp_path):
+    env = _stand_ins(tmp_path, GPU_CHECK_PARTS="tests-stages tests-torch")
+    out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    lines = out.stdout.strip().splitlines() or [out.stderr]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == ["tests-stages", "tests-torch"], lines
+    assert "only the parts tests-stages, tests-torch (not the whole check)" in lines[-1], lines[-1]
+
+
+def test_spread_refuses_a_part_its_queue_does_not_have_in_one_line(tmp_path):
+    env = _stand_ins(tmp_path, GPU_CHECK_PARTS="tests-stages tests-stage")
+    out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    last = out.stdout.strip().splitlines()[-1]   # after the GPUs' listing every part starts with
+    assert out.returncode == 2 and last.startswith("gpu-check (spread): no part tests-stage in the queue: tests-parity "), out
+    assert not (tmp_path / "out").exists() or not any(p.is_dir() for p in (tmp_path / "out").iterdir())

@@ -13,6 +13,9 @@
           (head_common.cu)
   loss    softmax cross-entropy (softmax_ce.cu), where the head does not fuse it; and evaluation's
   update  SGD with momentum, weight decay and the moving average, one launch (sgd.cu)
+  step    the whole training step at small batches in one launch of thread-block clusters (step_cluster.cu,
+          sm_90 and newer; ours_step.py), timed against the chain of the launches above (Note [a whole
+          step] in lenet/steps.py)
 
 ``heuristic`` takes each list's first launch shape (a rule: no timing), ``exhaustive`` times them all.
 Our kernels are float32 and deterministic: a fixed launch shape sums the gradients in a fixed order (Note
@@ -21,7 +24,7 @@ whose weight gradient runs on the tensor cores as three TF32 products per float3
 accuracy (Note [three tf32 products] in lenet/kernels/tf32.cu); it passes the same check.
 
 The engine's parts: its stages (ours_stage.py), their checks against cuDNN (ours_check.py), its head
-(ours_head.py); this file holds its rules, the protocol, and the loss and the update.
+(ours_head.py), its whole step (ours_step.py); this file holds its rules, the protocol, and the loss and the update.
 
 Note [pinned candidates]: --algo may name one of our candidates as train_step prints it:
 ``fused-fwd-v1-i1-g8`` pins the stages' forward, ``fused-bwd-v2-g4`` their backward (both backward
@@ -47,6 +50,7 @@ from ..kernels.stages import Forward
 from .base import Engine, Named, PlannedOp, sums_as_lone
 from .ours_head import OurHead
 from .ours_stage import OurStages
+from .ours_step import OurStep
 
 
 def pins(name: str) -> tuple[str, ...]:
@@ -64,11 +68,11 @@ def pins(name: str) -> tuple[str, ...]:
 
 
 
-class Ours(OurStages, OurHead, Engine):
+class Ours(OurStages, OurHead, OurStep, Engine):
     name = "ours"
     flag = "ours"
     runs = "our kernels only"
-    kinds = ("stage", "head", "loss", "update")
+    kinds = ("stage", "head", "loss", "update", "step")
     everywhere = ("loss", "update")   # our kernels alone run these, under every engine
 
     # ---------------------------------------------------------------- rules
@@ -81,6 +85,8 @@ class Ours(OurStages, OurHead, Engine):
             return None
         if not policy.fused:
             return "fusion is off (--no-fused), and our stages and head are fused kernels"
+        if op.kind == "step":
+            return self._step_refuses(op, policy)
         if op.kind != "stage":
             return None
         if policy.chunk is not None:
@@ -140,19 +146,23 @@ class Ours(OurStages, OurHead, Engine):
             lone = K > 1 and sums_as_lone(K, n, policy)
             return [replace(s, engine=self.name) for s in head_kernels.shapes(n, heuristic, 1 if lone else K)
                     if not (policy.reproducible and s.form == "tail")]
+        if op.kind == "step":
+            return self._step_candidates(op, n)
         return [Named(self.name, {"stage": "fused kernels", "loss": "softmax_ce", "update": "sgd"}[op.kind])]
 
     def recall(self, op, n: int, stored: dict, planner):
         if op.kind == "head":
             shape = HeadShape.decode(stored)
             return next((c for c in self.candidates(op, n, planner) if c == shape), None)
-        return self.candidates(op, n, planner)[0]
+        return next(iter(self.candidates(op, n, planner)), None)
 
     def bind(self, op, n: int, candidate, planner) -> PlannedOp:
         if op.kind == "stage":
             return self._stage(op, n, planner)
         if op.kind == "head":
             return self._head(op, n, candidate, planner)
+        if op.kind == "step":
+            return self._step_bind(op, n, planner)
         if op.kind == "loss":
             K = op.models
             sce = self._scratch(planner, ("sce", K), lambda: SoftmaxCE(models=K))

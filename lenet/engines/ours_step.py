@@ -1,0 +1,51 @@
+"""Our engine's whole training step: one launch of thread-block clusters at small batches (lenet/kernels/
+step_cluster.cu, sm_90 and newer; launcher lenet/kernels/step.py), a candidate the planner times against the
+chain of launches and checks against the chain's result (Note [a whole step] in lenet/steps.py)."""
+
+from __future__ import annotations
+
+from ..kernels import step as step_kernels
+from .base import Named, PlannedOp
+
+
+class OurStep:
+    """The whole step's rules and binding (a part of lenet.engines.ours.Ours)."""
+
+    def _step_refuses(self, op, policy) -> str | None:
+        from ..kernels import arch
+
+        if op.models > 1:
+            return "runs one model, not a pack"
+        if arch() < step_kernels.ARCH:
+            return (f"needs thread-block clusters (compute capability {step_kernels.ARCH // 10}.0); these kernels are "
+                    f"compiled for {arch() // 10}.{arch() % 10}")
+        if policy.owners():
+            return "--algo fixes a stage's candidate, which the whole step does not run"
+        if any(s.spec.dx and not s.spec.dx_mask for s in op.stages):
+            return "does not compute the images' gradient"
+        return None
+
+    def _step_candidates(self, op, n: int) -> list:
+        return [Named(self.name, "cluster step")] if n <= step_kernels.LIMIT else []
+
+    def _step_bind(self, op, n: int, planner) -> PlannedOp:
+        x, labels = op.stages[0].tensors.x, op.loss.labels
+        return PlannedStep(self.name, step_kernels.ClusterStep(x[:n], labels[:n], op.loss, op.update, n,
+                                                               planner.ctx.stream))
+
+
+class PlannedStep(PlannedOp):
+    """A whole training step at one batch size: ``train()`` runs the forward, the loss (its totals and the
+    logits as the chain writes them), every gradient and the update."""
+
+    def __init__(self, engine: str, launch):
+        self.engine, self.launch = engine, launch
+
+    def train(self) -> None:
+        self.launch()
+
+    def describe(self, ms: float | None = None) -> list[dict]:
+        parts = "one launch" if len(self.launch.launches) == 1 else f"{self.launch.clusters} clusters, then the update"
+        return [{"layer": "step", "op": f"whole step ({parts})", "engine": self.engine, "algo": "step_cluster_kernel",
+                 "fused": True, "chunk": self.launch.n, "chunks": 1, "time_ms": ms, "workspace_bytes": 0,
+                 "deterministic": True}]

@@ -1,0 +1,73 @@
+"""The whole training step in one launch of thread-block clusters (step_cluster.cu, sm_90 and newer), or two
+above one cluster's images: its launcher, as our engine binds it (lenet/engines/ours_step.py) and the
+workbench times its variants (dev/step_cluster.py).
+
+Note [the whole step's batch sizes]: one image a cluster of eight blocks (step_cluster.cu, SC_MAXG 1), an H100,
+us a step against the chain (dev/step_cluster.py, 2026-11-28): 1 image 17.9 against 20.3; 2: 19.1 / 21.5; 4:
+18.7 / 22.2; 8: 19.4 / 30.2; 12: 20.1 / 25.8; 16: 34.8 / 26.2 (two images a cluster 25.3), 64: 84 / 29. Our
+engine offers it up to LIMIT images, and the planner times it against the chain there.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+MODULE = "step_cluster"
+RANKS = 8              # blocks a cluster (SC_RANKS)
+LIMIT = 12             # the largest batch our engine offers the whole step at (Note [the whole step's batch sizes])
+ARCH = 90              # thread-block clusters
+UPDATE_THREADS = 256
+
+
+@functools.lru_cache(maxsize=None)
+def shape(module: str = MODULE) -> tuple[int, int, int]:
+    """(threads a block, dynamic shared memory in bytes, images a cluster) of a module of step_cluster.cu, from
+    its macros (the file's defaults, or its declaration's define=)."""
+    from . import _declared
+
+    defines = dict(d.partition("=")[::2] for d in _declared(module).defines)
+    floats = 24880 - (4096 if "SC_DX_ROUTED" in defines else 0)   # SC_SMEM_FLOATS
+    return int(defines.get("SC_THREADS", 512)), 4 * floats, int(defines.get("SC_MAXG", 1))
+
+
+class ClusterStep:
+    """One training step of a model's buffers at batch n on ``stream``: ``x``, ``labels`` its input rows;
+    ``loss`` (lenet.ops.LossTensors) the totals, logits and label smoothing (a float); ``update``
+    (lenet.ops.UpdateTensors) the flat buffers, the device learning rate and the rule. One model only.
+    ``prof``: the workbench's phase clock (a module compiled with SC_PROFILE), else None."""
+
+    def __init__(self, x, labels, loss, update, n: int, stream, module: str = MODULE, prof=None):
+        import cupy
+
+        from . import kernel
+        from .launch import Launch
+
+        if update.models != 1:
+            raise ValueError("the whole step runs one model, not a pack")
+        f32, i32, null = np.float32, np.int32, np.uint64(0)
+        threads, smem, maxg = shape(module)
+        self.n, self.clusters = int(n), -(-int(n) // maxg)
+        c, u = self.clusters, update
+        total = int(u.params.size)
+        self.part = cupy.zeros((c, total), cupy.float32) if c > 1 else None   # zero where no parameter is
+        self.part_loss = cupy.zeros(c, cupy.float32)
+        self.part_correct = cupy.zeros(c, cupy.int32)
+        ema = u.ema if u.ema is not None else null
+        rule = (f32(u.momentum), f32(u.weight_decay), i32(bool(u.nesterov)), f32(1.0 - (u.ema_decay or 0.0)))
+        running = loss.running if loss.running is not None else null
+        scale = f32(1.0 / n)
+        self.launches = [Launch(kernel(module, "step_cluster_kernel"), (RANKS * c,), (threads,), (
+            x, labels, i32(n), u.params, u.grads, u.velocity, ema, u.lr, *rule, f32(loss.label_smoothing), scale,
+            scale, loss.loss, loss.correct, running, self.part if c > 1 else null, self.part_loss,
+            self.part_correct, loss.logits, null if prof is None else prof), stream, shared_mem=smem)]
+        if c > 1:
+            self.launches.append(Launch(kernel(module, "step_cluster_update_kernel"),
+                                        (-(-total // UPDATE_THREADS),), (UPDATE_THREADS,), (
+                self.part, i32(c), u.params, u.grads, u.velocity, ema, u.lr, *rule, self.part_loss,
+                self.part_correct, scale, loss.loss, loss.correct, running), stream))
+
+    def __call__(self) -> None:
+        for launch in self.launches:
+            launch()

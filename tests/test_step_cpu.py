@@ -1,0 +1,109 @@
+"""The whole training step (Note [a whole step] in lenet/steps.py): who may run it and where, before any GPU work;
+its module for sm_90 and its workbench's variants over it, compiled by NVRTC."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _op(models=1, input_grad=False):
+    from lenet.network import STAGES
+
+    specs = [SimpleNamespace(spec=s) for s in STAGES]
+    if input_grad:
+        import dataclasses
+        specs[0] = SimpleNamespace(spec=dataclasses.replace(STAGES[0], dx=True, dx_mask=False))
+    return SimpleNamespace(kind="step", name="train step", models=models, stages=specs,
+                           update=SimpleNamespace(ema=None, ema_decay=None))
+
+
+@pytest.fixture
+def sm90(monkeypatch):
+    import lenet.kernels as kernels
+
+    monkeypatch.setattr(kernels, "arch", lambda: 90)
+
+
+def test_our_engine_offers_the_whole_step_to_one_model_on_sm90_up_to_its_limit(sm90):
+    from lenet.engines import Policy, registry
+    from lenet.engines.ours import Ours
+    from lenet.kernels.step import LIMIT
+
+    ours, op = Ours(), _op()
+    for engine in ("auto", "ours"):
+        ok, why_not = registry.serving(op, Policy.parse("heuristic", engine=engine))
+        assert [e.name for e in ok] == ["ours"], why_not
+    assert [c.name for c in ours.candidates(op, LIMIT, None)] == ["cluster step"]
+    assert ours.candidates(op, LIMIT + 1, None) == []
+    assert ours.recall(op, LIMIT + 1, {"engine": "ours", "name": "cluster step"}, None) is None
+
+
+@pytest.mark.parametrize("case, why", [
+    ("pack", "runs one model, not a pack"),
+    ("input_grad", "does not compute the images' gradient"),
+    ("pinned", "--algo fixes a stage's candidate"),
+    ("legacy", "engine legacy runs"),
+    ("graph", "engine graph runs"),
+    ("unfused", "fusion is off"),
+])
+def test_the_whole_step_is_refused_where_it_cannot_run_and_the_chain_runs(sm90, case, why):
+    from lenet.engines import Policy, registry
+
+    op = _op(models=3 if case == "pack" else 1, input_grad=case == "input_grad")
+    policy = {"pinned": Policy.parse("fused-fwd-v1-i1-g8", engine="ours"),
+              "legacy": Policy.parse("heuristic", engine="legacy"), "graph": Policy.parse("heuristic", engine="graph"),
+              "unfused": Policy.parse("heuristic", engine="auto", fused=False)}.get(case, Policy.parse("heuristic"))
+    ok, why_not = registry.serving(op, policy)
+    assert ok == [] and why in why_not["ours"], why_not
+
+
+def test_below_sm90_the_whole_step_is_refused_naming_clusters(monkeypatch):
+    import lenet.kernels as kernels
+    from lenet.engines import Policy, registry
+
+    monkeypatch.setattr(kernels, "arch", lambda: 80)
+    ok, why_not = registry.serving(_op(), Policy.parse("heuristic"))
+    assert ok == [] and "needs thread-block clusters (compute capability 9.0)" in why_not["ours"]
+    assert "compiled for 8.0" in why_not["ours"]
+
+
+def test_the_whole_steps_module_declares_sm90_and_its_launch_shape():
+    from lenet import kernels
+    from lenet.kernels import step
+
+    m = kernels.declared()["step_cluster"]
+    assert m.arch == 90 and m.folder is None
+    assert step.shape() == (512, 4 * 24880, 1)
+    text = (ROOT / "lenet" / "kernels" / "step_cluster.cu").read_text()
+    for name, off in __import__("lenet.params", fromlist=["OFFSETS"]).OFFSETS.items():
+        macro = {"conv1.weight": "OFF_C1W", "conv1.bias": "OFF_C1B", "conv2.weight": "OFF_C2W", "conv2.bias": "OFF_C2B",
+                 "fc1.weight": "OFF_F1W", "fc1.bias": "OFF_F1B", "fc2.weight": "OFF_F2W", "fc2.bias": "OFF_F2B"}[name]
+        assert f"#define {macro} {off}\n" in text, f"step_cluster.cu's {macro} is not lenet/params.py's {off}"
+    assert f"#define PARAMS_TOTAL {__import__('lenet.params', fromlist=['TOTAL']).TOTAL}\n" in text
+
+
+def test_the_workbench_variants_are_the_shipped_file_under_other_macros(tmp_path, monkeypatch):
+    """dev/step_cluster.cu declares its variants over lenet/kernels/step_cluster.cu (uses=), each with the phase
+    clock; two of them compile for sm_90 with the package's NVRTC machinery."""
+    from lenet import kernels
+    from lenet.kernels import nvrtc, step
+
+    if 90 not in nvrtc.nvrtc().archs:
+        pytest.fail(f"this NVRTC does not compile for sm_90 (it knows {nvrtc.nvrtc().archs})")
+    monkeypatch.setenv("LENET_KERNEL_CACHE", str(tmp_path))
+    shipped = dict(kernels.declared())
+    try:
+        mods = kernels.declare(ROOT / "dev" / "step_cluster.cu")
+        assert len(mods) >= 10 and all(m.uses[-1] == "step_cluster" and "SC_PROFILE" in m.defines for m in mods)
+        assert step.shape("step_cluster_g8")[2] == 8 and step.shape("step_cluster_t256")[0] == 256
+        for name in ("step_cluster_dev", "step_cluster_routed"):
+            nvrtc.binary(f"dev.{name}", kernels.source(name), kernels.options(name), 90)
+    finally:
+        kernels.declared().clear()
+        kernels.declared().update(shipped)
+        step.shape.cache_clear()
