@@ -58,14 +58,13 @@ from __future__ import annotations
 import json
 import math
 
-import numpy as np
-
 from descriptors.algorithms import AlgorithmNotSupportedError
 
 from .engines import registry
 from .engines.base import Check, Chosen, Decision, Named, Trial, label
 from .engines.context import Context, SideStream
 from .ops import Loss
+from .step_check import StepState
 from .timing import time_forward_backward, time_launcher
 
 
@@ -200,7 +199,8 @@ class Planner:
         if not offered:
             return None
         by_name = {e.name: e for e in engines}
-        state = _StepState(op, self.ctx.stream)
+        state = StepState(op, self.ctx.stream)
+        first = self.policy.reproducible   # the chain, first, is taken untimed (Note [reproducible choices])
 
         def timed(fn) -> float:
             state.save()
@@ -211,15 +211,15 @@ class Planner:
 
         def trial(c, best):
             if c is CHAIN:
-                return Trial(c, timed(chain), Check(), None)
-            try:
+                return Trial(c, None if first else timed(chain), Check(), None)
+            try:   # a launch this GPU refuses (a cluster it cannot place, shared memory it lacks): the chain runs
                 planned = by_name[c.engine].bind(op, n, c, self)
-            except AlgorithmNotSupportedError as err:
+                error, why = state.check(planned.train, chain, n)
+                if why is not None:
+                    return why
+                return Trial(c, timed(planned.train), Check(error), planned)
+            except _refusals() as err:
                 return f"failed: {err}"
-            error, why = state.check(planned.train, chain, n)
-            if why is not None:
-                return why
-            return Trial(c, timed(planned.train), Check(error), planned)
 
         def recall(stored):
             if stored.get("engine") == CHAIN.engine:
@@ -233,7 +233,7 @@ class Planner:
                     "error": d.best.check.error, "times": {label(t.candidate): t.ms for t in d.table}}
 
         key = self.key(f"{op.kind} {op.name}", {"n": n, **op.key()}, engines)
-        d = self.choose(key, [CHAIN, *offered], trial, rule="first" if self.policy.reproducible else "fastest",
+        d = self.choose(key, [CHAIN, *offered], trial, rule="first" if first else "fastest",
                         recall=recall, encode=encode, what=f"the whole step at batch {n}")
         if d.best.candidate is CHAIN or d.best.candidate == CHAIN:
             return None
@@ -286,75 +286,14 @@ class Planner:
 # The chain of planned operations, as the whole step's first candidate (Note [a whole step] in lenet/steps.py).
 CHAIN = Named("chain", "planned operations")
 
-# Note [checking a whole step]: a whole step is held to the chain's step from the same state: every
-# parameter's gradient and its value after the update, each within STEP_TOLERANCE of the chain's (norm-wise
-# relative), on the input the buffers hold (random normals until a batch is loaded) and on blank images
-# (every pooling window an exact four-way tie, every conv1 output its bias). The two sum in different orders;
-# a ReLU or pooling decision decided by a hair could differ and fail it, so a failure names the tensor, and
-# the chain runs.
-STEP_TOLERANCE = 1e-4
 
+def _refusals() -> tuple:
+    """The errors a candidate's binding or launch may raise that make it refused, not the plan failed."""
+    from cupy_backends.cuda.api.driver import CUDADriverError
+    from cupy_backends.cuda.api.runtime import CUDARuntimeError
 
-class _StepState:
-    """What a training step changes (the parameters, their momentum and moving average, the loss totals),
-    kept aside and put back while a whole step is checked and timed; and the check itself."""
+    from .kernels.launch import LaunchError
 
-    def __init__(self, op, stream):
-        u, t = op.update, op.loss
-        self.op, self.stream = op, stream
-        self.kept = [a for a in (u.params, u.velocity, u.ema, t.loss, t.correct, t.running) if a is not None]
-
-    def save(self) -> None:
-        from .kernels import copy_of
-
-        with self.stream:
-            self.saved = [copy_of(a) for a in self.kept]
-
-    def restore(self) -> None:
-        from .kernels import device_copy
-
-        with self.stream:
-            for a, s in zip(self.kept, self.saved):
-                device_copy(a, s)
-
-    def _after(self, fn) -> tuple:
-        from .kernels import copy_of
-
-        self.save()
-        fn()
-        with self.stream:
-            out = copy_of(self.op.update.grads), copy_of(self.op.update.params)
-        self.restore()
-        return out
-
-    def check(self, whole, chain, n: int) -> tuple[float | None, str | None]:
-        """(the largest distance, None) where ``whole`` passes Note [checking a whole step], else (None, why)."""
-        from . import params as P
-        from .kernels import copy_of, device_copy, distance, fill
-
-        x = self.op.stages[0].tensors.x[:n]
-        with self.stream:
-            images = copy_of(x)
-        worst = 0.0
-        try:
-            for inputs in ("the buffers' images", "blank images"):
-                if inputs == "blank images":
-                    with self.stream:
-                        fill(x, 0.0)
-                ref, mine = self._after(chain), self._after(whole)
-                for what, a, b in zip(("gradient", "value after the update"), mine, ref):
-                    for name, off in P.OFFSETS.items():
-                        size = int(np.prod(P.SHAPES[name]))
-                        with self.stream:
-                            d = distance(a[off:off + size], b[off:off + size])
-                        worst = max(worst, d)
-                        if not d <= STEP_TOLERANCE:
-                            return None, (f"{name}'s {what} is {d:.2e} from the chain's on {inputs} "
-                                          f"(at most {STEP_TOLERANCE:g})")
-        finally:
-            with self.stream:
-                device_copy(x, images)
-        return worst, None
-
+    return AlgorithmNotSupportedError, LaunchError, ValueError, CUDADriverError, CUDARuntimeError
 
 __all__ = ["Planner", "SideStream", "Context", "Trial", "Decision", "Chosen"]

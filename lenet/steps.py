@@ -5,7 +5,7 @@ latencies make its time (docs/performance.md). Our engine offers the whole step 
 thread-block clusters on sm_90 and newer, up to lenet.kernels.step.LIMIT images (lenet/kernels/
 step_cluster.cu). The planner times it against the chain (the chain first: under a reproducible policy the
 chain runs, as it did before), after checking it against the chain's result from the same state (Note
-[checking a whole step] in lenet/plan.py), and keeps the faster. A Step then trains with it (``train()``),
+[checking a whole step] in lenet/step_check.py), and keeps the faster. A Step then trains with it (``train()``),
 and its planned operations still run everything else: an evaluation, ``forward()`` and ``backward()`` alone,
 lenet.torch's operators. The whole step writes what a training step's caller reads (the loss's totals, the
 logits, every gradient, the updated state), not the activations in between.

@@ -61,6 +61,7 @@ if [ "$part" = spread ]; then
         done
         grep -E "^($(echo $GPU_CHECK_PARTS | tr ' ' '|'))\|" "$queue" > "$queue.some" && mv "$queue.some" "$queue"
     fi
+    parts=$(cut -d'|' -f1 "$queue" | tr '\n' ' ')   # what this run's summary counts (not older runs' folders)
     worker() {
         local g=$1 line name args
         while line=$(flock "$queue.lock" sh -c 'head -1 "$0"; sed -i 1d "$0"' "$queue") && [ -n "$line" ]; do
@@ -78,17 +79,18 @@ if [ "$part" = spread ]; then
     for g in $(seq 0 $((gpus - 1))); do worker "$g" & done
     wait
     rm -rf "$work"
-    python3 - "$out" <<'PY' | tee "$out/summary.txt"
+    python3 - "$out" "$parts" <<'PY' | tee "$out/summary.txt"
 import pathlib, re, sys
 out, lines, ok, counts = pathlib.Path(sys.argv[1]), [], True, [0, 0, 0, 0]
-for d in sorted(p for p in out.iterdir() if p.is_dir()):
+ran = sorted(sys.argv[2].split())
+for d in (out / name for name in ran):
     s = (d / "summary.txt").read_text().strip() if (d / "summary.txt").exists() else f"gpu-check ({d.name}): FAIL | no summary"
     print(f"{d.name}: {s}")
     ok &= " PASS " in s
     m = re.search(r"(\d+) passed, (\d+) failed, (\d+) skipped, (\d+) errors", s)
     counts = [a + int(b) for a, b in zip(counts, m.groups())] if m else counts
-gpu = re.findall(r"\| GPU (.*)$", "\n".join((d / "summary.txt").read_text() for d in out.iterdir() if (d / "summary.txt").exists()))
-ran = sorted(d.name for d in out.iterdir() if d.is_dir())
+gpu = re.findall(r"\| GPU (.*)$", "\n".join((out / n / "summary.txt").read_text() for n in ran
+                                             if (out / n / "summary.txt").exists()))
 what = ("programs, memcheck + leak check, racecheck, synccheck, initcheck, over one model and a pack" if len(ran) == 12
         else f"only the parts {', '.join(ran)} (not the whole check)")
 print(f"gpu-check (spread): {'PASS' if ok and counts[0] else 'FAIL'} | {counts[0]} passed, {counts[1]} failed, "

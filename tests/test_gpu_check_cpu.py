@@ -71,12 +71,18 @@ def _stand_ins(tmp_path, **env):
 
 
 def test_spread_runs_only_the_parts_named_and_says_it_is_not_the_whole_check(tmp_path):
+    """...and counts only those: an earlier run's folder in the logs (a passing part) is not in its line."""
     env = _stand_ins(tmp_path, GPU_CHECK_PARTS="tests-stages tests-torch")
+    old = tmp_path / "out" / "tests-model"
+    old.mkdir(parents=True)
+    (old / "summary.txt").write_text("gpu-check (tests): PASS | 76 passed, 0 failed, 0 skipped, 0 errors | GPU old\n")
     out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     lines = out.stdout.strip().splitlines() or [out.stderr]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == ["tests-stages", "tests-torch"], lines
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.is_dir()) == ["tests-model", "tests-stages",
+                                                                                   "tests-torch"], lines
     assert "only the parts tests-stages, tests-torch (not the whole check)" in lines[-1], lines[-1]
+    assert not any(line.startswith("tests-model") for line in lines) and "76 passed" not in lines[-1], lines
 
 
 def test_spread_refuses_a_part_its_queue_does_not_have_in_one_line(tmp_path):

@@ -50,6 +50,7 @@ def test_our_engine_offers_the_whole_step_to_one_model_on_sm90_up_to_its_limit(s
     ("legacy", "engine legacy runs"),
     ("graph", "engine graph runs"),
     ("unfused", "fusion is off"),
+    ("chunk", "--chunk fixes cuDNN's calls"),
 ])
 def test_the_whole_step_is_refused_where_it_cannot_run_and_the_chain_runs(sm90, case, why):
     from lenet.engines import Policy, registry
@@ -57,7 +58,8 @@ def test_the_whole_step_is_refused_where_it_cannot_run_and_the_chain_runs(sm90, 
     op = _op(models=3 if case == "pack" else 1, input_grad=case == "input_grad")
     policy = {"pinned": Policy.parse("fused-fwd-v1-i1-g8", engine="ours"),
               "legacy": Policy.parse("heuristic", engine="legacy"), "graph": Policy.parse("heuristic", engine="graph"),
-              "unfused": Policy.parse("heuristic", engine="auto", fused=False)}.get(case, Policy.parse("heuristic"))
+              "unfused": Policy.parse("heuristic", engine="auto", fused=False),
+              "chunk": Policy.parse("heuristic", engine="auto", chunk=16)}.get(case, Policy.parse("heuristic"))
     ok, why_not = registry.serving(op, policy)
     assert ok == [] and why in why_not["ours"], why_not
 
@@ -107,3 +109,75 @@ def test_the_workbench_variants_are_the_shipped_file_under_other_macros(tmp_path
         kernels.declared().clear()
         kernels.declared().update(shipped)
         step.shape.cache_clear()
+
+
+def _states(seed=0, momentum=True, ema=True):
+    """(before, the chain's after) on the host, as lenet/step_check.py compares them: a step of lr 0.01."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    size = 300
+    before = {"params": rng.standard_normal(size).astype(np.float32), "ema": rng.standard_normal(size).astype(np.float32)}
+    g = rng.standard_normal(size).astype(np.float32)
+    v = (0.9 * rng.standard_normal(size) + g).astype(np.float32)
+    after = {"grads": g, "params": (before["params"] - np.float32(0.01) * v).astype(np.float32),
+             "velocity": v if momentum else None, "logits": rng.standard_normal((4, 10)).astype(np.float32),
+             "loss": 2.3, "running": 7.1, "correct": 2}
+    after["ema"] = (before["ema"] + np.float32(0.01) * (after["params"] - before["ema"])).astype(np.float32) if ema else None
+    return before, after, {"a": (0, 100), "b": (100, 200)}
+
+
+def test_the_whole_steps_check_passes_the_chains_own_state_and_float32_rounding():
+    import copy
+
+    import numpy as np
+
+    from lenet.step_check import compare
+
+    before, ref, tensors = _states()
+    assert compare(before, copy.deepcopy(ref), ref, tensors) == (0.0, None)
+    mine = copy.deepcopy(ref)
+    for key in ("grads", "velocity"):
+        mine[key] = (ref[key] * np.float32(1 + 3e-6)).astype(np.float32)   # another summation order
+    mine["params"] = np.nextafter(ref["params"], np.float32(np.inf))        # an ulp off every new value
+    worst, why = compare(before, mine, ref, tensors)
+    assert why is None and 0 < worst, why
+
+
+@pytest.mark.parametrize("key, change, named", [
+    ("grads", 1e-3, "a's gradient"),
+    ("velocity", 1e-3, "a's momentum"),
+    ("update", 1e-2, "a's change in the update"),      # 1% of the update: 1e-4 of the new values would pass
+    ("ema", 1e-2, "a's moving average's change"),
+    ("logits", 1e-3, "the logits"),
+    ("loss", 1e-3, "the loss"),
+    ("running", 1e-3, "the running"),
+    ("correct", 1, "right answers"),
+])
+def test_the_whole_steps_check_fails_each_part_of_the_state_that_is_off(key, change, named):
+    import copy
+
+    import numpy as np
+
+    from lenet.step_check import compare
+
+    before, ref, tensors = _states()
+    mine = copy.deepcopy(ref)
+    if key == "update":
+        mine["params"] = (before["params"] + (ref["params"] - before["params"]) * np.float32(1 + change)).astype(np.float32)
+    elif key == "ema":
+        mine["ema"] = (before["ema"] + (ref["ema"] - before["ema"]) * np.float32(1 + change)).astype(np.float32)
+    elif key in ("loss", "running", "correct"):
+        mine[key] = ref[key] + change
+    else:
+        mine[key] = (ref[key] * np.float32(1 + change)).astype(np.float32)
+    worst, why = compare(before, mine, ref, tensors)
+    assert why is not None and named in why, why
+
+
+def test_without_momentum_or_an_average_the_check_compares_neither():
+    from lenet.step_check import compare
+
+    before, ref, tensors = _states(momentum=False, ema=False)
+    mine = dict(ref, velocity=None, ema=None)
+    assert compare(before, mine, ref, tensors)[1] is None

@@ -22,7 +22,7 @@ FLOORS = [
     ("lenet.kernels",),
     ("lenet.ops",),
     ("lenet.engines",),
-    ("lenet.plan",),
+    ("lenet.plan", "lenet.step_check"),
     ("lenet.model", "lenet.network", "lenet.checks", "lenet.slots", "lenet.weights", "lenet.inputs", "lenet.steps",
      "lenet.evaluation"),
     ("lenet.pack",),

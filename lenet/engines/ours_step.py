@@ -21,6 +21,8 @@ class OurStep:
                     f"compiled for {arch() // 10}.{arch() % 10}")
         if policy.owners():
             return "--algo fixes a stage's candidate, which the whole step does not run"
+        if policy.chunk is not None:
+            return "runs each image in one launch, and --chunk fixes cuDNN's calls"
         if any(s.spec.dx and not s.spec.dx_mask for s in op.stages):
             return "does not compute the images' gradient"
         return None

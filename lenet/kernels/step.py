@@ -51,9 +51,11 @@ class ClusterStep:
         self.n, self.clusters = int(n), -(-int(n) // maxg)
         c, u = self.clusters, update
         total = int(u.params.size)
-        self.part = cupy.zeros((c, total), cupy.float32) if c > 1 else None   # zero where no parameter is
-        self.part_loss = cupy.zeros(c, cupy.float32)
-        self.part_correct = cupy.zeros(c, cupy.int32)
+        with stream:   # zeroed on the step's stream, before its first launch (a non-blocking stream: CuPy's
+            # default one would not be ordered before it)
+            self.part = cupy.zeros((c, total), cupy.float32) if c > 1 else None   # zero where no parameter is
+            self.part_loss = cupy.zeros(c, cupy.float32)
+            self.part_correct = cupy.zeros(c, cupy.int32)
         ema = u.ema if u.ema is not None else null
         rule = (f32(u.momentum), f32(u.weight_decay), i32(bool(u.nesterov)), f32(1.0 - (u.ema_decay or 0.0)))
         running = loss.running if loss.running is not None else null
