@@ -7,14 +7,14 @@
 //   _acqrel               the cluster barrier with its default release/acquire in every thread
 //   _syncs, _syncs_acqrel, _syncs_relaxed, _syncs_t256   ten more barriers in the first phase: a barrier's cost
 //   _empty                returns at once: the launch floor of this shape
-// module step_cluster_dev: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE
-// module step_cluster_g2: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_MAXG=2
-// module step_cluster_g8: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_MAXG=8
-// module step_cluster_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_THREADS=256
-// module step_cluster_routed: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_DX_ROUTED define=SC_MAXG=8
-// module step_cluster_acqrel: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_ACQREL
-// module step_cluster_syncs: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10
-// module step_cluster_syncs_acqrel: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_ACQREL
-// module step_cluster_syncs_relaxed: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_RELAXED
-// module step_cluster_syncs_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_THREADS=256
-// module step_cluster_empty: arch=90 uses=stage_common,softmax_ce_row,head_common,step_cluster define=SC_PROFILE define=SC_EMPTY
+// module step_cluster_dev: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE
+// module step_cluster_g2: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_MAXG=2
+// module step_cluster_g8: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_MAXG=8
+// module step_cluster_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_THREADS=256
+// module step_cluster_routed: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_DX_ROUTED define=SC_MAXG=8
+// module step_cluster_acqrel: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_ACQREL
+// module step_cluster_syncs: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10
+// module step_cluster_syncs_acqrel: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_ACQREL
+// module step_cluster_syncs_relaxed: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_RELAXED
+// module step_cluster_syncs_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_THREADS=256
+// module step_cluster_empty: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EMPTY

@@ -235,7 +235,7 @@ class Planner:
         key = self.key(f"{op.kind} {op.name}", {"n": n, **op.key()}, engines)
         d = self.choose(key, [CHAIN, *offered], trial, rule="first" if first else "fastest",
                         recall=recall, encode=encode, what=f"the whole step at batch {n}")
-        if d.best.candidate is CHAIN or d.best.candidate == CHAIN:
+        if d.best.candidate == CHAIN:
             return None
         return Chosen(d.best.plan, d.best.ms, {label(t.candidate): t.ms for t in d.table}, why_not)
 

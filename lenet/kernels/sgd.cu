@@ -1,13 +1,6 @@
-// module sgd:
-// One SGD step over the flat parameter buffer (PyTorch's torch.optim.SGD rule):
-//   d = g + weight_decay * p
-//   v = momentum * v + d        (v starts at 0, so the first step has v = d)
-//   d = nesterov ? d + momentum * v : v
-//   p = p - lr * d              (momentum == 0: p = p - lr * d, v untouched)
-// and, when ema is given, the exponential moving average of the weights
-// (torch.optim.swa_utils.get_ema_multi_avg_fn: ema.lerp_(p, 1 - decay)):
-//   ema = ema + (1 - decay) * (p - ema)
-// lr is read from device memory so that a captured CUDA graph follows a schedule.
+// module sgd: uses=sgd_rule
+// One SGD step over the flat parameter buffer (sgd_rule.cu's rule, PyTorch's torch.optim.SGD), and, when ema
+// is given, the exponential moving average of the weights. lr is read from device memory so that a captured CUDA graph follows a schedule.
 extern "C" __global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g,
                                       float* __restrict__ v, const float* __restrict__ lr,
                                       float momentum, float weight_decay, int nesterov,
@@ -31,15 +24,9 @@ extern "C" __global__ void sgd_kernel(float* __restrict__ p, const float* __rest
     }
     const float rate = lr[m];
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        float d = g[i] + weight_decay * p[i];
-        if (momentum != 0.f) {
-            const float buf = momentum * v[i] + d;
-            v[i] = buf;
-            d = nesterov ? d + momentum * buf : buf;
-        }
-        const float q = p[i] - rate * d;
+        const float q = sgd_rule(p[i], g[i], v[i], momentum, weight_decay, nesterov, rate);
         p[i] = q;
-        if (ema) ema[i] = ema_weight == 1.f ? q : ema[i] + ema_weight * (q - ema[i]);
+        if (ema) ema_rule(ema[i], q, ema_weight);
     }
 }
 

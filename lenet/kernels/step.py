@@ -2,9 +2,8 @@
 above one cluster's images: its launcher, as our engine binds it (lenet/engines/ours_step.py) and the
 workbench times its variants (dev/step_cluster.py).
 
-Note [the whole step's batch sizes]: one image a cluster of eight blocks (step_cluster.cu, SC_MAXG 1), an H100,
-us a step against the chain (dev/step_cluster.py, 2026-11-28): 1 image 17.9 against 20.3; 2: 19.1 / 21.5; 4:
-18.7 / 22.2; 8: 19.4 / 30.2; 12: 20.1 / 25.8; 16: 34.8 / 26.2 (two images a cluster 25.3), 64: 84 / 29. Our
+Note [the whole step's batch sizes]: one image a cluster of eight blocks beats the chain from 1 to 12 images on
+an H100 and loses from 16, where its clusters no longer fit at once (docs/kernels.md, "The whole step"). Our
 engine offers it up to LIMIT images, and the planner times it against the chain there.
 """
 

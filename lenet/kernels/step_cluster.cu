@@ -1,4 +1,4 @@
-// module step_cluster: arch=90 uses=stage_common,softmax_ce_row,head_common
+// module step_cluster: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule
 // A whole training step of one LeNet (forward, softmax cross-entropy, backward, SGD) at small batches as
 // one launch of thread-block clusters (sm_90 and newer), or two above one image: our engine's candidate for
 // the step (lenet/engines/ours_step.py, launcher lenet/kernels/step.py), timed by the planner against the
@@ -13,24 +13,40 @@
 // on the chip. A batch of more than SC_MAXG images runs as several clusters, each writing its sums of the
 // weight gradients (one row of `part` a cluster); step_cluster_update_kernel adds the rows in cluster
 // order and runs the update. One cluster runs the update itself: one launch a step. One image a cluster
-// (SC_MAXG 1: eight blocks an image) was the fastest at every batch from 1 to 12 on an H100; at 16 two
-// images a cluster tied the chain and one lost (docs/kernels.md).
+// (SC_MAXG 1, eight blocks an image) ships: it was the fastest where the step is offered (docs/kernels.md,
+// "The whole step", with the forms that lost).
 //
-// Work of a cluster of nc images: image g is worked by GS = SC_RANKS / P blocks (P: nc rounded up to a
-// power of two), ranks g GS .. g GS + GS - 1; member `sub` of them owns conv1's channels c = sub (mod GS)
-// and conv2's k = sub (mod GS) of that image, forward and backward. The head is split by hidden units:
-// rank r owns fc1's units 15 r .. 15 r + 14 for every image of the cluster (W1's rows, fc2's columns).
-//   1 conv1 forward (own channels) -> p1, argmax bytes         | barrier | p1's other channels gathered
-//   2 conv2 forward (own channels) -> p2                        | barrier | every image's p2 gathered
-//   3 fc1 (own units, every image) -> h1                        | barrier | h1's other units gathered
-//   4 fc2, loss and dlogits (every block, every image); dh1, dW1, dW2's columns, db1 (own units); dp2's part
-//     over own units                                            | barrier
-//   5 dp2 (own channels: the ranks' parts in rank order, masked by the ReLU bit); conv2's dW, db (own
-//     channels); dp1's part over own channels (conv2's output gradient laid out dense and padded, 25
-//     multiply-adds a channel: the argmax-routed gather, 9 windows a channel behind a byte's decode each,
-//     was four times slower at eight images a cluster)             | barrier
-//   6 dp1 (own channels: the image's members' parts in order); conv1's dW, db (own channels) | barrier
-//   7 the convolutions' gradients summed over the cluster's images in image order; the update
+// What a block owns. Cluster c holds images n0 = c SC_MAXG .. n0 + nc - 1. Image g of them is worked by GS =
+// SC_RANKS / P blocks (P: nc rounded up to a power of two), ranks g GS .. g GS + GS - 1; member `sub` of them
+// owns conv1's channels c = sub (mod GS) and conv2's k = sub (mod GS) of that image, forward and backward,
+// and their weights' gradients for it. A rank g >= nc holds no image (`has` false) and works on the head
+// only. The head is split by hidden units: rank r owns fc1's units 15 r .. 15 r + 14 for every image of the
+// cluster (W1's rows and b1's entries, fc2's columns), and rank 0 fc2's biases. After the barrier of phase 6,
+// rank r owns the convolutions' gradients e = r (mod SC_RANKS) (conv2's 2416, then conv1's 156): it adds
+// them over the cluster's images and updates those parameters.
+//
+// What a thread owns, phase by phase (t: the thread, 0 .. SC_THREADS - 1; "items" are spread over the
+// block's threads t, t + SC_THREADS, ...):
+//   loads   16-byte copies: the image's 196 float4s (t < 196), conv2's weights, W1's own rows, W2
+//   1 conv1 forward (own channels) -> p1, argmax bytes: items (channel, pooled position, q), q the window's
+//     position a thread computes; lanes 4m .. 4m + 3 are one window, lane 4m stores it
+//                                                            | barrier | p1's other channels gathered
+//   2 conv2 forward (own channels) -> p2: items as in 1      | barrier | every image's p2 gathered
+//   3 fc1 (own units, every image) -> h1: a warp an (image, unit), lane l the inputs l, l + 32, ...
+//                                                            | barrier | h1's other units gathered
+//   4 fc2 (a warp an (image, class)), the loss and dlogits (thread g < nc image g; every block, every image);
+//     dh1 (items (image, own unit)); thread t < 256 input t of fc1: dW1's column t for the own units and dp2's
+//     part for every image; thread t < 175 one more of the head's gradients (fc2's column entries t < 150,
+//     the own units' fc1 biases, fc2's biases on rank 0)  | barrier
+//   5 dp2 (own channels: the ranks' parts in rank order, masked by the ReLU bit; items (channel, position));
+//     conv2's dW (items (channel, weight)), db (thread t < nk); dp1's part over own channels (items (input
+//     channel, position); conv2's output gradient laid out dense and padded, 25 multiply-adds a channel)
+//                                                            | barrier
+//   6 dp1 (own channels: the image's members' parts in order; items (channel, position)); conv1's dW and db:
+//     items (channel, weight, eighth of the positions), then (channel, weight) adds the eighths | barrier
+//   7 thread t: the convolutions' gradients e = rank + SC_RANKS (t + SC_THREADS q), q = 0, 1, added over the
+//     images into grads (one cluster: then updated) or the cluster's row of `part`; with one cluster, the
+//     update of its fc1 column and its one more head parameter, whose gradients phase 4 wrote
 // Sums are in fixed orders: no atomics, the same bits every run. The argmax and ReLU bits are
 // stage_common.cu's (Note [stage backward through the argmax], Note [the ReLU bit]).
 
@@ -65,9 +81,9 @@ __device__ __forceinline__ unsigned sc_rank() {
 }
 
 // Every thread of every block of the cluster: writes before it are visible to reads after it.
-// Note [a cheap cluster barrier]: barrier.cluster.arrive's default (.release) is a fence in every thread: a
-// barrier of 8 blocks cost 0.63 us at 512 threads a block and 0.40 at 256, a relaxed one 0.05
-// (dev/step_cluster.py --barriers, H100). Here the block's threads meet first (bar.sync orders their
+// Note [a cheap cluster barrier]: barrier.cluster.arrive's default (.release) is a fence in every thread, and
+// costs several times a relaxed barrier at 512 threads a block (docs/kernels.md, "The whole step";
+// dev/step_cluster.py --barriers). Here the block's threads meet first (bar.sync orders their
 // shared-memory writes before thread 0's next operations), thread 0 alone fences at cluster scope (a
 // fence is cumulative: it orders what bar.sync ordered before it), then every thread arrives relaxed; the
 // wait keeps its default .acquire.
@@ -111,24 +127,13 @@ __device__ __forceinline__ unsigned long long sc_clock() {
 #define SC_MARK(i) ((void)prof)
 #endif
 
-// sgd.cu's rule, term for term: the new value of a parameter p with gradient g (v: its momentum buffer).
-__device__ __forceinline__ float sc_sgd(float p, float g, float& v, float momentum, float weight_decay, int nesterov,
-                                        float rate) {
-  float d = g + weight_decay * p;
-  if (momentum != 0.f) {
-    const float buf = momentum * v + d;
-    v = buf;
-    d = nesterov ? d + momentum * buf : buf;
-  }
-  return p - rate * d;
-}
-
+// A parameter's new value q, its momentum v and its moving average stored (sgd_rule.cu's rule computed q and v).
 __device__ __forceinline__ void sc_store(float* __restrict__ params, float* __restrict__ velocity,
                                          float* __restrict__ ema, int i, float q, float v, float momentum,
                                          float ema_weight) {
   params[i] = q;
   if (momentum != 0.f) velocity[i] = v;
-  if (ema) ema[i] = ema_weight == 1.f ? q : ema[i] + ema_weight * (q - ema[i]);
+  if (ema) ema_rule(ema[i], q, ema_weight);
 }
 
 // The update of the convolutions' gradient e (0 .. CONV_GRADS): its parameter index and its channel (conv2's k
@@ -529,7 +534,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       if (alone) {
         const float pold = e < 2416 ? swc2[e] : swc1[e - 2416];
         float v = vc[q];
-        const float pnew = sc_sgd(pold, a, v, momentum, weight_decay, nesterov, rate);
+        const float pnew = sgd_rule(pold, a, v, momentum, weight_decay, nesterov, rate);
         sc_store(params, velocity, ema, i, pnew, v, momentum, ema_weight);
       }
     }
@@ -539,14 +544,14 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
     for (int j = 0; j < SC_UNITS; ++j) {
       const int i = OFF_F1W + (SC_UNITS * rank + j) * 256 + t;
       float v = vw1[j];
-      const float pnew = sc_sgd(sW1[j * 256 + t], gw1[j], v, momentum, weight_decay, nesterov, rate);
+      const float pnew = sgd_rule(sW1[j * 256 + t], gw1[j], v, momentum, weight_decay, nesterov, rate);
       sc_store(params, velocity, ema, i, pnew, v, momentum, ema_weight);
     }
   }
   if (alone) {
     if (hidx >= 0) {
       float v = vh;
-      const float pnew = sc_sgd(ph, gh, v, momentum, weight_decay, nesterov, rate);
+      const float pnew = sgd_rule(ph, gh, v, momentum, weight_decay, nesterov, rate);
       sc_store(params, velocity, ema, hidx, pnew, v, momentum, ema_weight);
     }
   }
@@ -568,7 +573,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
 }
 
 // Several clusters: every parameter's gradient, the clusters' rows of part added in cluster order, then the
-// update (sgd.cu's rule); block 0's thread 0 the loss's totals. Thread i of the grid owns parameter i.
+// update (sgd_rule.cu's rule); block 0's thread 0 the loss's totals. Thread i of the grid owns parameter i.
 extern "C" __global__ void __launch_bounds__(256)
 step_cluster_update_kernel(const float* __restrict__ part, int clusters, float* __restrict__ params,
                            float* __restrict__ grads, float* __restrict__ velocity, float* __restrict__ ema,
@@ -583,7 +588,7 @@ step_cluster_update_kernel(const float* __restrict__ part, int clusters, float* 
     for (int c = 0; c < clusters; ++c) a += part[(size_t)c * PARAMS_TOTAL + i];
     grads[i] = a;
     float v = momentum != 0.f ? velocity[i] : 0.f;
-    const float pnew = sc_sgd(params[i], a, v, momentum, weight_decay, nesterov, rate);
+    const float pnew = sgd_rule(params[i], a, v, momentum, weight_decay, nesterov, rate);
     sc_store(params, velocity, ema, i, pnew, v, momentum, ema_weight);
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
