@@ -492,15 +492,40 @@ def _mix(h: np.ndarray) -> np.ndarray:
 def augment_params(seed: int, epoch: int, positions, shift: int, flip: bool):
     """(dy, dx, mirrored) of the images at ``positions`` of an epoch's order: the numbers the
     gather kernel (kernels/data.cu) draws, computed on the host for references and tests."""
-    with np.errstate(over="ignore"):
-        i = np.asarray(positions, dtype=np.uint32)
-        s = _mix(np.uint32((seed + 0x9E3779B9) & 0xFFFFFFFF) * np.ones_like(i))
-        h = _mix(_mix(s ^ np.uint32(epoch & 0xFFFFFFFF)) ^ i)
+    h = _draws(seed, epoch, positions)
     span = np.uint32(2 * shift + 1)
     dx = (h % span).astype(np.int64) - shift
     dy = ((h // span) % span).astype(np.int64) - shift
     mirrored = ((h >> np.uint32(24)) & np.uint32(1)).astype(bool) & bool(flip)
     return dy, dx, mirrored
+
+
+CUTOUT_MAX = 28   # a cutout's side in pixels, at most the whole image (its centre is drawn inside it)
+
+
+def _draws(seed: int, epoch: int, positions) -> np.ndarray:
+    """The gather kernel's hash h of each image at ``positions`` of an epoch (lenet_hash in data.cu)."""
+    with np.errstate(over="ignore"):
+        i = np.asarray(positions, dtype=np.uint32)
+        s = _mix(np.uint32((seed + 0x9E3779B9) & 0xFFFFFFFF) * np.ones_like(i))
+        return _mix(_mix(s ^ np.uint32(epoch & 0xFFFFFFFF)) ^ i)
+
+
+def cutout_params(seed: int, epoch: int, positions, size: int):
+    """(top, left) of each image's cutout square of side ``size`` (kernels/data.cu, lenet_cut): its centre
+    uniform over the image, the square's first row and column size // 2 before it (and possibly outside)."""
+    with np.errstate(over="ignore"):
+        g = _mix(_draws(seed, epoch, positions) ^ np.uint32(0x68E31DA4))
+    return (g % np.uint32(28)).astype(np.int64) - size // 2, ((g >> np.uint32(16)) % np.uint32(28)).astype(np.int64) - size // 2
+
+
+def cut_images(images: np.ndarray, top, left, size: int) -> np.ndarray:
+    """uint8 (n, 28, 28) images with rows top..top+size-1 and columns left..left+size-1 of each cleared to 0
+    (clipped to the image): the cutout of the gather kernel, on images already mirrored and translated."""
+    r = np.arange(28)[None, :, None] - np.asarray(top)[:, None, None]
+    c = np.arange(28)[None, None, :] - np.asarray(left)[:, None, None]
+    inside = (r >= 0) & (r < size) & (c >= 0) & (c < size)
+    return np.where(inside, 0, images).astype(np.uint8)
 
 
 def augment_images(images: np.ndarray, dy, dx, mirrored) -> np.ndarray:

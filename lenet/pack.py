@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .data import epoch_order
+from .data import CUTOUT_MAX, epoch_order
 from .schedule import SCHEDULES, Schedule
 
 MAX_PACK = 64   # models per pack by default: the step at 128 images per model fills 132 SMs from ~16 on
@@ -69,6 +69,7 @@ class Config:
     ema: float | None = None
     shift: int = 0
     flip: bool = True
+    cutout: int = 0
     seed: int = 0
     batch_size: int = 128
     epochs: int = 16
@@ -95,7 +96,7 @@ class Config:
             raise bad("ema", "must be in (0, 1), or None (off)")
         if self.schedule not in SCHEDULES:
             raise bad("schedule", f"use one of {', '.join(SCHEDULES)}")
-        for name, low, high in (("shift", 0, 13), ("seed", 0, 2**32 - 1), ("batch_size", 1, 1 << 20),
+        for name, low, high in (("shift", 0, 13), ("cutout", 0, CUTOUT_MAX), ("seed", 0, 2**32 - 1), ("batch_size", 1, 1 << 20),
                                 ("epochs", 1, 100000), ("step_size", 1, 100000)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not low <= v <= high:
@@ -129,6 +130,7 @@ class Config:
                ([f"--warmup-epochs {g(self.warmup_epochs)}"] if self.warmup_epochs else []) + \
                ([f"--ema {g(self.ema)}"] if self.ema is not None else []) + \
                ([f"--shift {self.shift}"] if self.shift else []) + (["--flip"] if self.flip else []) + \
+               ([f"--cutout {self.cutout}"] if self.cutout else []) + \
                (["--tta"] if tta else [])
         return out
 
@@ -224,7 +226,7 @@ class Pack:
         with self.stream:
             self.lr_table = cupy.zeros(K * T, cupy.float32)        # (K, T): Note [pack schedule]
             self.lr_at = cupy.zeros(K, cupy.int32)                 # (K,) row m's first entry this epoch
-            self.aug = cupy.zeros((K, 3), cupy.int32)              # (K, 3) shift, flip, seed
+            self.aug = cupy.zeros((K, 4), cupy.int32)              # (K, 4) shift, flip, seed, cutout
             self.epoch_dev = cupy.zeros(K, cupy.int32)             # (K,) each slot's epoch (augmentation draws)
             self.orders = [cupy.zeros((K, train.size), cupy.int32) for _ in range(2)]   # double-buffered
         self.slots: list[Result | None] = [None] * K
@@ -254,7 +256,7 @@ class Pack:
         table = config.schedule_of(self.steps).table(self.steps, T).astype(np.float32)
         with self.stream:
             self.lr_table[k * T:(k + 1) * T].set(table, stream=self.stream)
-            self.aug[k].set(np.array([config.shift, int(config.flip), config.seed & 0xFFFFFFFF], np.int64)
+            self.aug[k].set(np.array([config.shift, int(config.flip), config.seed & 0xFFFFFFFF, config.cutout], np.int64)
                             .astype(np.uint32).view(np.int32), stream=self.stream)
         self.stream.synchronize()   # the host arrays above may go once set() returns
         r = Result(config, k, tag=tag)

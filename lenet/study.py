@@ -110,7 +110,7 @@ def space(args) -> tuple[dict, dict]:
             raise ValueError(f"--{d.replace('_', '-')}: give one range LOW:HIGH or a list of values, not both")
         if ranges:
             lo, hi = ranges[0]
-            dists[d] = (D.IntDistribution(int(lo), int(hi)) if d == "shift" else
+            dists[d] = (D.IntDistribution(int(lo), int(hi)) if d in ("shift", "cutout") else
                         D.FloatDistribution(float(lo), float(hi), log=(d == "lr" and lo > 0)))
         elif len(vs) > 1:
             dists[d] = D.CategoricalDistribution(vs)

@@ -141,6 +141,7 @@ FLAG_TYPES = {
     "ema": (ema_value, "moving averages of the weights: a decay in (0, 1), or off (a range for --search optuna)"),
     "shift": (ranged(cli.nonneg_int), "augmentation shifts in pixels, 0..13"),
     "flip": (on_off, "left-right mirror augmentation: on, off"),
+    "cutout": (ranged(cli.nonneg_int), f"cutout augmentation: a square's side in pixels, 0..{data.CUTOUT_MAX}"),
     "batch_size": (cli.batch_size, "batch sizes (one pack per batch size and epoch count)"),
     "epochs": (cli.positive_int, "epoch counts"),
 }
@@ -556,6 +557,8 @@ def _row_problem(row) -> str | None:
 def _rows_file(path: Path) -> list[dict]:
     """results.jsonl's rows, each checked; a last line without its end (cut by a kill) is left out: that model
     runs again."""
+    from .pack import config_from
+
     raw = files.read_input(path, "--resume", "results file", limit=1 << 30)
     lines = raw.split(b"\n")
     rows = []
@@ -572,6 +575,7 @@ def _rows_file(path: Path) -> list[dict]:
         if why:
             raise ValueError(f"--resume: {files.show(path)} line {i + 1} is not a model's row ({why}); remove that "
                              f"line to run its model again")
+        row["config"] = config_from(row["config"]).as_dict()   # a row written before a setting existed: its default
         rows.append(row)
     return rows
 
@@ -659,6 +663,7 @@ def main(argv=None) -> int:
     if args.gpus is not None:   # one worker per GPU: lenet/workers.py
         from . import workers
 
+        workers.require_study(args)
         check_flags(args)
         grid(args)
         from . import study

@@ -19,7 +19,7 @@ from . import data, files, startup
 from .pack import Config, Result, config_from
 
 SWEPT = ("lr", "momentum", "nesterov", "weight_decay", "label_smoothing", "schedule", "warmup_epochs", "ema",
-         "shift", "flip", "batch_size", "epochs", "seed")
+         "shift", "flip", "cutout", "batch_size", "epochs", "seed")
 RESUME_KEYS = ("grid", "search", "trials", "validation", "train_size", "test_size", "data_fingerprint", "tta",
                "pack_size", "eval_batch_size", "study", "sampler", "prune")
 

@@ -71,6 +71,7 @@ RUN_SETTINGS = {
     "cuda_graph": Setting(resume=False), "fused": Setting(resume=False),
     "nesterov": Setting(before=False), "label_smoothing": Setting(before=0.0), "warmup_epochs": Setting(before=0.0),
     "ema": Setting(before=None), "shift": Setting(before=0), "flip": Setting(before=False), "tta": Setting(before=False),
+    "cutout": Setting(before=0),
 }
 # Flags that are not part of a run (where it reads and writes, how it reports): never stored.
 NOT_RUN_SETTINGS = ("data_dir", "train_size", "test_size", "eval_batch_size", "data_cache", "target_accuracy",
@@ -175,6 +176,9 @@ def _recipe_flags(r) -> None:
     r.add_argument("--flip", action="store_true",
                    help="augment: mirror half the training images left-right (right for clothes, wrong for "
                         "digits, so never guessed from the dataset)")
+    r.add_argument("--cutout", type=cli.nonneg_int, default=0, metavar="K",
+                   help="augment: clear a KxK square of each training image to the background, its centre "
+                        "anywhere in the image (cutout; 0..28; default: 0)")
     r.add_argument("--tta", action="store_true",
                    help="test-time augmentation: score each test image on the mean of its logits and its "
                         "left-right mirror's (goes with --flip; python -m lenet.predict does the same for its "
@@ -281,6 +285,8 @@ def prepare(args) -> dict:
     resume = _resume_path(args, out)   # a flag error: before anything is read
     if args.shift > 13:
         raise ValueError(f"--shift {args.shift}: translate by 0 to 13 pixels (a 28x28 image)")
+    if args.cutout > data.CUTOUT_MAX:
+        raise ValueError(f"--cutout {args.cutout}: a square of 0 to {data.CUTOUT_MAX} pixels a side (a 28x28 image)")
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.warmup_epochs > args.epochs:
@@ -433,7 +439,7 @@ class Trainer:
         cfg, stream = self.config, self.model.stream
         self.train = data.GpuDataset(*run["train"], cfg["mean"], cfg["std"], stream)
         self.test = data.GpuDataset(*run["test"], cfg["mean"], cfg["std"], stream)
-        self.augment = Augment(args.shift, args.flip, args.seed)
+        self.augment = Augment(args.shift, args.flip, args.seed, cutout=args.cutout)
         self.steps = math.ceil(self.train.size / B)
         self.total_iters = self.steps * args.epochs
         self.sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma,
@@ -461,7 +467,8 @@ class Trainer:
         recipe = ["nesterov" if args.nesterov else "", f"label smoothing {args.label_smoothing:g}" if
                   args.label_smoothing else "", f"warm-up {args.warmup_epochs:g} epochs" if args.warmup_epochs else "",
                   f"ema {args.ema:g}" if args.ema else "", f"shift {args.shift}" if args.shift else "",
-                  "flip" if args.flip else "", "test-time mirror" if args.tta else ""]
+                  "flip" if args.flip else "", f"cutout {args.cutout}" if args.cutout else "",
+                  "test-time mirror" if args.tta else ""]
         self.say(f"GPU {gpu} | dataset {cfg['dataset']} ({self.train.size} train, {self.test.size} test, {root}) | "
                  f"policy {self.policy} | cuda graph {'on' if args.cuda_graph else 'off'}"
                  + (f" | {', '.join(r for r in recipe if r)}" if any(recipe) else ""))

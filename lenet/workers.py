@@ -117,9 +117,7 @@ class Workers:
 
     def check(self) -> None:
         args = self.args
-        if args.search != "optuna":
-            raise ValueError("--gpus spreads one Optuna study over the GPUs: add --search optuna --trials N "
-                             "(--sampler grid takes every combination of the values given once)")
+        require_study(args)
         if args.out is None:
             raise ValueError("--gpus needs --out DIR: each worker writes its folder there, and the merged result")
         files.check_output_dir(self.out, "--out")
@@ -310,6 +308,13 @@ def _lines(path: Path) -> list[str]:
 def last_line(log: Path) -> str:
     lines = [x for x in _lines(log) if x.strip()]
     return files.show(lines[-1]) if lines else "(its log is empty)"
+
+
+def require_study(args) -> None:
+    """--gpus runs an Optuna study: a grid given without one is told so before its values are judged as a study's."""
+    if args.search != "optuna":
+        raise ValueError("--gpus spreads one Optuna study over the GPUs: add --search optuna --trials N "
+                         "(--sampler grid takes every combination of the values given once)")
 
 
 def run(args, argv: list[str], plotter=None, root=None) -> int:

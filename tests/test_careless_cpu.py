@@ -338,6 +338,13 @@ CASES = {
     "a name of bad bytes": _newline(lambda w: None, ["export", "bad-\udcff.npz", "--to", "m.npz"], "bad-\\xff.npz"),
     "--lr 0.1:0.2:0.3": _newline(lambda w: None, OPTUNA + ["--lr", "0.1:0.2:0.3"], "'0.1:0.2:0.3': a range is"),
     "--shift 14 in a grid": _newline(lambda w: None, ["sweep", "--data-dir", "DATA", "--shift", "14"], "--shift 14:"),
+    "--gpus over a grid of two epoch counts": _newline(
+        lambda w: None, ["sweep", "--data-dir", "DATA", "--gpus", "all", "--epochs", "10", "20", "--out", "o"],
+        "--gpus spreads one Optuna study over the GPUs: add --search optuna"),
+    "--cutout 29 in a grid": _newline(lambda w: None, ["sweep", "--data-dir", "DATA", "--cutout", "29"],
+                                      "--cutout 29: must be an integer from 0 to 28"),
+    "train --cutout 29": _newline(lambda w: None, ["train", "--data-dir", "DATA", "--cutout", "29"],
+                                  "--cutout 29: a square of 0 to 28 pixels a side"),
     "--warmup-epochs 50 in a grid": _newline(lambda w: None, ["sweep", "--data-dir", "DATA", "--warmup-epochs", "50"],
                                              "--warmup-epochs 50 is longer than the run (--epochs 16)"),
     "lenet bogus": _newline(lambda w: None, ["bogus"], "unknown program 'bogus'"),

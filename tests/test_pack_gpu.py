@@ -124,7 +124,7 @@ def test_each_model_of_a_pack_gathers_what_its_lone_run_gathers():
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (700, 28, 28), dtype=np.uint8), rng.integers(0, 10, 700).astype(np.uint8)
     configs = [Config(seed=3, flip=True, epochs=4, lr=0.2), Config(seed=8, shift=2, flip=False, epochs=4, lr=0.05),
-               Config(seed=1, schedule="step", epochs=4, lr=0.1)]
+               Config(seed=1, schedule="step", epochs=4, lr=0.1, cutout=10)]
     stream = cupy.cuda.Stream(non_blocking=True)
     train, test = GpuDataset(images, labels, 70.0, 80.0, stream), GpuDataset(images[:100], labels[:100], 70.0, 80.0,
                                                                               stream)
@@ -139,7 +139,7 @@ def test_each_model_of_a_pack_gathers_what_its_lone_run_gathers():
         epoch = len(pack.slots[m].accuracy)
         with stream:
             gather_batch(train.images, train.labels, train.order(c.seed, epoch), s * 128, n, train.mean, train.std,
-                         x, y, 0.0, None, Augment(c.shift, c.flip, c.seed), epoch)
+                         x, y, 0.0, None, Augment(c.shift, c.flip, c.seed, cutout=c.cutout), epoch)
         stream.synchronize()
         rows = slice(m * n, (m + 1) * n)
         assert cupy.array_equal(pack.model.buf["x"][rows], x) and cupy.array_equal(pack.model.buf["labels"][rows], y)

@@ -79,11 +79,31 @@ def test_augmentation_rule_translates_with_a_zero_border_and_mirrors():
     assert (out[0, 0] == 0).all() and (out[0, :, 0] == 0).all() and (out[0, 1:, 1:] == 9).all()
 
 
-def test_augment_rejects_shifts_beyond_the_image():
+def test_augment_rejects_shifts_and_cutouts_beyond_the_image():
     from lenet.kernels import Augment
     with pytest.raises(ValueError, match="0..13"):
         Augment(14)
-    assert not Augment().on and Augment(0, True).on
+    with pytest.raises(ValueError, match="cutout must be an integer in 0..28"):
+        Augment(cutout=29)
+    assert not Augment().on and Augment(0, True).on and Augment(cutout=4).on
+
+
+def test_cutout_draws_a_centre_anywhere_and_clears_its_square_clipped_to_the_image():
+    top, left = data.cutout_params(3, 7, np.arange(20000), 8)
+    assert set(np.unique(top + 4)) == set(np.unique(left + 4)) == set(range(28)), "a centre is uniform over 0..27"
+    assert abs(np.corrcoef(top, left)[0, 1]) < 0.05
+    again = data.cutout_params(3, 7, np.arange(500, 600), 8)   # a batch is its slice of the epoch
+    assert np.array_equal(again[0], top[500:600]) and np.array_equal(again[1], left[500:600])
+    assert not np.array_equal(data.cutout_params(3, 8, np.arange(100), 8)[0], top[:100]), "another epoch, same draws"
+    # Independent of the shift's and flip's draws, which come from the same hash.
+    dy = data.augment_params(3, 7, np.arange(20000), 13, True)[0]
+    assert abs(np.corrcoef(top, dy)[0, 1]) < 0.05
+    img = np.full((3, 28, 28), 7, np.uint8)
+    out = data.cut_images(img, [0, -3, 25], [0, 10, 26], 5)
+    assert (out[0, :5, :5] == 0).all() and out[0].sum() == 7 * (784 - 25)
+    assert (out[1, :2, 10:15] == 0).all() and out[1].sum() == 7 * (784 - 10), "clipped at the top"
+    assert (out[2, 25:, 26:] == 0).all() and out[2].sum() == 7 * (784 - 6), "clipped at the corner"
+    assert np.array_equal(data.cut_images(img, [4], [4], 0)[:1], img[:1]), "side 0 cuts nothing"
 
 
 ENV = environment("NVIDIA H100 80GB HBM3", 13000, "9.19.0", "1.28.0")

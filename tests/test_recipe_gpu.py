@@ -27,8 +27,9 @@ def images(n, seed=0):
     return x, rng.integers(0, 10, n).astype(np.uint8)
 
 
-@pytest.mark.parametrize("shift,flip", [(0, False), (2, False), (0, True), (3, True)])
-def test_the_gather_kernel_augments_as_the_host_reference(shift, flip):
+@pytest.mark.parametrize("shift,flip,cut", [(0, False, 0), (2, False, 0), (0, True, 0), (3, True, 0), (0, False, 8),
+                                          (2, True, 12), (0, False, 28)])
+def test_the_gather_kernel_augments_as_the_host_reference(shift, flip, cut):
     from lenet import data
     from lenet.kernels import Augment
     from lenet.model import LeNet
@@ -40,12 +41,15 @@ def test_the_gather_kernel_augments_as_the_host_reference(shift, flip):
     for start, n, epoch in ((0, 128, 3), (128, 128, 4), (256, 44, 3)):   # the prepared launch's numbers move
         order = data.epoch_order(5, epoch, len(x))
         lr = 0.5 / (1 + start)
-        m.load_from(ds, __import__("cupy").asarray(order), start, n, lr=lr, augment=Augment(shift, flip, seed=5),
+        m.load_from(ds, __import__("cupy").asarray(order), start, n, lr=lr,
+                    augment=Augment(shift, flip, seed=5, cutout=cut),
                     epoch=epoch)
         m.stream.synchronize()
         assert m.lr_dev.get()[0] == np.float32(lr)   # the rate, written by the gather's first thread
         dy, dx, mir = data.augment_params(5, epoch, np.arange(start, start + n), shift, flip)
         ref = data.augment_images(x[order[start:start + n]], dy, dx, mir)
+        if cut:
+            ref = data.cut_images(ref, *data.cutout_params(5, epoch, np.arange(start, start + n), cut), cut)
         want = (ref.astype(np.float32) / np.float32(255) - np.float32(mean)) / np.float32(std)
         got = m.buf["x"][:n].get().reshape(n, 28, 28)
         assert np.array_equal(got, want), f"batch at {start}: {np.abs(got - want).max()}"
@@ -53,6 +57,11 @@ def test_the_gather_kernel_augments_as_the_host_reference(shift, flip):
     if shift or flip:
         moved = data.augment_params(5, 3, np.arange(300), shift, flip)
         assert any(np.any(a) for a in moved), "no image was moved or mirrored"
+    if cut:   # the comparison reached the cut: its squares cleared bright pixels
+        order = data.epoch_order(5, 3, len(x))
+        plain = data.augment_images(x[order[:128]], *data.augment_params(5, 3, np.arange(128), shift, flip))
+        cleared = data.cut_images(plain, *data.cutout_params(5, 3, np.arange(128), cut), cut)
+        assert (plain != cleared).any(), "no cutout cleared a bright pixel"
 
 
 def test_the_gather_kernel_mirrors_every_image_for_test_time_augmentation():

@@ -77,6 +77,7 @@ def test_config_refuses_what_cannot_train_in_one_line():
     for kw, words in (({"lr": float("nan")}, "lr"), ({"lr": -0.1}, "lr"), ({"momentum": 1.0}, "momentum"),
                       ({"nesterov": True, "momentum": 0.0}, "nesterov"), ({"ema": 1.0}, "ema"),
                       ({"schedule": "linear"}, "schedule"), ({"shift": 14}, "shift"), ({"seed": -1}, "seed"),
+                      ({"cutout": 29}, "cutout 29: must be an integer from 0 to 28"),
                       ({"warmup_epochs": 20, "epochs": 16}, "warmup")):
         with pytest.raises(ValueError, match=words):
             Config(**kw)
@@ -121,11 +122,11 @@ def test_small_packs_take_the_heuristic_so_each_model_chooses_as_its_lone_run(mo
 
 
 def test_train_flags_name_the_lone_run():
-    flags = " ".join(Config(lr=0.2, seed=3, ema=0.999, shift=2).train_flags(tta=True))
-    for part in ("--lr 0.2", "--seed 3", "--ema 0.999", "--shift 2", "--nesterov", "--label-smoothing 0.05",
+    flags = " ".join(Config(lr=0.2, seed=3, ema=0.999, shift=2, cutout=6).train_flags(tta=True))
+    for part in ("--lr 0.2", "--seed 3", "--ema 0.999", "--shift 2", "--cutout 6", "--nesterov", "--label-smoothing 0.05",
                  "--warmup-epochs 1", "--flip", "--tta", "--schedule cosine", "--epochs 16", "--batch-size 128"):
         assert part in flags
-    assert "--ema" not in " ".join(Config().train_flags())
+    assert "--ema" not in " ".join(Config().train_flags()) and "--cutout" not in " ".join(Config().train_flags())
     # an Optuna trial's value reads back as itself, not rounded to six digits
     flags = Config(lr=0.0712345678901, weight_decay=3.3e-4).train_flags()
     assert "--lr 0.0712345678901" in flags and "--weight-decay 0.00033" in flags
@@ -530,11 +531,12 @@ def test_space_is_categorical_lists_and_float_ranges():
     from lenet import study
 
     args = parse("--search", "optuna", "--trials", 4, "--lr", "0.01:0.5", "--label-smoothing", 0, 0.1,
-                 "--ema", "off", "0.999", "--shift", "0:2")
+                 "--ema", "off", "0.999", "--shift", "0:2", "--cutout", "4:12")
     dists, fixed = study.space(args)
     assert dists["lr"].log and (dists["lr"].low, dists["lr"].high) == (0.01, 0.5)
     assert dists["label_smoothing"].choices == (0.0, 0.1) and dists["ema"].choices == (None, 0.999)
     assert (dists["shift"].low, dists["shift"].high) == (0, 2)
+    assert (dists["cutout"].low, dists["cutout"].high, dists["cutout"].step) == (4, 12, 1)
     assert fixed["seed"] == 0 and fixed["epochs"] == 16 and "lr" not in fixed
 
 

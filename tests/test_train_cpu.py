@@ -245,4 +245,4 @@ def test_one_table_of_run_settings_covers_every_flag():
     assert config["epochs"] == 3 and config["flip"] is True and config["train_size"] == 100
     assert set(train.RESUME_KEYS) - {"dataset", "train_size"} == {k for k, v in train.RUN_SETTINGS.items() if v.resume}
     assert train.RECIPE_OFF == {"nesterov": False, "label_smoothing": 0.0, "warmup_epochs": 0.0, "ema": None,
-                                "shift": 0, "flip": False, "tta": False}
+                                "shift": 0, "flip": False, "tta": False, "cutout": 0}

@@ -294,22 +294,28 @@ def sgd_launch(stream, params, grads, velocity, lr_dev, momentum: float, weight_
 
 @dataclass(frozen=True)
 class Augment:
-    """Random translation by up to ``shift`` pixels each way and, with ``flip``, a left-right
-    mirror, drawn per image from (seed, epoch, position in the epoch): see lenet/kernels/data.cu.
-    ``mirror`` mirrors every image instead (the second view of test-time augmentation)."""
+    """Random translation by up to ``shift`` pixels each way, with ``flip`` a left-right mirror and
+    with ``cutout`` a cutout x cutout square cleared to the background, drawn per image from (seed,
+    epoch, position in the epoch): see lenet/kernels/data.cu. ``mirror`` mirrors every image instead
+    (the second view of test-time augmentation)."""
 
     shift: int = 0
     flip: bool = False
     seed: int = 0
     mirror: bool = False
+    cutout: int = 0
 
     def __post_init__(self):
         if not (isinstance(self.shift, int) and 0 <= self.shift <= 13):
             raise ValueError(f"augmentation shift must be an integer in 0..13 pixels, got {self.shift!r}")
+        from ..data import CUTOUT_MAX
+
+        if not (isinstance(self.cutout, int) and 0 <= self.cutout <= CUTOUT_MAX):
+            raise ValueError(f"cutout must be an integer in 0..{CUTOUT_MAX} pixels, got {self.cutout!r}")
 
     @property
     def on(self) -> bool:
-        return self.shift > 0 or self.flip or self.mirror
+        return self.shift > 0 or self.flip or self.mirror or self.cutout > 0
 
 
 NO_AUGMENT = Augment()
@@ -333,7 +339,7 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
     a = augment or NO_AUGMENT
     stream = cupy.cuda.get_current_stream()
     key = (images.data.ptr, labels.data.ptr, x.data.ptr, y.data.ptr, stream.ptr, float(mean), float(std),
-           a.shift, 2 if a.mirror else int(bool(a.flip)), a.seed & 0xFFFFFFFF)
+           a.shift, 2 if a.mirror else int(bool(a.flip)), a.seed & 0xFFFFFFFF, a.cutout)
     launch = _gathers.get(key)
     if launch is None:
         if len(_gathers) >= 32:
@@ -341,7 +347,8 @@ def gather_batch(images, labels, order, start: int, n: int, mean: float, std: fl
         launch = _gathers[key] = Launch(
             kernel("data", "gather_batch_kernel"), (1,), (GATHER_THREADS,),
             (images, labels, np.uint64(0), np.int32(0), np.int32(0), np.float32(mean), np.float32(std), x, y,
-             np.float32(0), np.uint64(0), np.int32(key[7]), np.int32(key[8]), np.uint32(key[9]), np.uint32(0)),
+             np.float32(0), np.uint64(0), np.int32(key[7]), np.int32(key[8]), np.uint32(key[9]), np.uint32(0),
+             np.int32(key[10])),
             stream, programmatic=False)   # the kernel has no griddep_entry(): Note [programmatic launch]
     launch.set(2, order)
     launch.set(3, start)
@@ -360,7 +367,7 @@ _gathers: dict = {}   # the prepared launches of gather_batch (Note [the gather'
 def gather_pack(images, labels, orders, start: int, n: int, mean: float, std: float, x, y, aug, epochs,
                 lr_table, lr_at, step: int, lr_out) -> None:
     """A pack's batch in one launch (data.cu's gather_pack_kernel): model m's rows [m n, (m + 1) n) of
-    x and y from its own order orders[m], augmented by aug[m] = (shift, flip, seed) with the draws of
+    x and y from its own order orders[m], augmented by aug[m] = (shift, flip, seed, cutout) with the draws of
     epochs[m]; lr_out[m] = lr_table[lr_at[m] + step] (lr_out None: no rate, as an evaluation gathers)."""
     models, size = orders.shape
     threads = 256
