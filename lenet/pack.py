@@ -196,6 +196,7 @@ class Pack:
                  model=None, keep_average: bool = False):
         import cupy
 
+        from .kernels import AUG_FIELDS
         from .model import LeNet
 
         if not configs:
@@ -226,7 +227,7 @@ class Pack:
         with self.stream:
             self.lr_table = cupy.zeros(K * T, cupy.float32)        # (K, T): Note [pack schedule]
             self.lr_at = cupy.zeros(K, cupy.int32)                 # (K,) row m's first entry this epoch
-            self.aug = cupy.zeros((K, 4), cupy.int32)              # (K, 4) shift, flip, seed, cutout
+            self.aug = cupy.zeros((K, AUG_FIELDS), cupy.int32)     # (K, 4) shift, flip, seed, cutout: aug_rows
             self.epoch_dev = cupy.zeros(K, cupy.int32)             # (K,) each slot's epoch (augmentation draws)
             self.orders = [cupy.zeros((K, train.size), cupy.int32) for _ in range(2)]   # double-buffered
         self.slots: list[Result | None] = [None] * K
@@ -247,6 +248,8 @@ class Pack:
         if (config.batch_size, config.epochs) != (self.batch_size, self.epochs):
             raise ValueError(f"slot {k}: configuration of batch {config.batch_size}, {config.epochs} epochs in a "
                              f"pack of batch {self.batch_size}, {self.epochs} epochs")
+        from .kernels import aug_rows
+
         m, T = self.model, self.steps * self.epochs
         if fresh:   # the model's own (it refuses what it cannot take: a lone model, an average it has no room for)
             m.set_model(k, seed=config.seed, momentum=config.momentum, weight_decay=config.weight_decay,
@@ -256,8 +259,8 @@ class Pack:
         table = config.schedule_of(self.steps).table(self.steps, T).astype(np.float32)
         with self.stream:
             self.lr_table[k * T:(k + 1) * T].set(table, stream=self.stream)
-            self.aug[k].set(np.array([config.shift, int(config.flip), config.seed & 0xFFFFFFFF, config.cutout], np.int64)
-                            .astype(np.uint32).view(np.int32), stream=self.stream)
+            self.aug[k].set(aug_rows([(config.shift, int(config.flip), config.seed, config.cutout)])[0],
+                            stream=self.stream)
         self.stream.synchronize()   # the host arrays above may go once set() returns
         r = Result(config, k, tag=tag)
         self.slots[k] = r
@@ -328,6 +331,8 @@ class Pack:
         m = self.model
         train_loss = m.running_loss.get(stream=self.stream) / self.steps
         loss, acc = m.evaluate(self.evals, batch=self.eval_batch, tta=self.tta)
+        # A pack of one configuration is a lone model (LeNet(models=1)), whose figures are numbers: as rows of one.
+        train_loss, loss, acc = np.atleast_1d(train_loss), np.atleast_1d(loss), np.atleast_1d(acc)
         finished = []
         for k, r in enumerate(self.slots):
             if r is None or r.done:

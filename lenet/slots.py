@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .checks import per_model
-from .kernels import MIRROR, fill, gather_pack
+from .kernels import MIRROR, aug_rows, fill, gather_pack
 
 
 def slots_for(settings: dict, keep_average: bool = False, input_grad: bool = False):
@@ -150,7 +150,7 @@ class Pack(One):
             with inputs.stream:
                 K = self.models
                 self._eval_inputs[key] = (cupy.tile(dataset.identity[None, :], (K, 1)),
-                                          cupy.asarray(np.tile([0, 2 if mirror else 0, 0], (K, 1)).astype(np.int32)),
+                                          cupy.asarray(aug_rows([(0, 2 if mirror else 0, 0, 0)] * K)),
                                           cupy.zeros(K, cupy.int32))
         orders, aug, epochs = self._eval_inputs[key]
         with inputs.stream:

@@ -112,6 +112,30 @@ def test_pack_of_one_is_a_lone_model():
     assert rel_err(flat(one.state_dict()), flat(plain.state_dict())) == 0.0
 
 
+def test_a_pack_of_one_configuration_trains_and_reports_its_epochs():
+    """`lenet sweep` of one model: its pack is a lone model (LeNet(models=1)), whose evaluation gives numbers
+    where a pack's gives rows; the epoch's figures are read as one row (they once failed on it)."""
+    import cupy
+
+    from lenet.data import GpuDataset
+    from lenet.pack import Config, Pack
+
+    rng = np.random.default_rng(5)
+    images, labels = rng.integers(0, 256, (300, 28, 28), dtype=np.uint8), rng.integers(0, 10, 300).astype(np.uint8)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    train, test = (GpuDataset(images[:200], labels[:200], 70.0, 80.0, stream),
+                   GpuDataset(images[200:], labels[200:], 70.0, 80.0, stream))
+    pack = Pack([Config(seed=2, epochs=2, batch_size=64, cutout=6, ema=0.99)], train, test, tta=True,
+                keep_average=True)
+    for epoch in range(2):
+        pack.steps_of(pack.begin_epoch())
+        done = pack.end_epoch(0.01)
+    (r,) = done
+    assert r.done and len(r.accuracy) == len(r.loss) == len(r.train_loss) == 2
+    assert all(0.0 <= a <= 1.0 for a in r.accuracy) and all(np.isfinite(r.loss + r.train_loss))
+    pack.close()
+
+
 def test_each_model_of_a_pack_gathers_what_its_lone_run_gathers():
     """gather_pack (one launch for the pack) against gather_batch (a lone run's), model by model: its own
     permutation, augmentation draws, epoch, labels and learning rate."""

@@ -257,3 +257,18 @@ def test_the_cublas_bindings_load_without_nvmaths_package_init_and_again_after_i
     from test_safety_cpu import ROOT
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr
+
+
+def test_a_packs_augmentation_rows_are_the_kernels_layout_and_another_is_refused():
+    """One int32 row (shift, flip, seed, cutout) a model, the seed's 32 bits kept (data.cu's gather_pack_kernel);
+    gather_pack refuses a table of another shape before it launches (a table of three columns once sent
+    every model but the first another's numbers)."""
+    from lenet.kernels import AUG_FIELDS, aug_rows, gather_pack
+
+    rows = aug_rows([(1, 1, 2**32 - 1, 10), (0, 2, 7, 0)])
+    assert rows.dtype == np.int32 and rows.shape == (2, AUG_FIELDS) == (2, 4)
+    assert rows.tolist() == [[1, 1, -1, 10], [0, 2, 7, 0]] and rows.view(np.uint32)[0, 2] == 2**32 - 1
+    orders = np.zeros((2, 10), np.int32)
+    for bad in (np.zeros((2, 3), np.int32), np.zeros((3, 4), np.int32), np.zeros((2, 4), np.int64)):
+        with pytest.raises(ValueError, match=r"one int32 row \(shift, flip, seed, cutout\) a model: \(2, 4\)"):
+            gather_pack(None, None, orders, 0, 5, 0.0, 1.0, None, None, bad, None, None, None, 0, None)

@@ -328,3 +328,27 @@ def test_a_program_asks_openblas_for_one_thread_unless_the_user_chose(user):
         assert told == (user[1] if user[0] == "OPENBLAS_NUM_THREADS" else None)
     if user and user[0] == "OMP_NUM_THREADS":   # what the count sees where OpenBLAS may take two CPUs
         assert started == (1 if (os.cpu_count() or 1) >= 2 else 0)
+
+
+# A module built (its file in the kernel cache), then its file replaced by another version's before a kernel
+# of it loads: what a run of another checkout does beside this one (Note [a version removed under us]).
+_REPLACED = """
+import sys
+from pathlib import Path
+import cupy, numpy as np
+from lenet import kernels
+kernels._module("distance")   # built: compiled, the file written; not yet loaded onto the GPU
+cache = Path(sys.argv[1])
+(built,) = cache.glob("lenet.distance.*")
+built.unlink()   # another version's store removed this one's file
+a = cupy.arange(1, 6, dtype=cupy.float32)
+print(kernels.distance(a, a), kernels.distance(a * 2, a), len(list(cache.glob("lenet.distance.*"))))
+"""
+
+
+@pytest.mark.gpu
+def test_a_module_whose_cached_file_went_is_built_again(tmp_path):
+    out = _run(_REPLACED, str(tmp_path), LENET_KERNEL_CACHE=str(tmp_path))
+    assert out.returncode == 0, out.stderr[-3000:]
+    same, double, files = out.stdout.split()
+    assert float(same) == 0.0 and float(double) == pytest.approx(1.0) and int(files) == 1

@@ -234,7 +234,23 @@ def sm_count() -> int:
 
 @functools.lru_cache(maxsize=None)
 def kernel(module: str, name: str):
-    return _module(module).get_function(name)
+    """Kernel ``name`` of module ``module``, its module loaded onto the GPU on a first call.
+
+    Note [a version removed under us]: a module's binary in the kernel cache is replaced by another
+    version's (Note [first run] in lenet/kernels/nvrtc.py), and CuPy loads a module's file only when a
+    first kernel of it is asked for: a run of another version of lenet (another checkout, an upgrade) that
+    stored its binary in between left this run's path naming no file, and the load failed with
+    CUDA_ERROR_FILE_NOT_FOUND (two checkouts' sweeps started together on one machine). The module is then
+    built again, read from the cache or compiled, and loaded at once."""
+    from . import nvrtc
+
+    for attempt in range(3):
+        try:
+            return _module(module).get_function(name)
+        except Exception as e:   # noqa: BLE001 (cupy_backends' CUDADriverError, by its message)
+            if "CUDA_ERROR_FILE_NOT_FOUND" not in str(e) or attempt == 2:
+                raise
+            nvrtc.forget(f"lenet.{module}")
 
 
 class SoftmaxCE:
@@ -364,12 +380,26 @@ GATHER_THREADS = 256
 _gathers: dict = {}   # the prepared launches of gather_batch (Note [the gather's launch]), the newest last
 
 
+def aug_rows(rows) -> np.ndarray:
+    """A pack's augmentation table for gather_pack: one row (shift, flip, seed, cutout) a model, as data.cu's
+    gather_pack_kernel reads it (flip 2 mirrors every image: test-time augmentation's second view); int32,
+    the seed's 32 bits as they are."""
+    table = np.array([[shift, flip, seed & 0xFFFFFFFF, cutout] for shift, flip, seed, cutout in rows], np.int64)
+    return table.reshape(-1, AUG_FIELDS).astype(np.uint32).view(np.int32)
+
+
+AUG_FIELDS = 4   # a row of aug_rows
+
+
 def gather_pack(images, labels, orders, start: int, n: int, mean: float, std: float, x, y, aug, epochs,
                 lr_table, lr_at, step: int, lr_out) -> None:
     """A pack's batch in one launch (data.cu's gather_pack_kernel): model m's rows [m n, (m + 1) n) of
     x and y from its own order orders[m], augmented by aug[m] = (shift, flip, seed, cutout) with the draws of
     epochs[m]; lr_out[m] = lr_table[lr_at[m] + step] (lr_out None: no rate, as an evaluation gathers)."""
     models, size = orders.shape
+    if aug.shape != (models, AUG_FIELDS) or aug.dtype != np.int32 or not aug.flags.c_contiguous:
+        raise ValueError(f"gather_pack's aug is one int32 row (shift, flip, seed, cutout) a model: ({models}, "
+                         f"{AUG_FIELDS}), got {aug.dtype} {aug.shape} (lenet.kernels.aug_rows)")
     threads = 256
     blocks = max(1, min(-(-4096 // models), (n * 784 + threads - 1) // threads))
     def ptr(a):

@@ -135,6 +135,13 @@ def prefetch(key: str, source, options: tuple = ()) -> Future:
     return fut
 
 
+def forget(key: str) -> None:
+    """Drop module ``key``'s built module: the next prefetch builds it again (Note [a version removed
+    under us] in lenet/kernels/__init__.py)."""
+    with _lock:
+        _modules.pop(key, None)
+
+
 def hold_writes() -> None:
     """Wait for a binary being written into the cache, and keep any other from starting: what a
     program calls before it leaves through os._exit with compiles still running (lenet.cli.leave),
