@@ -79,26 +79,8 @@ if [ "$part" = spread ]; then
     for g in $(seq 0 $((gpus - 1))); do worker "$g" & done
     wait
     rm -rf "$work"
-    python3 - "$out" "$parts" <<'PY' | tee "$out/summary.txt"
-import pathlib, re, sys
-out, lines, ok, counts = pathlib.Path(sys.argv[1]), [], True, [0, 0, 0, 0]
-ran = sorted(sys.argv[2].split())
-for d in (out / name for name in ran):
-    s = (d / "summary.txt").read_text().strip() if (d / "summary.txt").exists() else f"gpu-check ({d.name}): FAIL | no summary"
-    print(f"{d.name}: {s}")
-    ok &= " PASS " in s
-    m = re.search(r"(\d+) passed, (\d+) failed, (\d+) skipped, (\d+) errors", s)
-    counts = [a + int(b) for a, b in zip(counts, m.groups())] if m else counts
-gpu = re.findall(r"\| GPU (.*)$", "\n".join((out / n / "summary.txt").read_text() for n in ran
-                                             if (out / n / "summary.txt").exists()))
-what = ("programs, memcheck + leak check, racecheck, synccheck, initcheck, over one model and a pack" if len(ran) == 12
-        else f"only the parts {', '.join(ran)} (not the whole check)")
-print(f"gpu-check (spread): {'PASS' if ok and counts[0] else 'FAIL'} | {counts[0]} passed, {counts[1]} failed, "
-      f"{counts[2]} skipped, {counts[3]} errors | {what}: {'all clean' if ok else 'see the parts'} | "
-      f"GPU {gpu[0] if gpu else 'unknown'}")
-sys.exit(0 if ok and counts[0] else 1)
-PY
-    exit $?
+    python3 scripts/gpu_check_summary.py "$out" "$parts" | tee "$out/summary.txt"
+    exit "${PIPESTATUS[0]}"
 fi
 # `arch A`: an older GPU generation's code path on this GPU (Note [kernel architecture] in
 # lenet/kernels/nvrtc.py): our kernels compiled as PTX for compute capability A (75: a T4; 80: an A100; 86,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,3 +93,34 @@ def test_spread_refuses_a_part_its_queue_does_not_have_in_one_line(tmp_path):
     last = out.stdout.strip().splitlines()[-1]   # after the GPUs' listing every part starts with
     assert out.returncode == 2 and last.startswith("gpu-check (spread): no part tests-stage in the queue: tests-parity "), out
     assert not (tmp_path / "out").exists() or not any(p.is_dir() for p in (tmp_path / "out").iterdir())
+
+
+def _summarize(tmp_path, parts: dict[str, str]):
+    for name, line in parts.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.txt").write_text(line + "\n")
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check_summary.py"), str(tmp_path), " ".join(parts)],
+                          capture_output=True, text=True, timeout=60)
+
+
+SAN = "gpu-check ({0}): PASS | GPU tests not run in this part | programs ok (not run) | {0} clean | GPU H | cuDNN 9"
+TESTS = "gpu-check (tests): {0} | {1} passed, {2} failed, 0 skipped, 0 errors | sanitizers not run | GPU H | cuDNN 9"
+
+
+def test_the_spread_line_passes_sanitizer_parts_alone_and_never_test_parts_that_ran_no_test(tmp_path):
+    """The whole's line: the sanitizer parts alone (GPU_CHECK_PARTS) pass with no test to count, its GPU named
+    once (a part's "GPU tests not run" is not the GPU); a test part that ran no test, or a failed part, fails."""
+    (tmp_path / "a").mkdir()
+    out = _summarize(tmp_path / "a", {"racecheck": SAN.format("racecheck"), "packs-racecheck": SAN.format("packs")})
+    whole = out.stdout.strip().splitlines()[-1]
+    assert out.returncode == 0 and whole.startswith("gpu-check (spread): PASS | 0 passed"), whole
+    assert whole.endswith("all clean | GPU H | cuDNN 9") and whole.count("GPU") == 1, whole
+    (tmp_path / "b").mkdir()
+    out = _summarize(tmp_path / "b", {"racecheck": SAN.format("racecheck"), "tests-model": TESTS.format("PASS", 0, 0)})
+    assert out.returncode == 1 and out.stdout.strip().splitlines()[-1].startswith("gpu-check (spread): FAIL"), out.stdout
+    (tmp_path / "c").mkdir()
+    out = _summarize(tmp_path / "c", {"tests-model": TESTS.format("PASS", 70, 0), "tests-torch": TESTS.format("FAIL", 5, 1)})
+    assert out.returncode == 1 and "75 passed, 1 failed" in out.stdout and "see the parts" in out.stdout, out.stdout
+    (tmp_path / "d").mkdir()
+    out = _summarize(tmp_path / "d", {"tests-model": TESTS.format("PASS", 70, 0), "synccheck": SAN.format("synccheck")})
+    assert out.returncode == 0 and "gpu-check (spread): PASS | 70 passed" in out.stdout, out.stdout
