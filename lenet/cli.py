@@ -128,6 +128,20 @@ def positive_int(text: str) -> int:
     return _int_at_least(text, 1)
 
 
+def int_from_to(low: int, high: int, unit: str = ""):
+    """An argparse type: an integer from low to high, its error naming both ends."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = None
+        if v is None or not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: must be an integer from {low} to {high}{unit}")
+        return v
+    parse.__name__ = "integer"
+    return parse
+
+
 MAX_BATCH = 1 << 20   # images in one batch: its buffers alone take ~45 GB of GPU memory at this size
 
 

@@ -38,7 +38,7 @@ import time
 
 from .files import escaped, show
 from .pack import MAX_PACK, Config, Pack, Result
-from .sweep_results import RESUME_KEYS, SWEPT, Sweep, config_error, label_of
+from .sweep_results import RESUME_KEYS, SWEPT, Sweep, config_error, label_of, older_grid
 from .train import Signals, StoppedAtOnce
 
 INSTALL = "pip install '.[sweep]' (or pip install optuna)"
@@ -220,6 +220,7 @@ def check_study(args, settings: dict) -> None:
 
 
 def _same_flags(args, made: dict, mine: dict) -> None:
+    made = older_grid(made)
     if made == mine:
         return
     k = next((k for k in STUDY_KEYS if made.get(k) != mine.get(k)), None)

@@ -49,7 +49,7 @@ import numpy as np
 from . import cli, data, files, startup
 from .pack import MAX_PACK, Config, packs
 from .schedule import SCHEDULES
-from .sweep_results import RESUME_KEYS, SWEPT, Sweep, config_error
+from .sweep_results import RESUME_KEYS, SWEPT, Sweep, config_error, older_grid
 from .train import Signals, StoppedAtOnce, resume_args, start_plotter
 
 FAST = Config()   # the defaults: the README's fast recipe
@@ -487,12 +487,15 @@ def _check_out(out: Path | None, args, settings: dict):
         made = out / "sweep.json"
         if files.what_is(made)[0] == "missing":
             raise ValueError(f"--resume: {files.show(out)} holds no sweep (no sweep.json); start one without --resume")
-        before = _settings_file(made, settings)
+        before = older_grid(_settings_file(made, settings))
         diff = [k for k in RESUME_KEYS if before.get(k) != settings.get(k)]
         if diff:
-            raise ValueError(f"--resume: the sweep in {files.show(out)} was made with {diff[0]}="
-                             f"{_short(before.get(diff[0]))}, this one has {_short(settings.get(diff[0]))}; resume "
-                             f"with the same flags")
+            k, theirs, ours = diff[0], before.get(diff[0]), settings.get(diff[0])
+            if k == "grid" and isinstance(theirs, dict):   # the axis that differs, as a flag
+                d = next(d for d in list(ours) + list(theirs) if theirs.get(d) != ours.get(d))
+                k, theirs, ours = ("--seeds" if d == "seed" else "--" + d.replace("_", "-")), theirs.get(d), ours.get(d)
+            raise ValueError(f"--resume: the sweep in {files.show(out)} was made with {k}="
+                             f"{_short(theirs)}, this one has {_short(ours)}; resume with the same flags")
         rows = _rows_file(out / "results.jsonl") if files.what_is(out / "results.jsonl")[0] != "missing" else []
         state = _pack_file(out / "pack.npz") if files.what_is(out / "pack.npz")[0] != "missing" else None
         return rows, state

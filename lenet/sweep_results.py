@@ -20,6 +20,18 @@ from .pack import Config, Result, config_from
 
 SWEPT = ("lr", "momentum", "nesterov", "weight_decay", "label_smoothing", "schedule", "warmup_epochs", "ema",
          "shift", "flip", "cutout", "batch_size", "epochs", "seed")
+# Swept axes added after sweeps and studies were made, each with the values an older one trained at: its
+# stored grid is read with these filled in, so --resume and a study's workers continue it (older_grid).
+GRID_BEFORE = {"cutout": [0]}
+
+
+def older_grid(settings):
+    """A stored sweep's or study's settings with the axes it was made before (GRID_BEFORE) filled in."""
+    if isinstance(settings, dict) and isinstance(settings.get("grid"), dict):
+        return {**settings, "grid": {**GRID_BEFORE, **settings["grid"]}}
+    return settings
+
+
 RESUME_KEYS = ("grid", "search", "trials", "validation", "train_size", "test_size", "data_fingerprint", "tta",
                "pack_size", "eval_batch_size", "study", "sampler", "prune")
 

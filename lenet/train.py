@@ -170,13 +170,13 @@ def _recipe_flags(r) -> None:
     r.add_argument("--ema", type=cli.open_unit_interval, default=None, metavar="DECAY",
                    help="keep an exponential moving average of the weights, ema += (1 - DECAY) * (w - ema) "
                         "after every step, and evaluate and export it (e.g. 0.999; default: off)")
-    r.add_argument("--shift", type=cli.nonneg_int, default=0, metavar="K",
+    r.add_argument("--shift", type=cli.int_from_to(0, 13, " pixels"), default=0, metavar="K",
                    help="augment: translate each training image by up to K pixels each way, a zero border "
                         "filling in (0..13; default: 0)")
     r.add_argument("--flip", action="store_true",
                    help="augment: mirror half the training images left-right (right for clothes, wrong for "
                         "digits, so never guessed from the dataset)")
-    r.add_argument("--cutout", type=cli.nonneg_int, default=0, metavar="K",
+    r.add_argument("--cutout", type=cli.int_from_to(0, data.CUTOUT_MAX, " pixels"), default=0, metavar="K",
                    help="augment: clear a KxK square of each training image to the background, its centre "
                         "anywhere in the image (cutout; 0..28; default: 0)")
     r.add_argument("--tta", action="store_true",
@@ -283,10 +283,6 @@ def prepare(args) -> dict:
     _check_flags(args)
     out = Path(args.out) if args.out else None
     resume = _resume_path(args, out)   # a flag error: before anything is read
-    if args.shift > 13:
-        raise ValueError(f"--shift {args.shift}: translate by 0 to 13 pixels (a 28x28 image)")
-    if args.cutout > data.CUTOUT_MAX:
-        raise ValueError(f"--cutout {args.cutout}: a square of 0 to {data.CUTOUT_MAX} pixels a side (a 28x28 image)")
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.warmup_epochs > args.epochs:

@@ -68,6 +68,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ema", type=float, default=None)
     p.add_argument("--shift", type=int, default=0)
     p.add_argument("--flip", action="store_true")
+    p.add_argument("--cutout", type=int, default=0, help="accepted at 0 only: this reference has no cutout")
     p.add_argument("--tta", action="store_true", help="score on the mean of each test image's and its mirror's logits")
     p.add_argument("--target-accuracy", type=cli.accuracy, default=None)
     p.add_argument("--quiet", action="store_true", help="accepted for the same command line; no effect")
@@ -81,6 +82,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main():
     args = parser().parse_args()
+    if args.cutout:
+        parser().error(f"--cutout {args.cutout}: PyTorch's reference trainer has no cutout (0 only); compare a "
+                       f"recipe without it")
     exact_float32()
     torch.backends.cudnn.benchmark = args.cudnn_benchmark
     root = data.find_dataset(args.data_dir)

@@ -204,3 +204,21 @@ def test_a_gpu_older_than_every_supported_generation_gets_one_line(modules, monk
                             "on 7.5 (Turing) and newer, and no extra of it supports older GPUs")
     monkeypatch.setattr(modules, "_arch", lambda: 75)
     kernels.require_arch("Tesla T4")
+
+
+def test_forgetting_a_build_whose_load_failed_keeps_a_newer_one():
+    """Note [a version removed under us]: a thread whose load failed drops its own build only; a build another
+    such thread started since stays (the one every caller waits for, and the exit waits for)."""
+    from concurrent.futures import Future
+
+    from lenet.kernels import nvrtc
+
+    old, new = Future(), Future()
+    nvrtc._modules["lenet.test-forget"] = new
+    try:
+        nvrtc.forget("lenet.test-forget", old)
+        assert nvrtc._modules["lenet.test-forget"] is new
+        nvrtc.forget("lenet.test-forget", new)
+        assert "lenet.test-forget" not in nvrtc._modules
+    finally:
+        nvrtc._modules.pop("lenet.test-forget", None)

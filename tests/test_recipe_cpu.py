@@ -21,8 +21,10 @@ from test_safety_cpu import refused, run
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--shift", "14"], "--shift 14: translate by 0 to 13 pixels"),
-    (["--shift", "-1"], "--shift: invalid value '-1': must be an integer >= 0"),
+    (["--shift", "14"], "--shift: invalid value '14': must be an integer from 0 to 13 pixels"),
+    (["--shift", "-1"], "--shift: invalid value '-1': must be an integer from 0 to 13 pixels"),
+    (["--cutout", "29"], "--cutout: invalid value '29': must be an integer from 0 to 28 pixels"),
+    (["--cutout", "x"], "--cutout: invalid value 'x': must be an integer from 0 to 28 pixels"),
     (["--nesterov", "--momentum", "0"], "--nesterov needs --momentum > 0"),
     (["--label-smoothing", "1"], "--label-smoothing: invalid value '1': must be a number in [0, 1)"),
     (["--ema", "1"], "--ema: invalid value '1': must be a number in (0, 1)"),

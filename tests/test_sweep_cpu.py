@@ -375,8 +375,33 @@ def test_an_earlier_sweep_is_kept_unless_resumed_or_overwritten(dataset, tmp_pat
     settings = sweep.settings_of(args, "abc", 40, 20)
     (out / "sweep.json").write_text(json.dumps(settings))
     r = run("--data-dir", dataset, "--out", out, "--resume", "--lr", 0.1, 0.3)
-    assert r.returncode == 2 and "was made with grid=" in one_line(r)
+    assert r.returncode == 2 and "was made with --lr=[0.1, 0.2], this one has [0.1, 0.3]" in one_line(r)
     assert sorted(p.name for p in out.iterdir()) == ["results.jsonl", "sweep.json"]
+
+
+def test_a_sweep_made_before_an_axis_existed_resumes_with_that_axis_at_its_old_value(dataset, tmp_path):
+    """sweep.json and results.jsonl written before --cutout: the sweep continues (its models trained without
+    cutout, the default), each row read with cutout 0; --cutout 6 is another sweep, named as that flag."""
+    from lenet import cli, data
+
+    out = tmp_path / "out"
+    out.mkdir()
+    args = parse("--data-dir", dataset, "--out", out, "--lr", 0.1, 0.2, "--rank-on-test")
+    root, (tx, _), (vx, _), cache, _ = cli.run_splits(args)
+    args.validation = 0
+    settings = sweep.settings_of(args, data.fingerprint(root, cache), len(tx), len(vx))
+    del settings["grid"]["cutout"]
+    (out / "sweep.json").write_text(json.dumps(settings))
+    config = {k: v for k, v in Config(lr=0.1).as_dict().items() if k != "cutout"}
+    row = {"trial": None, "status": "complete", "config": config, "split": "test", "accuracy": [0.5], "loss": [1.0],
+           "train_loss": [1.2], "final": 0.5, "epochs_run": 1, "seconds": 0.1}
+    (out / "results.jsonl").write_text(json.dumps(row) + "\n")
+    resumed = sweep.prepare(parse("--data-dir", dataset, "--out", out, "--lr", 0.1, 0.2, "--rank-on-test", "--resume"))
+    assert [r["config"]["cutout"] for r in resumed["done_rows"]] == [0]
+    done = {json.dumps(r["config"], sort_keys=True) for r in resumed["done_rows"]}   # how GridSweep skips a model
+    assert [c.lr for c in resumed["configs"] if json.dumps(c.as_dict(), sort_keys=True) not in done] == [0.2]
+    r = run("--data-dir", dataset, "--out", out, "--lr", 0.1, 0.2, "--rank-on-test", "--resume", "--cutout", 6)
+    assert r.returncode == 2 and "was made with --cutout=[0], this one has [6]" in one_line(r)
 
 
 def test_a_broken_pack_state_is_one_line_on_resume(dataset, tmp_path):
@@ -525,6 +550,23 @@ def test_a_study_made_with_other_flags_is_refused(tmp_path):
     # another pack size is the same study: a worker per GPU may pack differently
     same = _args(tmp_path, "--pack-size", 8)
     study.open_study(same, sweep.settings_of(same, "abc", 50000, 10000))
+
+
+
+def test_a_study_made_before_an_axis_existed_is_continued(tmp_path):
+    """A study whose stored flags predate --cutout is the same study at cutout 0 (its trials trained so), and
+    another with --cutout 6."""
+    from lenet import study
+
+    args = _args(tmp_path)
+    older = sweep.settings_of(args, "abc", 50000, 10000)
+    del older["grid"]["cutout"]
+    st = study.open_study(args, older)   # stored as an older lenet stored it
+    assert "cutout" not in st.user_attrs["lenet"]["grid"]
+    study.open_study(args, sweep.settings_of(args, "abc", 50000, 10000))
+    other = _args(tmp_path, "--cutout", 6)
+    with pytest.raises(ValueError, match=r"--cutout \[0\] there, \[6\] here"):
+        study.open_study(other, sweep.settings_of(other, "abc", 50000, 10000))
 
 
 def test_space_is_categorical_lists_and_float_ranges():

@@ -245,12 +245,13 @@ def kernel(module: str, name: str):
     from . import nvrtc
 
     for attempt in range(3):
+        built = _future(module)
         try:
-            return _module(module).get_function(name)
+            return built.result().get_function(name)
         except Exception as e:   # noqa: BLE001 (cupy_backends' CUDADriverError, by its message)
             if "CUDA_ERROR_FILE_NOT_FOUND" not in str(e) or attempt == 2:
                 raise
-            nvrtc.forget(f"lenet.{module}")
+            nvrtc.forget(f"lenet.{module}", built)   # not a build another thread started since
 
 
 class SoftmaxCE:

@@ -135,11 +135,13 @@ def prefetch(key: str, source, options: tuple = ()) -> Future:
     return fut
 
 
-def forget(key: str) -> None:
-    """Drop module ``key``'s built module: the next prefetch builds it again (Note [a version removed
-    under us] in lenet/kernels/__init__.py)."""
+def forget(key: str, built: Future) -> None:
+    """Drop module ``key``'s build ``built`` (a module whose load failed): the next prefetch builds it again
+    (Note [a version removed under us] in lenet/kernels/__init__.py). A newer build, which another thread
+    whose load failed too may have started, stays: it is the one every caller then waits for."""
     with _lock:
-        _modules.pop(key, None)
+        if _modules.get(key) is built:
+            del _modules[key]
 
 
 def hold_writes() -> None:
