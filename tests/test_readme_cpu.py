@@ -51,3 +51,28 @@ def test_the_readme_is_for_users_and_its_history_lives_in_docs():
         assert f"\n{heading}\n" in text, heading
     for doc in ("performance", "numerics", "design", "probes"):
         assert f"docs/{doc}.md" in text and (root / "docs" / f"{doc}.md").is_file(), doc
+
+
+def test_the_readmes_recipes_are_time_to_accuracys_and_lenet_train_takes_them():
+    """The fast and recommended commands the README prints are scripts/time_to_accuracy.py's RECIPES (what the
+    README's numbers were measured with), flag for flag, and every recipe parses as `lenet train` flags."""
+    import re
+    import shlex
+    import sys
+    from pathlib import Path
+
+    from lenet import train
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        import time_to_accuracy as tta
+    finally:
+        sys.path.remove(str(root / "scripts"))
+    text = (root / "README.md").read_text()
+    for name in ("fast", "recommended"):
+        command = re.search(rf"# {name}:.*?\n((?:    #.*\n)*)    (lenet train .*?)--out", text, re.S).group(2)
+        shown = train.parser().parse_args(shlex.split(command.replace("\\\n", " "))[2:])
+        assert vars(shown) == vars(train.parser().parse_args(shlex.split(tta.RECIPES[name]))), name
+    for name, flags in tta.RECIPES.items():
+        train.parser().parse_args(shlex.split(flags))
