@@ -4,9 +4,10 @@ cuDNN's exact result as the planner checks a candidate, and timed beside the ver
 
     python dev/conv2_backward_v6.py [--batch 64 1024 8192 65536] [--check-only]
 
-``main`` does it for one .cu file of this folder and one stage:
-  check   every launch shape of each version here (lenet/kernels/stages.py's blocks per SM), on its own grid
-          and on one block that sums every image, against cuDNN's exact result (lenet/engines/reference.py,
+``main`` does it for one .cu file of this folder and one stage, each version beside its direction's:
+  check   every launch shape of each version here (lenet/kernels/stages.py's blocks per SM; a backward on its
+          own grid and on one block that sums every image; a forward at each of its images a block), against
+          cuDNN's exact result (lenet/engines/reference.py,
           Note [checking a stage]) on three sets of operands: the planner's check (random normals and
           quantized pictures on constant backgrounds: exact ties in the pooling windows, exact zeros after a
           ReLU), random normals alone, and constant images (every window an exact four-way tie; all-zero
@@ -40,18 +41,21 @@ def spec(stage: str):
 
 
 def workbench(cu_file: str, stage: str):
-    """(the shipped StageKernels of ``stage`` with this file's versions added, the versions added)."""
+    """(the shipped StageKernels of ``stage`` with this file's versions added, the versions added): each
+    version beside the shipped ones of its direction."""
     from lenet import kernels
     from lenet.kernels import stages
 
     ks = next(k for k in stages.kernels().values() if k.stage == stage)   # the shipped ones: before declare
     mine = [m for m in kernels.declare(Path(__file__).resolve().parent / cu_file) if m.stage == stage]
-    shipped = {m.version for m in ks.backward}
-    clash = [m.name for m in mine if m.version in shipped]
-    if clash:
-        raise SystemExit(f"{cu_file}: {', '.join(clash)} has the number of a shipped version")
-    both = tuple(sorted(ks.backward + tuple(mine), key=lambda m: m.version))
-    return replace(ks, backward=both), mine
+    for direction in ("forward", "backward"):
+        shipped = getattr(ks, direction)
+        added = tuple(m for m in mine if m.direction == direction)
+        clash = [m.name for m in added if m.version in {s.version for s in shipped}]
+        if clash:
+            raise SystemExit(f"{cu_file}: {', '.join(clash)} has the number of a shipped {direction} version")
+        ks = replace(ks, **{direction: tuple(sorted(shipped + added, key=lambda m: m.version))})
+    return ks, mine
 
 
 def _random(spec_, m: int, seed: int):
@@ -92,16 +96,87 @@ def operands(make):
         reference.operands = real
 
 
+OPERANDS = (("check operands (normals + pictures)", None), ("random normals", _random),
+            ("constant images, zeros", _constant))
+
+
+def check_forward(ks, versions, spec_, handle) -> int:
+    """Every launch shape of the forward ``versions`` against cuDNN's exact result, as the planner checks a
+    forward candidate (lenet/engines/ours_check.py: outputs preset to NaN and 255); the failures' count."""
+    import cupy
+    import numpy as np
+
+    from lenet.engines import reference
+    from lenet.kernels import stages
+
+    failures = 0
+    for label, make in OPERANDS:
+        for m in CHECK_BATCHES:
+            with operands(make):
+                ref = reference.stage_reference(handle, spec_, m)
+            for mod in versions:
+                for per_sm in stages.FORWARD_BLOCKS_PER_SM:
+                    for images in mod.images:
+                        cand = stages.Forward(images, per_sm, mod.version - 1)
+                        with handle.stream:
+                            y, arg = cupy.empty(ref.y.shape, cupy.float32), cupy.empty(ref.arg.shape, np.uint8)
+                            y.data.memset_async(0xFF, y.nbytes)
+                            arg.data.memset_async(0xFF, arg.nbytes)
+                        stages.stage_forward(ks, cand, m, handle.stream, ref.x, ref.w, ref.b, y, arg)()
+                        handle.stream.synchronize()
+                        err, ties, why = reference.check_forward(ref, y, arg)
+                        ok = why is None
+                        failures += not ok
+                        print(f"{'OK  ' if ok else 'FAIL'} {cand.name:<22} {label:<36} m={m:<4} grid {cand.grid(m):<6} "
+                              f"err {err:.1e}, {ties} near-ties decided otherwise" + ("" if ok else f": {why}"),
+                              flush=True)
+    return failures
+
+
+def bench_forward(ks, versions, spec_, batches) -> None:
+    """us a launch of every launch shape of the forward ``versions`` and of the shipped ones."""
+    import cupy
+
+    from lenet.kernels import stages
+    from lenet.timing import time_launcher
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rng = cupy.random.default_rng(0)
+    mine = {m.name for m in versions}
+    arch = stages.kernel_arch()
+    for n in batches:
+        with stream:
+            x = rng.standard_normal((n, *spec_.x), dtype=cupy.float32)
+            x = cupy.maximum(x, 0) if spec_.dx else x
+            w = rng.standard_normal(spec_.w, dtype=cupy.float32) * 0.2
+            b = rng.standard_normal(spec_.w[0], dtype=cupy.float32) * 0.1
+            y, arg = cupy.empty((n, *spec_.y), cupy.float32), cupy.empty((n, *spec_.y), cupy.uint8)
+        stream.synchronize()
+        best: dict = {}
+        for mod in ks.forward:
+            if not mod.runs_on(arch):
+                continue
+            for per_sm in stages.FORWARD_BLOCKS_PER_SM:
+                for images in mod.images:
+                    cand = stages.Forward(images, per_sm, mod.version - 1)
+                    us = time_launcher(stages.stage_forward(ks, cand, n, stream, x, w, b, y, arg), stream) * 1e3
+                    if us < best.get(mod.name, (float("inf"),))[0]:
+                        best[mod.name] = (us, cand.name)
+        first = ks.heuristic("forward", n)
+        print(f"n={n:<6} " + "  ".join(f"{name}{' (dev)' if name in mine else ''} {c} {us:.1f} "
+                                       f"({us * 1e3 / n:.2f} ns an image)" for name, (us, c) in best.items())
+              + f"  | the shipped heuristic takes {first.name}", flush=True)
+
+
 def check(ks, versions, spec_, handle) -> int:
-    """Every launch shape of ``versions`` against cuDNN's exact result; the failures' count."""
+    """Every launch shape of the backward ``versions`` against cuDNN's exact result; the failures' count."""
     import cupy
 
     from lenet.engines import reference
     from lenet.kernels import stages
 
     failures = 0
-    for label, make in (("check operands (normals + pictures)", None), ("random normals", _random),
-                        ("constant images, zeros", _constant)):
+    for label, make in OPERANDS:
         for m in CHECK_BATCHES:
             with operands(make):
                 ref = reference.stage_reference(handle, spec_, m)
@@ -183,11 +258,18 @@ def main(cu_file: str, stage: str, doc: str) -> int:
         return 2
     print(f"{cu_file}: {', '.join(f'{m.name} (v{m.version})' for m in runs)} on compute capability {arch / 10:.1f}, "
           f"{stages.sm_count()} SMs")
-    failures = check(ks, runs, spec(stage), Handle())
+    forward = [m for m in runs if m.direction == "forward"]
+    backward = [m for m in runs if m.direction == "backward"]
+    handle = Handle()
+    failures = (check_forward(ks, forward, spec(stage), handle) if forward else 0) + \
+        (check(ks, backward, spec(stage), handle) if backward else 0)
     if failures:
         print(f"{failures} checks failed")
         return 1
     print("All results match. Starting benchmarks." if not args.check_only else "All results match.")
     if not args.check_only:
-        bench(ks, runs, spec(stage), args.batch)
+        if forward:
+            bench_forward(ks, forward, spec(stage), args.batch)
+        if backward:
+            bench(ks, backward, spec(stage), args.batch)
     return 0

@@ -100,3 +100,38 @@ def test_each_moved_version_is_in_dev_with_its_script_and_compiles_with_the_pack
         kernels.declared().clear()
         kernels.declared().update(shipped)
     assert (ROOT / "dev" / "README.md").is_file() and (ROOT / "dev" / "common.py").is_file()
+
+
+# Versions new in dev/ and not yet measured against what ships (dev/README.md): each compiles through the
+# package's machinery, plain and as a pack's module, and the workbench sets it beside its direction's shipped
+# versions.
+CANDIDATES = {"conv2_forward_v3.cu": {"stage2_forward_mma": 3}}
+
+
+def test_each_candidate_in_dev_compiles_and_joins_its_directions_versions_in_the_workbench(tmp_path, monkeypatch):
+    import sys
+
+    from lenet import kernels
+    from lenet.kernels import nvrtc
+
+    monkeypatch.setenv("LENET_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.syspath_prepend(str(ROOT / "dev"))
+    shipped = dict(kernels.declared())
+    try:
+        import common
+
+        for cu, want in CANDIDATES.items():
+            assert (ROOT / "dev" / cu.replace(".cu", ".py")).is_file(), cu
+            ks, mine = common.workbench(cu, "conv2")
+            assert {m.name: m.version for m in mine} == want, cu
+            for m in mine:
+                versions = [v.version for v in getattr(ks, m.direction)]
+                assert m.version in versions and versions == sorted(versions), versions
+                for extra in ((), ("-DLENET_PACK",)):
+                    path = nvrtc.binary(f"lenet.{m.name}{'.pack' if extra else ''}", kernels.source(m.name),
+                                        kernels.options(m.name) + extra, m.arch)
+                    assert path.read_bytes().startswith(b"\x7fELF"), m.name
+    finally:
+        kernels.declared().clear()
+        kernels.declared().update(shipped)
+        sys.modules.pop("common", None)
