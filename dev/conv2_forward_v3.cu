@@ -1,4 +1,5 @@
-// module stage2_forward_mma: stage=conv2 direction=forward version=3 threads=32 images=4,8 arch=80 smem=5016+1728*images uses=stage_common,tf32
+// module stage2_forward_mma: stage=conv2 direction=forward version=3 threads=32 images=4,8 arch=80 define=S2M_VERSION=3 smem=5016+1728*images uses=stage_common,tf32
+// module stage2_forward_mma_r: stage=conv2 direction=forward version=4 threads=32 images=4,8 arch=80 define=S2M_VERSION=4 smem=5016+864*images uses=stage_common,tf32
 // Stage 2 forward on the tensor cores (a candidate, not yet measured): per image an implicit GEMM,
 //   conv[m, n] = b[n] + sum_k A[m, k] B[k, n],  m = 8 oy + ox (64 conv positions), n the output channel (16),
 //   k = 25 c + 5 r + s (150, padded to 152),    A[m, k] = x[c, oy + r, ox + s],  B[k, n] = w[n, c, r, s],
@@ -20,9 +21,13 @@
 // four m-tiles (the offsets as 38 registers a lane took 152 registers in all, one block of 8 images an SM).
 // Its C values: conv(oy = 2 mt + {0, 1}, ox = g) at channels 8 nt + 2q, 2q + 1; the window (pi, pj) =
 // (mt, g / 2) has its two columns in lanes g and g + 1 (l and l + 4): the even lane pools and writes.
-extern "C" __global__ void __launch_bounds__(256, 2)
-stage2_forward_mma_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
-                          float* __restrict__ p, unsigned char* __restrict__ arg, int N, int ps) {
+// Version 4 (S2M_VERSION=4, PRESPLIT false) keeps the image as floats (864 an image) and splits each A value
+// where it is loaded: half the shared-memory wavefronts of version 3's (big, small) pairs (a 32-bit load a
+// value, one wavefront a warp, where a 64-bit one takes two), five more instructions a value.
+template <bool PRESPLIT>
+__device__ __forceinline__ void stage2_forward_mma(const float* __restrict__ x, const float* __restrict__ w,
+                                                   const float* __restrict__ b, float* __restrict__ p,
+                                                   unsigned char* __restrict__ arg, int N, int ps) {
   griddep_entry();
   PACK_MODEL(x, (size_t)N * S2_IMAGE); PACK_MODEL(w, ps); PACK_MODEL(b, ps);   // Note [model from the grid]
   PACK_MODEL(p, (size_t)N * S2_POOLED); PACK_MODEL(arg, (size_t)N * S2_POOLED);
@@ -31,7 +36,8 @@ stage2_forward_mma_kernel(const float* __restrict__ x, const float* __restrict__
   const int t = threadIdx.x, imgs = blockDim.x / 32, slot = t / 32, lane = t % 32;
   const int g = lane >> 2, q = lane & 3;
   int* skoff = reinterpret_cast<int*>(smem_u4 + 19 * 2 * 32);    // 152 ints
-  uint2* sx = reinterpret_cast<uint2*>(skoff + 152) + slot * S2_IMAGE;
+  uint2* sx = reinterpret_cast<uint2*>(skoff + 152) + slot * S2_IMAGE;               // version 3's image
+  float* sxf = reinterpret_cast<float*>(skoff + 152) + slot * S2_IMAGE;              // version 4's
   for (int i = t; i < 19 * 2 * 32; i += blockDim.x) {             // B's fragments, split once a block
     const int l = i % 32, f = i / 32, ks = f / 2, nt = f % 2;
     const int n = 8 * nt + (l >> 2), k0 = 8 * ks + (l & 3), k1 = k0 + 4;
@@ -55,8 +61,12 @@ stage2_forward_mma_kernel(const float* __restrict__ x, const float* __restrict__
     __syncwarp();                                                  // the last image's reads of sx are done
     for (int i = lane; i < S2_IMAGE / 4; i += 32) {
       const float4 v = xi[i];
-      const uint2 a = s2d_split(v.x), bb = s2d_split(v.y), c = s2d_split(v.z), d = s2d_split(v.w);
-      sx[4 * i] = a; sx[4 * i + 1] = bb; sx[4 * i + 2] = c; sx[4 * i + 3] = d;
+      if (PRESPLIT) {
+        const uint2 a = s2d_split(v.x), bb = s2d_split(v.y), c = s2d_split(v.z), d = s2d_split(v.w);
+        sx[4 * i] = a; sx[4 * i + 1] = bb; sx[4 * i + 2] = c; sx[4 * i + 3] = d;
+      } else {
+        reinterpret_cast<float4*>(sxf)[i] = v;
+      }
     }
     __syncwarp();
     float acc[4][2][4];
@@ -73,8 +83,14 @@ stage2_forward_mma_kernel(const float* __restrict__ x, const float* __restrict__
       const int k0 = skoff[8 * ks + q], k1 = skoff[8 * ks + q + 4];
 #pragma unroll
       for (int mt = 0; mt < 4; ++mt) {
-        const uint2* row = sx + 24 * mt + g;
-        uint2 v0 = row[k0], v1 = row[k0 + 12], v2 = row[k1], v3 = row[k1 + 12];
+        uint2 v0, v1, v2, v3;
+        if (PRESPLIT) {
+          const uint2* row = sx + 24 * mt + g;
+          v0 = row[k0]; v1 = row[k0 + 12]; v2 = row[k1]; v3 = row[k1 + 12];
+        } else {
+          const float* row = sxf + 24 * mt + g;
+          v0 = s2d_split(row[k0]); v1 = s2d_split(row[k0 + 12]); v2 = s2d_split(row[k1]); v3 = s2d_split(row[k1 + 12]);
+        }
         if (ks == 18 && pad) { v2 = make_uint2(0u, 0u); v3 = make_uint2(0u, 0u); }
         const unsigned big[4] = {v0.x, v1.x, v2.x, v3.x}, small[4] = {v0.y, v1.y, v2.y, v3.y};
         // small(A) big(B) + big(A) small(B) + big(A) big(B): the small terms first (Note [three tf32 products])
@@ -108,3 +124,19 @@ stage2_forward_mma_kernel(const float* __restrict__ x, const float* __restrict__
         }
   }
 }
+
+#if S2M_VERSION == 3
+extern "C" __global__ void __launch_bounds__(256, 2)
+stage2_forward_mma_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                          float* __restrict__ p, unsigned char* __restrict__ arg, int N, int ps) {
+  stage2_forward_mma<true>(x, w, b, p, arg, N, ps);
+}
+#elif S2M_VERSION == 4
+extern "C" __global__ void __launch_bounds__(256, 2)
+stage2_forward_mma_r_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ b,
+                            float* __restrict__ p, unsigned char* __restrict__ arg, int N, int ps) {
+  stage2_forward_mma<false>(x, w, b, p, arg, N, ps);
+}
+#else
+#error "S2M_VERSION must be 3 or 4"
+#endif

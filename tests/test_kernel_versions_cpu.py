@@ -105,7 +105,7 @@ def test_each_moved_version_is_in_dev_with_its_script_and_compiles_with_the_pack
 # Versions new in dev/ and not yet measured against what ships (dev/README.md): each compiles through the
 # package's machinery, plain and as a pack's module, and the workbench sets it beside its direction's shipped
 # versions.
-CANDIDATES = {"conv2_forward_v3.cu": {"stage2_forward_mma": 3}}
+CANDIDATES = {"conv2_forward_v3.cu": {"stage2_forward_mma": 3, "stage2_forward_mma_r": 4}}
 
 
 def test_each_candidate_in_dev_compiles_and_joins_its_directions_versions_in_the_workbench(tmp_path, monkeypatch):
