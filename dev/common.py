@@ -133,6 +133,19 @@ def check_forward(ks, versions, spec_, handle) -> int:
     return failures
 
 
+def _inputs(spec_, n: int, stream, rng):
+    """Random operands of a stage at n images on the GPU, and its outputs' buffers: (x, w, b, y, arg)."""
+    import cupy
+
+    with stream:
+        x = rng.standard_normal((n, *spec_.x), dtype=cupy.float32)
+        x = cupy.maximum(x, 0) if spec_.dx else x
+        w = rng.standard_normal(spec_.w, dtype=cupy.float32) * 0.2
+        b = rng.standard_normal(spec_.w[0], dtype=cupy.float32) * 0.1
+        y, arg = cupy.empty((n, *spec_.y), cupy.float32), cupy.empty((n, *spec_.y), cupy.uint8)
+    return x, w, b, y, arg
+
+
 def bench_forward(ks, versions, spec_, batches) -> None:
     """us a launch of every launch shape of the forward ``versions`` and of the shipped ones."""
     import cupy
@@ -145,12 +158,7 @@ def bench_forward(ks, versions, spec_, batches) -> None:
     mine = {m.name for m in versions}
     arch = stages.kernel_arch()
     for n in batches:
-        with stream:
-            x = rng.standard_normal((n, *spec_.x), dtype=cupy.float32)
-            x = cupy.maximum(x, 0) if spec_.dx else x
-            w = rng.standard_normal(spec_.w, dtype=cupy.float32) * 0.2
-            b = rng.standard_normal(spec_.w[0], dtype=cupy.float32) * 0.1
-            y, arg = cupy.empty((n, *spec_.y), cupy.float32), cupy.empty((n, *spec_.y), cupy.uint8)
+        x, w, b, y, arg = _inputs(spec_, n, stream, rng)
         stream.synchronize()
         best: dict = {}
         for mod in ks.forward:
@@ -213,12 +221,8 @@ def bench(ks, versions, spec_, batches) -> None:
     mine = {m.name for m in versions}
     arch = stages.kernel_arch()
     for n in batches:
+        x, w, b, y, arg = _inputs(spec_, n, stream, rng)
         with stream:
-            x = rng.standard_normal((n, *spec_.x), dtype=cupy.float32)
-            x = cupy.maximum(x, 0) if spec_.dx else x
-            w = rng.standard_normal(spec_.w, dtype=cupy.float32) * 0.2
-            b = rng.standard_normal(spec_.w[0], dtype=cupy.float32) * 0.1
-            y, arg = cupy.empty((n, *spec_.y), cupy.float32), cupy.empty((n, *spec_.y), cupy.uint8)
             dy = rng.standard_normal((n, *spec_.y), dtype=cupy.float32)
             dx = cupy.empty_like(x) if spec_.dx else None
             dw, db = cupy.empty(spec_.w, cupy.float32), cupy.empty(spec_.w[0], cupy.float32)
