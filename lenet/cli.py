@@ -54,6 +54,10 @@ class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
+        # A value of a many-valued flag that starts with '-' and a digit (``lenet sweep --cutout -1:4``, a range,
+        # or ``--lr -0.1 0.1``) is a value to check, not a flag: Python 3.13's own rule, whose earlier one took
+        # only plain negative numbers (our flags never look like numbers).
+        self._negative_number_matcher = re.compile(r"-\.?\d")
         self.add_argument("--version", action="version", version=f"%(prog)s (lenet-cudnn {__version__})")
 
     def parse_known_args(self, args=None, namespace=None):

@@ -338,6 +338,10 @@ CASES = {
     "a name of bad bytes": _newline(lambda w: None, ["export", "bad-\udcff.npz", "--to", "m.npz"], "bad-\\xff.npz"),
     "--lr 0.1:0.2:0.3": _newline(lambda w: None, OPTUNA + ["--lr", "0.1:0.2:0.3"], "'0.1:0.2:0.3': a range is"),
     "--shift 14 in a grid": _newline(lambda w: None, ["sweep", "--data-dir", "DATA", "--shift", "14"], "--shift 14:"),
+    "--cutout -1:4 in a study": _newline(lambda w: None, OPTUNA + ["--cutout", "-1:4"],
+                                         "--cutout: invalid range '-1:4': LOW:HIGH, each must be an integer >= 0"),
+    "--lr -0.1 0.1 in a grid": _newline(lambda w: None, ["sweep", "--data-dir", "DATA", "--lr", "-0.1", "0.1"],
+                                        "--lr: invalid value '-0.1': must be a finite number >= 0"),
     "--gpus over a grid of two epoch counts": _newline(
         lambda w: None, ["sweep", "--data-dir", "DATA", "--gpus", "all", "--epochs", "10", "20", "--out", "o"],
         "--gpus spreads one Optuna study over the GPUs: add --search optuna"),
