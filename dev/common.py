@@ -15,7 +15,7 @@ cuDNN's exact result as the planner checks a candidate, and timed beside the ver
   time    each version here and each shipped one (every launch shape, CUDA-event timed in a graph:
           lenet.timing.time_launcher) on random inputs at a few batch sizes, and the shape the shipped
           heuristic takes at each, in us.
-Exits 1 when a check fails, 0 otherwise (2 where the GPU's generation cannot run the versions here).
+Exits 1 when a check fails, 0 otherwise (2 where there is no GPU or its generation cannot run the versions here).
 """
 
 from __future__ import annotations
@@ -100,6 +100,17 @@ OPERANDS = (("check operands (normals + pictures)", None), ("random normals", _r
             ("constant images, zeros", _constant))
 
 
+def _references(spec_, handle):
+    """(the operands' label, m, cuDNN's exact result at m images) for every set of operands and check batch."""
+    from lenet.engines import reference
+
+    for label, make in OPERANDS:
+        for m in CHECK_BATCHES:
+            with operands(make):
+                ref = reference.stage_reference(handle, spec_, m)
+            yield label, m, ref
+
+
 def check_forward(ks, versions, spec_, handle) -> int:
     """Every launch shape of the forward ``versions`` against cuDNN's exact result, as the planner checks a
     forward candidate (lenet/engines/ours_check.py: outputs preset to NaN and 255); the failures' count."""
@@ -110,26 +121,23 @@ def check_forward(ks, versions, spec_, handle) -> int:
     from lenet.kernels import stages
 
     failures = 0
-    for label, make in OPERANDS:
-        for m in CHECK_BATCHES:
-            with operands(make):
-                ref = reference.stage_reference(handle, spec_, m)
-            for mod in versions:
-                for per_sm in stages.FORWARD_BLOCKS_PER_SM:
-                    for images in mod.images:
-                        cand = stages.Forward(images, per_sm, mod.version - 1)
-                        with handle.stream:
-                            y, arg = cupy.empty(ref.y.shape, cupy.float32), cupy.empty(ref.arg.shape, np.uint8)
-                            y.data.memset_async(0xFF, y.nbytes)
-                            arg.data.memset_async(0xFF, arg.nbytes)
-                        stages.stage_forward(ks, cand, m, handle.stream, ref.x, ref.w, ref.b, y, arg)()
-                        handle.stream.synchronize()
-                        err, ties, why = reference.check_forward(ref, y, arg)
-                        ok = why is None
-                        failures += not ok
-                        print(f"{'OK  ' if ok else 'FAIL'} {cand.name:<22} {label:<36} m={m:<4} grid {cand.grid(m):<6} "
-                              f"err {err:.1e}, {ties} near-ties decided otherwise" + ("" if ok else f": {why}"),
-                              flush=True)
+    for label, m, ref in _references(spec_, handle):
+        for mod in versions:
+            for per_sm in stages.FORWARD_BLOCKS_PER_SM:
+                for images in mod.images:
+                    cand = stages.Forward(images, per_sm, mod.version - 1)
+                    with handle.stream:
+                        y, arg = cupy.empty(ref.y.shape, cupy.float32), cupy.empty(ref.arg.shape, np.uint8)
+                        y.data.memset_async(0xFF, y.nbytes)
+                        arg.data.memset_async(0xFF, arg.nbytes)
+                    stages.stage_forward(ks, cand, m, handle.stream, ref.x, ref.w, ref.b, y, arg)()
+                    handle.stream.synchronize()
+                    err, ties, why = reference.check_forward(ref, y, arg)
+                    ok = why is None
+                    failures += not ok
+                    print(f"{'OK  ' if ok else 'FAIL'} {cand.name:<22} {label:<36} m={m:<4} grid {cand.grid(m):<6} "
+                          f"err {err:.1e}, {ties} near-ties decided otherwise" + ("" if ok else f": {why}"),
+                          flush=True)
     return failures
 
 
@@ -146,36 +154,6 @@ def _inputs(spec_, n: int, stream, rng):
     return x, w, b, y, arg
 
 
-def bench_forward(ks, versions, spec_, batches) -> None:
-    """us a launch of every launch shape of the forward ``versions`` and of the shipped ones."""
-    import cupy
-
-    from lenet.kernels import stages
-    from lenet.timing import time_launcher
-
-    stream = cupy.cuda.Stream(non_blocking=True)
-    rng = cupy.random.default_rng(0)
-    mine = {m.name for m in versions}
-    arch = stages.kernel_arch()
-    for n in batches:
-        x, w, b, y, arg = _inputs(spec_, n, stream, rng)
-        stream.synchronize()
-        best: dict = {}
-        for mod in ks.forward:
-            if not mod.runs_on(arch):
-                continue
-            for per_sm in stages.FORWARD_BLOCKS_PER_SM:
-                for images in mod.images:
-                    cand = stages.Forward(images, per_sm, mod.version - 1)
-                    us = time_launcher(stages.stage_forward(ks, cand, n, stream, x, w, b, y, arg), stream) * 1e3
-                    if us < best.get(mod.name, (float("inf"),))[0]:
-                        best[mod.name] = (us, cand.name)
-        first = ks.heuristic("forward", n)
-        print(f"n={n:<6} " + "  ".join(f"{name}{' (dev)' if name in mine else ''} {c} {us:.1f} "
-                                       f"({us * 1e3 / n:.2f} ns an image)" for name, (us, c) in best.items())
-              + f"  | the shipped heuristic takes {first.name}", flush=True)
-
-
 def check(ks, versions, spec_, handle) -> int:
     """Every launch shape of the backward ``versions`` against cuDNN's exact result; the failures' count."""
     import cupy
@@ -184,33 +162,31 @@ def check(ks, versions, spec_, handle) -> int:
     from lenet.kernels import stages
 
     failures = 0
-    for label, make in OPERANDS:
-        for m in CHECK_BATCHES:
-            with operands(make):
-                ref = reference.stage_reference(handle, spec_, m)
-            for mod in versions:
-                for per_sm in stages.BACKWARD_BLOCKS_PER_SM:
-                    cand = stages.Backward(per_sm, mod.version - 1)
-                    for share in (1, cand.one_block()):
-                        with handle.stream:
-                            part = cupy.zeros((max(1, cand.grid(m, share)), ks.width), cupy.float32)
-                            dw = cupy.full(spec_.w, cupy.nan, cupy.float32)
-                            db = cupy.full(spec_.w[0], cupy.nan, cupy.float32)
-                            dx = cupy.full(ref.x.shape, cupy.nan, cupy.float32) if spec_.dx else None
-                        stages.stage_backward(ks, cand, m, handle.stream, part, ref.x, ref.w, ref.arg, ref.dy, dw, db,
-                                              dx, share=share)()
-                        handle.stream.synchronize()
-                        err, why = reference.check_backward(ref, dw, db, dx)
-                        grid = "one block" if share != 1 else f"grid {cand.grid(m)}"
-                        ok = why is None
-                        failures += not ok
-                        print(f"{'OK  ' if ok else 'FAIL'} {cand.name:<18} {label:<36} m={m:<4} {grid:<10} "
-                              f"err {err:.1e}" + ("" if ok else f": {why}"), flush=True)
+    for label, m, ref in _references(spec_, handle):
+        for mod in versions:
+            for per_sm in stages.BACKWARD_BLOCKS_PER_SM:
+                cand = stages.Backward(per_sm, mod.version - 1)
+                for share in (1, cand.one_block()):
+                    with handle.stream:
+                        part = cupy.zeros((max(1, cand.grid(m, share)), ks.width), cupy.float32)
+                        dw = cupy.full(spec_.w, cupy.nan, cupy.float32)
+                        db = cupy.full(spec_.w[0], cupy.nan, cupy.float32)
+                        dx = cupy.full(ref.x.shape, cupy.nan, cupy.float32) if spec_.dx else None
+                    stages.stage_backward(ks, cand, m, handle.stream, part, ref.x, ref.w, ref.arg, ref.dy, dw, db,
+                                          dx, share=share)()
+                    handle.stream.synchronize()
+                    err, why = reference.check_backward(ref, dw, db, dx)
+                    grid = "one block" if share != 1 else f"grid {cand.grid(m)}"
+                    ok = why is None
+                    failures += not ok
+                    print(f"{'OK  ' if ok else 'FAIL'} {cand.name:<18} {label:<36} m={m:<4} {grid:<10} "
+                          f"err {err:.1e}" + ("" if ok else f": {why}"), flush=True)
     return failures
 
 
-def bench(ks, versions, spec_, batches) -> None:
-    """us a launch (backward and reduction) of every launch shape of ``versions`` and of the shipped ones."""
+def bench(ks, direction: str, versions, spec_, batches) -> None:
+    """us a launch of every launch shape of the ``direction`` versions here (``versions``) and of the shipped
+    ones (a backward with its reduction), on random operands at each batch size; the best shape of each."""
     import cupy
 
     from lenet.kernels import sm_count, stages
@@ -222,26 +198,37 @@ def bench(ks, versions, spec_, batches) -> None:
     arch = stages.kernel_arch()
     for n in batches:
         x, w, b, y, arg = _inputs(spec_, n, stream, rng)
-        with stream:
-            dy = rng.standard_normal((n, *spec_.y), dtype=cupy.float32)
-            dx = cupy.empty_like(x) if spec_.dx else None
-            dw, db = cupy.empty(spec_.w, cupy.float32), cupy.empty(spec_.w[0], cupy.float32)
-            part = cupy.empty((max(stages.BACKWARD_BLOCKS_PER_SM) * sm_count(), ks.width), cupy.float32)
-        stages.stage_forward(ks, ks.forward_candidates()[0], n, stream, x, w, b, y, arg)()   # the argmax bytes
+        if direction == "forward":
+            def shapes(mod):
+                return [stages.Forward(i, g, mod.version - 1) for g in stages.FORWARD_BLOCKS_PER_SM for i in mod.images]
+
+            def launch(cand):
+                return stages.stage_forward(ks, cand, n, stream, x, w, b, y, arg)
+        else:
+            with stream:
+                dy = rng.standard_normal((n, *spec_.y), dtype=cupy.float32)
+                dx = cupy.empty_like(x) if spec_.dx else None
+                dw, db = cupy.empty(spec_.w, cupy.float32), cupy.empty(spec_.w[0], cupy.float32)
+                part = cupy.empty((max(stages.BACKWARD_BLOCKS_PER_SM) * sm_count(), ks.width), cupy.float32)
+            stages.stage_forward(ks, ks.forward_candidates()[0], n, stream, x, w, b, y, arg)()   # the argmax bytes
+
+            def shapes(mod):
+                return [stages.Backward(g, mod.version - 1) for g in stages.BACKWARD_BLOCKS_PER_SM]
+
+            def launch(cand):
+                return stages.stage_backward(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
         stream.synchronize()
         best: dict = {}
-        for mod in ks.backward:
+        for mod in getattr(ks, direction):
             if not mod.runs_on(arch):
                 continue
-            for per_sm in stages.BACKWARD_BLOCKS_PER_SM:
-                cand = stages.Backward(per_sm, mod.version - 1)
-                run = stages.stage_backward(ks, cand, n, stream, part, x, w, arg, dy, dw, db, dx)
-                us = time_launcher(run, stream) * 1e3
+            for cand in shapes(mod):
+                us = time_launcher(launch(cand), stream) * 1e3
                 if us < best.get(mod.name, (float("inf"),))[0]:
                     best[mod.name] = (us, cand.name)
-        first = ks.heuristic("backward", n)
-        print(f"n={n:<6} " + "  ".join(f"{name}{' (dev)' if name in mine else ''} {c} {us:.1f}"
-                                       for name, (us, c) in best.items())
+        first = ks.heuristic(direction, n)
+        print(f"n={n:<6} " + "  ".join(f"{name}{' (dev)' if name in mine else ''} {c} {us:.1f} "
+                                       f"({us * 1e3 / n:.2f} ns an image)" for name, (us, c) in best.items())
               + f"  | the shipped heuristic takes {first.name}", flush=True)
 
 
@@ -250,8 +237,14 @@ def main(cu_file: str, stage: str, doc: str) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=list(BATCHES), help="batch sizes to time")
     ap.add_argument("--check-only", action="store_true", help="check, do not time")
     args = ap.parse_args()
-    from descriptors import Handle
+    from descriptors import Handle, NoGpuError, require_gpu
     from lenet.kernels import stages
+
+    try:
+        require_gpu()
+    except NoGpuError as e:   # one line where no GPU runs the workbench, not CUDA's traceback
+        print(f"{cu_file}: {e}", file=sys.stderr)
+        return 2
 
     ks, mine = workbench(cu_file, stage)
     arch = stages.kernel_arch()
@@ -272,8 +265,7 @@ def main(cu_file: str, stage: str, doc: str) -> int:
         return 1
     print("All results match. Starting benchmarks." if not args.check_only else "All results match.")
     if not args.check_only:
-        if forward:
-            bench_forward(ks, forward, spec(stage), args.batch)
-        if backward:
-            bench(ks, backward, spec(stage), args.batch)
+        for direction, mods in (("forward", forward), ("backward", backward)):
+            if mods:
+                bench(ks, direction, mods, spec(stage), args.batch)
     return 0

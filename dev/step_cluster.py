@@ -160,20 +160,11 @@ def check(n: int, data: Path | None, tol: float, modules) -> bool:
 
 
 def _us(step, stream, steps: int, repeats: int) -> float:
-    import cupy
+    """us a call of ``step``: ``steps`` eager calls between two events, the best of ``repeats`` (lenet.timing's
+    eager form, its call count fixed)."""
+    from lenet.timing import time_launcher
 
-    for _ in range(3):
-        step()
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    best = float("inf")
-    for _ in range(repeats):
-        start.record(stream)
-        for _ in range(steps):
-            step()
-        end.record(stream)
-        end.synchronize()
-        best = min(best, cupy.cuda.get_elapsed_time(start, end) * 1000 / steps)
-    return best
+    return time_launcher(step, stream, budget_ms=1e12, max_calls=steps, repeats=repeats, graph=False) * 1e3
 
 
 PHASES = ("loads", "conv1", "conv2", "fc1", "head", "dp2 conv2-bwd", "dp1 conv1-bwd", "update")
@@ -216,9 +207,15 @@ def main(argv=None) -> int:
                     choices=VARIANTS + tuple(PROBES))
     ap.add_argument("--barriers", action="store_true", help="also time the barrier probes (PROBES)")
     args = ap.parse_args(argv)
+    from descriptors import NoGpuError, require_gpu
     from lenet import kernels
     from lenet import params as P
 
+    try:
+        require_gpu()
+    except NoGpuError as e:   # one line, not CUDA's traceback
+        print(f"step_cluster.py: {e}", file=sys.stderr)
+        return 2
     if OFFSETS != P.OFFSETS:
         raise SystemExit(f"step_cluster.cu's offsets are not lenet/params.py's: {P.OFFSETS}")
     kernels.declare(HERE / "step_cluster.cu")
