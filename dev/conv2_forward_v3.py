@@ -1,7 +1,7 @@
-"""Stage 2's forward, versions 3 and 4 (conv2_forward_v3.cu: an implicit GEMM on the tensor cores, each product
-three TF32 products, the image kept split or split where loaded; compute capability 8.0 and newer), checked
-against cuDNN's exact result as the planner checks a forward candidate and timed beside the versions that
-ship (1 and 2, float32 multiply-adds).
+"""Stage 2's forward, version 3 (conv2_forward_v3.cu: lenet/kernels/stage2_forward_mma.cu's implicit GEMM on the
+tensor cores with the image kept as (big, small) pairs; compute capability 8.0 and newer), checked against
+cuDNN's exact result as the planner checks a forward candidate and timed beside the versions that ship (1
+and 2, float32 multiply-adds; 4, the same GEMM with each value split where it is loaded, which beat it).
 
     python dev/conv2_forward_v3.py [--batch 64 1024 8192 65536] [--check-only]
 """

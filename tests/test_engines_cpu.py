@@ -98,7 +98,7 @@ def test_a_kernel_version_is_declared_once_where_its_code_is():
     assert kernels.options("stage2_backward_split4") == ("-std=c++17", "-DS2B_KS=4")
     assert kernels.source("head").index("sce_row") < kernels.source("head").index("head_forward_kernel")
     ks = kstages.kernels()[(CONV2.x, CONV2.w, True)]
-    assert [m.version for m in ks.forward] == [1, 2] and [m.version for m in ks.backward] == [3, 4, 5, 7, 8]
+    assert [m.version for m in ks.forward] == [1, 2, 4] and [m.version for m in ks.backward] == [3, 4, 5, 7, 8]
     assert d["stage2_backward_balanced"].file == "stage2_backward_dense" and d["stage2_backward_balanced"].threads == 256
     assert d["stage2_backward_dense"].defines == ("S2D_VERSION=4",) and "stage2_backward_tensor" not in d   # version 6: dev/
     roles = d["stage2_backward_roles"]   # version 7: its shared memory is dynamic (smem=A, no images)
@@ -320,8 +320,8 @@ def test_stage2_offers_both_forward_versions_and_stage1_one():
 
 def test_the_heuristic_forward_depends_on_the_batch(monkeypatch):
     """HEURISTIC: two images a block iteration at one image (a one-block step) and from half an image per SM
-    to one (a grid of about one block per SM is slow in a step), one otherwise; stage 2's tiled forward from
-    6 images per SM."""
+    to one (a grid of about one block per SM is slow in a step), one otherwise; from 6 images per SM stage 2's
+    tensor-core forward (version 4), where it runs (8.0), else its tiled one (version 2)."""
     monkeypatch.setattr(kstages, "sm_count", lambda: 132)
     engine, h = OURS, Policy()
     for spec in (CONV1, CONV2):
@@ -329,7 +329,13 @@ def test_the_heuristic_forward_depends_on_the_batch(monkeypatch):
         assert first == {1: "fused-fwd-v1-i2-g8", 2: "fused-fwd-v1-i1-g8", 65: "fused-fwd-v1-i1-g8", 66: "fused-fwd-v1-i2-g8",
                          131: "fused-fwd-v1-i2-g8", 132: "fused-fwd-v1-i1-g8", 791: "fused-fwd-v1-i1-g8"}
     assert [c.name for c in engine.stage_candidates(CONV2, h, 791)[0]] == ["fused-fwd-v1-i1-g8"]
-    assert [c.name for c in engine.stage_candidates(CONV2, h, 792)[0]] == ["fused-fwd-v2-i4-g8"]
+    assert [c.name for c in engine.stage_candidates(CONV2, h, 792)[0]] == ["fused-fwd-v4-i4-g16"]
+    from lenet.kernels import nvrtc
+
+    for arch, first in ((75, "fused-fwd-v2-i4-g8"), (80, "fused-fwd-v4-i4-g16")):   # v4 needs 8.0
+        monkeypatch.setattr(nvrtc, "_arch", lambda arch=arch: arch)
+        monkeypatch.delenv("LENET_KERNEL_ARCH", raising=False)
+        assert [c.name for c in engine.stage_candidates(CONV2, h, 8192)[0]] == [first]
     assert [c.name for c in engine.stage_candidates(CONV1, h, 8192)[0]] == ["fused-fwd-v1-i1-g8"]   # one version
     every = engine.stage_candidates(CONV2, Policy.parse("exhaustive"), 8192)[0]
     assert sorted(every, key=str) == sorted(engine.stage_candidates(CONV2, Policy.parse("exhaustive"))[0], key=str)
@@ -359,7 +365,7 @@ def test_every_kernel_launched_programmatically_waits_first():
     first = lambda body: body.strip().split(";")[0].strip()   # noqa: E731
     checked = 0
     folder = resources.files("lenet").joinpath("kernels")
-    files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage2_backward",
+    files = ("stage1_forward", "stage2_forward", "stage2_forward_tiled", "stage2_forward_mma", "stage2_backward",
              "stage1_backward_dense", "stage2_backward_dense", "stage_reduce", "head", "head_split", "head_tail", "head_weights",
              "sgd")   # the kernels of these files are launched by Launch
     for module in (*kernels.STAGE_MODULES, "head", "head_split", "head_tail", "head_weights", "sgd"):
@@ -615,7 +621,8 @@ def test_the_relu_bit_is_one_constant_and_the_heads_key_names_an_unmasked_dx():
             assert "arg_byte(" in own and "(unsigned char)q" not in own, f
         elif "backward" in f:
             assert re.search(r"arg_g\(\w+(\[\w+\])?, \w+(\[\w+\])?\)", own) and re.search(r"arg_q\(\w+(\[\w+\])?\)", own), f
-    assert {f for f in files if "forward" in f} == {"stage1_forward", "stage2_forward", "stage2_forward_tiled"}
+    assert {f for f in files if "forward" in f} == {"stage1_forward", "stage2_forward", "stage2_forward_tiled",
+                                                   "stage2_forward_mma"}
     w = {"fc1.weight": np.zeros((120, 256), np.float32), "fc2.weight": np.zeros((10, 120), np.float32)}
     head = Head(types.SimpleNamespace(w=w), None, 64)
     assert head.key() == {"fc1": [120, 256], "fc2": [10, 120]}

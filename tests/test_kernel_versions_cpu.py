@@ -13,7 +13,8 @@ from lenet.kernels import stages as kstages
 ROOT = Path(__file__).resolve().parents[1]
 MOVED = {"conv1_backward_v1.cu": {"stage1_backward": 1},
          "conv2_backward_v1_v2.cu": {"stage2_backward": 1, "stage2_backward_split": 2},
-         "conv2_backward_v6.cu": {"stage2_backward_tensor": 6}}
+         "conv2_backward_v6.cu": {"stage2_backward_tensor": 6},
+         "conv2_forward_v3.cu": {"stage2_forward_mma_pairs": 3}}
 
 
 def _stage(name):
@@ -30,10 +31,11 @@ def test_a_version_ships_exactly_when_a_generations_rows_take_it():
     assert shipped == taken, (sorted(shipped - taken), sorted(taken - shipped))
     assert [m.version for m in _stage("conv2").backward] == [3, 4, 5, 7, 8]
     assert [m.version for m in _stage("conv1").backward] == [2]
+    assert [m.version for m in _stage("conv2").forward] == [1, 2, 4]
 
 
-@pytest.mark.parametrize("arch,conv2_backward", [(75, 15), (80, 25), (90, 25)])
-def test_exhaustive_times_each_shipped_version_at_every_launch_shape(monkeypatch, arch, conv2_backward):
+@pytest.mark.parametrize("arch,conv2_backward,conv2_forward", [(75, 15, 12), (80, 25, 18), (90, 25, 18)])
+def test_exhaustive_times_each_shipped_version_at_every_launch_shape(monkeypatch, arch, conv2_backward, conv2_forward):
     from lenet.kernels import nvrtc
 
     monkeypatch.setattr(nvrtc, "_arch", lambda: arch)
@@ -41,7 +43,9 @@ def test_exhaustive_times_each_shipped_version_at_every_launch_shape(monkeypatch
     shapes = len(kstages.BACKWARD_BLOCKS_PER_SM)
     assert len(_stage("conv2").backward_candidates()) == conv2_backward == shapes * (3 if arch < 80 else 5)
     assert len(_stage("conv1").backward_candidates()) == shapes
-    assert len(_stage("conv2").forward_candidates()) == 12 and len(_stage("conv1").forward_candidates()) == 9
+    fshapes = len(kstages.FORWARD_BLOCKS_PER_SM)   # versions 1 (1, 2 images), 2 (4, 8) and from 80 4 (4, 8)
+    assert len(_stage("conv2").forward_candidates()) == conv2_forward == fshapes * (4 if arch < 80 else 6)
+    assert len(_stage("conv1").forward_candidates()) == 9
 
 
 @pytest.mark.parametrize("name", ["fused-bwd-v1-g4", "fused-bwd-v6-g2", "fused-bwd-v9-g4"])
@@ -102,13 +106,9 @@ def test_each_moved_version_is_in_dev_with_its_script_and_compiles_with_the_pack
     assert (ROOT / "dev" / "README.md").is_file() and (ROOT / "dev" / "common.py").is_file()
 
 
-# Versions new in dev/ and not yet measured against what ships (dev/README.md): each compiles through the
-# package's machinery, plain and as a pack's module, and the workbench sets it beside its direction's shipped
-# versions.
-CANDIDATES = {"conv2_forward_v3.cu": {"stage2_forward_mma": 3, "stage2_forward_mma_r": 4}}
-
-
-def test_each_candidate_in_dev_compiles_and_joins_its_directions_versions_in_the_workbench(tmp_path, monkeypatch):
+# Each moved version joins its direction's shipped versions in the workbench (dev/common.py), numbered apart from
+# them, and compiles as a pack's module too.
+def test_each_moved_version_joins_its_directions_versions_in_the_workbench(tmp_path, monkeypatch):
     import sys
 
     from lenet import kernels
@@ -120,17 +120,18 @@ def test_each_candidate_in_dev_compiles_and_joins_its_directions_versions_in_the
     try:
         import common
 
-        for cu, want in CANDIDATES.items():
-            assert (ROOT / "dev" / cu.replace(".cu", ".py")).is_file(), cu
-            ks, mine = common.workbench(cu, "conv2")
+        for cu, want in MOVED.items():
+            stage = "conv1" if next(iter(want)).startswith("stage1") else "conv2"
+            ks, mine = common.workbench(cu, stage)
             assert {m.name: m.version for m in mine} == want, cu
             for m in mine:
                 versions = [v.version for v in getattr(ks, m.direction)]
                 assert m.version in versions and versions == sorted(versions), versions
-                for extra in ((), ("-DLENET_PACK",)):
-                    path = nvrtc.binary(f"lenet.{m.name}{'.pack' if extra else ''}", kernels.source(m.name),
-                                        kernels.options(m.name) + extra, m.arch)
-                    assert path.read_bytes().startswith(b"\x7fELF"), m.name
+                path = nvrtc.binary(f"lenet.{m.name}.pack", kernels.source(m.name),
+                                    kernels.options(m.name) + ("-DLENET_PACK",), m.arch)
+                assert path.read_bytes().startswith(b"\x7fELF"), m.name
+            kernels.declared().clear()
+            kernels.declared().update(shipped)
     finally:
         kernels.declared().clear()
         kernels.declared().update(shipped)

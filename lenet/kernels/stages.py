@@ -35,19 +35,21 @@ INF = float("inf")
 # the fallback where the faster versions cannot run. The rows below 90 were measured on an sm_90 GPU running each
 # generation's code, our kernels compiled as PTX for it (scripts/probes/generations.sh). The forwards' rows
 # are those of 90 in each. Every stage version that ships is taken by some generation's rows; the others
-# are in dev/ (docs/kernels.md, "What ships"; tests/test_kernel_versions_cpu.py).
+# are in dev/ (docs/kernels.md, "What ships"; tests/test_kernel_versions_cpu.py). Stage 2's forward from 6 images
+# an SM: version 4 (tensor cores, arch=80) from 80, version 2 (float32) below it.
 ROWS_FROM_90 = {
     ("conv1", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
                            (INF, "fused-fwd-v1-i1-g8")),
     ("conv2", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
-                           (6, "fused-fwd-v1-i1-g8"), (INF, "fused-fwd-v2-i4-g8")),
+                           (6, "fused-fwd-v1-i1-g8"), (INF, "fused-fwd-v4-i4-g16")),
     ("conv1", "backward"): ((INF, "fused-bwd-v2-g2"),),
     ("conv2", "backward"): ((2, "fused-bwd-v7-g4"), (32, "fused-bwd-v7-g2"), (INF, "fused-bwd-v8-g3")),
 }
 ROWS_FROM_80 = {**ROWS_FROM_90, ("conv2", "backward"): (
     (0.015, "fused-bwd-v7-g4"), (4, "fused-bwd-v8-g3"), (32, "fused-bwd-v7-g2"), (INF, "fused-bwd-v8-g3"))}
 ROWS_FROM_75 = {**ROWS_FROM_90, ("conv2", "backward"): (
-    (0.015, "fused-bwd-v4-g2"), (4, "fused-bwd-v3-g4"), (256, "fused-bwd-v5-g2"), (INF, "fused-bwd-v5-g4"))}
+    (0.015, "fused-bwd-v4-g2"), (4, "fused-bwd-v3-g4"), (256, "fused-bwd-v5-g2"), (INF, "fused-bwd-v5-g4")),
+    ("conv2", "forward"): ROWS_FROM_90[("conv2", "forward")][:-1] + ((INF, "fused-fwd-v2-i4-g8"),)}
 HEURISTIC = {75: ROWS_FROM_75, 80: ROWS_FROM_80, 90: ROWS_FROM_90}
 
 

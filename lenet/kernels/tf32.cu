@@ -1,5 +1,5 @@
 // Float32 products on the tensor cores, for the stage kernels that use them (stage2_backward_roles.cu's
-// versions 7 and 8).
+// versions 7 and 8, stage2_forward_mma.cu's version 4).
 //
 // Note [three tf32 products]: a float32 operand v is split into big = tf32(v) and small = tf32(v - big),
 // and each product a b is three m16n8k8 TF32 products, small(a) big(b) + big(a) small(b) + big(a) big(b)
