@@ -352,3 +352,40 @@ def test_a_module_whose_cached_file_went_is_built_again(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     same, double, files = out.stdout.split()
     assert float(same) == 0.0 and float(double) == pytest.approx(1.0) and int(files) == 1
+
+
+def test_a_first_runs_bytecode_is_compiled_in_a_child_and_no_lazy_module_is_imported(tmp_path, monkeypatch):
+    """Note [bytecode in a child]: the list of modules without bytecode skips a lazy module unread (reading
+    one's __spec__ imports it: CuPy's cupy.testing pulled pytest, Optuna and SciPy into a first run), and a
+    child interpreter writes the listed modules' bytecode, atomically, into the cache folder."""
+    import importlib.util
+
+    from lenet import startup
+
+    src, folder = tmp_path / "src", tmp_path / "bytecode"
+    src.mkdir()
+    (src / "plain_probe.py").write_text("X = 1\n")
+    (src / "lazy_probe.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(src))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.setattr(sys, "pycache_prefix", str(folder))
+    import plain_probe  # noqa: F401
+
+    spec = importlib.util.find_spec("lazy_probe")
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    lazy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lazy)   # a proxy: its code runs at its first attribute
+    monkeypatch.setitem(sys.modules, "lazy_probe", lazy)
+    try:
+        jobs = startup._missing_bytecode(str(folder))
+        assert not (tmp_path / "imported").exists(), "listing the modules imported a lazy one"
+        plain = importlib.util.cache_from_source(str(src / "plain_probe.py"))
+        assert f"{src / 'plain_probe.py'}\0{plain}" in jobs and not any("lazy_probe" in j for j in jobs)
+        monkeypatch.setattr(startup, "_missing_bytecode", lambda f: [j for j in jobs if "plain_probe" in j])
+        startup._bytecode_of_imported(str(folder))
+        with open(plain, "rb") as f:
+            assert f.read(4) == importlib.util.MAGIC_NUMBER
+        assert [p.name for p in Path(plain).parent.iterdir()] == [Path(plain).name]   # no temporary file left
+        assert not (tmp_path / "imported").exists()
+    finally:
+        sys.modules.pop("plain_probe", None)
