@@ -210,6 +210,17 @@ class Plotter:
         except OSError:   # the child is gone; close() says why
             self._broken = True
 
+    def ready(self) -> None:
+        """Tell the child that the trainer's checks passed: matplotlib's import and the figure may begin now,
+        not at the first drawing (Note [the child's import once the checks passed]). Never raises."""
+        if self._broken:
+            return
+        try:
+            self._proc.stdin.write(json.dumps({"ready": True}) + "\n")
+            self._proc.stdin.flush()
+        except (OSError, ValueError):   # gone, or closed (a run that plots nothing): close() says why
+            self._broken = True
+
     def draw_sweep(self, curves: list[dict], split: str) -> None:
         """A sweep's figure (sweep_png) at ``path``."""
         if self._broken:
@@ -291,7 +302,9 @@ def main(argv=None) -> int:
     for asks in _asks(sys.stdin.fileno()):
         files.checks_passed()   # the trainer asks once its checks passed: our writes may begin
         for ask in asks:
-            if "sweep" in ask:
+            if ask.get("ready"):   # Note [the child's import once the checks passed]
+                made["curves"] = made["curves"] or Curves()
+            elif "sweep" in ask:
                 act()
                 due = None
                 files.write_atomic(Path(ask["path"]), sweep_png(ask["sweep"], ask["split"]))
@@ -304,6 +317,13 @@ def main(argv=None) -> int:
     return 0
 
 
+# Note [the child's import once the checks passed]: where matplotlib's import would write (its font list not
+# made yet: a fresh machine or HOME), the child waits for the trainer's checks before it imports it (Note
+# [nothing written before the checks] in lenet/files.py). It waited for the first drawing, a fast run's first
+# epoch, 2.6-3.5 s into a first run on an H200 machine; its import of matplotlib from source and the font
+# list then ended 1.5-2.2 s after the run's last epoch, which waited for it ("writing" in the run's wall-clock
+# line). The trainer now sends a ready line once its checks pass (Plotter.ready, from files.after_checks:
+# 0.7-1.4 s in), and the child imports and makes its figure then, while the trainer plans.
 def matplotlib_writes_nothing() -> bool:
     """Whether matplotlib's import and a figure would write nothing: its configuration and cache folders are
     there, with its font list (a first import makes them). The child imports it at once only then, else once

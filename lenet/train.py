@@ -614,6 +614,7 @@ def start_plotter(args) -> Plotter | None:
         return None
     plotter = early or Plotter()
     plotter.path = Path(args.out) / "curves.png"
+    files.after_checks(plotter.ready)   # Note [the child's import once the checks passed] in lenet/plot.py
     return plotter
 
 

@@ -173,6 +173,30 @@ def test_plotter_draws_in_a_child(tmp_path):
     assert unused._proc.wait(10) is not None
 
 
+def test_the_plotting_child_imports_matplotlib_once_told_the_checks_passed(tmp_path, monkeypatch):
+    """Note [the child's import once the checks passed] in lenet/plot.py: where matplotlib's import would write
+    (no font list yet), the child waits; told ``ready`` it imports and makes its figure before any drawing is
+    asked for (matplotlib's font list appears), then draws as before; a closed child's ready does not raise."""
+    pytest.importorskip("matplotlib")
+    import time
+
+    from lenet.plot import Plotter
+
+    config = tmp_path / "mpl"
+    monkeypatch.setenv("MPLCONFIGDIR", str(config))
+    p = Plotter(tmp_path / "curves.png")
+    time.sleep(1.0)
+    assert not config.exists(), "the child imported matplotlib before it was told the checks passed"
+    p.ready()
+    deadline = time.monotonic() + 90
+    while not list(config.glob("fontlist-v*.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(config.glob("fontlist-v*.json")), "told ready, the child did not import matplotlib"
+    p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
+    assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    p.ready()   # after close: nothing, no error
+
+
 def test_a_drawing_over_its_static_layer_has_a_full_drawings_pixels():
     """Note [the last drawing] in lenet/plot.py: the lines and spines drawn over the kept static layer
     give the pixels a whole new drawing (savefig) gives, whether the layer was ready (limits
