@@ -8,7 +8,8 @@ the first epoch, during matplotlib's import, took twice what its capture and GPU
 (docs/performance.md, "Notes' numbers: writing"). The child imports matplotlib on another core
 while the GPU trains. It draws when asked, and the loop only
 writes one line to a pipe. Protocol: the child reads one JSON line per epoch (the file's path,
-the history so far, the run's epochs, and whether to write the file now: Note [the last drawing])
+the history so far, the run's epochs, and whether to write the file now: Note [the last drawing]; and one
+{"ready": true} line once the trainer's checks passed: Note [the child's import once the checks passed])
 and writes the file atomically (lenet/files.py). It exits when its
 stdin closes, so it also exits when the trainer is killed. It runs in its own session, so a
 Ctrl-C at the terminal reaches only the trainer, which then decides (Note [stopping] in
@@ -41,6 +42,14 @@ def can_plot() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("matplotlib") is not None
+
+
+def _import_matplotlib() -> None:
+    """What a first figure imports, its font list made (written, where none is cached): the slow part of a first
+    drawing, none of a sweep's or a run's figure itself."""
+    from matplotlib import font_manager  # noqa: F401
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
 
 
 def _figure(**kw):
@@ -281,14 +290,15 @@ def main(argv=None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args:
         print("usage: python -m lenet.plot  (one JSON line an epoch on stdin, {\"path\": ..., \"from\": ..., "
-              "\"records\": [...], \"epochs\": ..., \"write\": ...}; run by lenet.train)", file=sys.stderr)
+              "\"records\": [...], \"epochs\": ..., \"write\": ...}, and {\"ready\": true} once the trainer's "
+              "checks passed; run by lenet.train)", file=sys.stderr)
         return 2
     # Now, while the trainer's GPU works, not when a drawing is due: the import and the figure. The
     # first epoch's ask then renders the static layer (fonts, ticks and the renderer set up: 0.1 s
     # more than a later one). A drawing of made-up curves here, to have that done before any ask,
     # kept the child busy past most of a fast run's epochs, so that the run's last drawing waited for
     # a static layer made late (docs/performance.md, "Notes' numbers: writing").
-    made = {"curves": Curves() if matplotlib_writes_nothing() else None}   # else once asked (below)
+    made = {"curves": Curves() if matplotlib_writes_nothing() else None}   # else once asked, imported once ready
     history, due = [], None   # the records so far; the curve ask to act on once what arrived is read
 
     def act():
@@ -303,7 +313,7 @@ def main(argv=None) -> int:
         files.checks_passed()   # the trainer asks once its checks passed: our writes may begin
         for ask in asks:
             if ask.get("ready"):   # Note [the child's import once the checks passed]
-                made["curves"] = made["curves"] or Curves()
+                _import_matplotlib()
             elif "sweep" in ask:
                 act()
                 due = None
@@ -323,12 +333,13 @@ def main(argv=None) -> int:
 # epoch, 2.6-3.5 s into a first run on an H200 machine; its import of matplotlib from source and the font
 # list then ended 1.5-2.2 s after the run's last epoch, which waited for it ("writing" in the run's wall-clock
 # line). The trainer now sends a ready line once its checks pass (Plotter.ready, from files.after_checks:
-# 0.7-1.4 s in), and the child imports and makes its figure then, while the trainer plans.
+# 0.7-1.4 s in), and the child imports matplotlib and makes its font list then, while the trainer plans (not
+# the figure: a sweep's child draws another).
 def matplotlib_writes_nothing() -> bool:
     """Whether matplotlib's import and a figure would write nothing: its configuration and cache folders are
     there, with its font list (a first import makes them). The child imports it at once only then, else once
-    the trainer's first drawing comes, after every check of the trainer's passed (Note [nothing written
-    before the checks] in lenet/files.py: a flag error in a fresh HOME made ~/.config/matplotlib)."""
+    the trainer says its checks passed (the ready line: Note [the child's import once the checks passed]; Note
+    [nothing written before the checks] in lenet/files.py: a flag error in a fresh HOME made ~/.config/matplotlib)."""
     import glob
 
     mine = os.environ.get("MPLCONFIGDIR")

@@ -134,7 +134,8 @@ def _bytecode_of_imported(folder: str) -> None:
     if not jobs:
         return
     try:
-        subprocess.run([sys.executable, "-I", "-S", "-c", _COMPILE_CHILD], input=b"\n".join(map(os.fsencode, jobs)),
+        subprocess.run([sys.executable, *["-O"] * sys.flags.optimize, "-I", "-S", "-c", _COMPILE_CHILD],
+                       input=b"\n".join(map(os.fsencode, jobs)),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, check=False)
     except (OSError, subprocess.SubprocessError):   # a cache's entries: none written is only a slower next run
         pass
@@ -162,8 +163,9 @@ for line in sys.stdin.buffer.read().split(b"\\n"):
 
 
 def _missing_bytecode(folder: str) -> list[str]:
-    """"SOURCE\\0CACHED" for every plain module imported so far whose bytecode ``folder`` lacks; a lazy module
-    (a subclass of ModuleType that imports itself on any attribute) is skipped, unread."""
+    """"SOURCE\\0CACHED" for every plain module imported so far whose bytecode ``folder`` lacks (the file names
+    this interpreter's optimization level's, as the child's -O flags compile it). A module of any subclass of
+    ModuleType is skipped, unread: the lazy ones import themselves on any attribute."""
     import importlib.util
     import types
 

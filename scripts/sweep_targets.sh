@@ -133,12 +133,12 @@ rows = [json.loads(x) for x in (Path(sys.argv[1]) / "faster" / "results.jsonl").
 by = defaultdict(list)
 for r in rows:
     c = r["config"]
-    by[(c["batch_size"], c["epochs"], c["lr"])].append(100 * r["final"])
+    by[(c["batch_size"], c["epochs"], c["lr"])].append(100 * r["final"] if r.get("status") == "complete" else 0.0)
 for key in sorted(by):
     f = by[key]
     print(f"# batch {key[0]} epochs {key[1]} lr {key[2]}: validation mean {sum(f) / len(f):.2f}%, lowest {min(f):.2f}%, n {len(f)}")
 for batch in sorted({k[0] for k in by}):
-    ok = [(k[1], -sum(f) / len(f), k) for k, f in by.items() if k[0] == batch and min(f) >= 91.2]
+    ok = [(k[1], -sum(f) / len(f), k) for k, f in by.items() if k[0] == batch and len(f) == 8 and min(f) >= 91.2]
     if ok:
         _, _, (b, e, lr) = min(ok)
         print(f"b{b}=--epochs {e} --batch-size {b} --schedule cosine --lr {lr} --nesterov --label-smoothing 0.05 "

@@ -68,7 +68,8 @@ def test_pack_trains_each_model_as_it_trains_alone(n, graph):
     pack.forward(n)
     pack.backward(n)
     losses = pack.loss()
-    worst, bar = 0.0, (1e-6 if forwards(pack, n) == forwards(alone[0], n) else 2e-6)   # Note [pack tolerance]
+    ours = forwards(pack, n), forwards(alone[0], n)   # the bar loosens only where both run our forwards
+    worst, bar = 0.0, (2e-6 if all(ours) and ours[0] != ours[1] else 1e-6)   # Note [pack tolerance]
     for m, a in enumerate(alone):
         a.load_batch(x[m], y[m])
         a.forward(n)

@@ -389,3 +389,27 @@ def test_a_first_runs_bytecode_is_compiled_in_a_child_and_no_lazy_module_is_impo
         assert not (tmp_path / "imported").exists()
     finally:
         sys.modules.pop("plain_probe", None)
+
+
+
+def test_the_bytecode_child_compiles_at_the_programs_optimization_level(tmp_path):
+    """Under python -O the cache holds .opt-1.pyc files: the child writes them optimized (asserts gone), as
+    the program's own import would have."""
+    src, folder = tmp_path / "src", tmp_path / "bytecode"
+    src.mkdir()
+    (src / "asserting_probe.py").write_text("def f():\n    assert False\n    return 1\n")
+    code = ("import importlib.util, marshal, sys\n"
+            "sys.dont_write_bytecode, sys.pycache_prefix = True, sys.argv[2]\n"
+            "sys.path.insert(0, sys.argv[1])\n"
+            "from lenet import startup\n"
+            "import asserting_probe\n"
+            "real = startup._missing_bytecode\n"
+            "startup._missing_bytecode = lambda folder: [j for j in real(folder) if 'asserting_probe' in j]\n"
+            "startup._bytecode_of_imported(sys.argv[2])\n"
+            "cached = importlib.util.cache_from_source(asserting_probe.__file__)\n"
+            "ns = {}\n"
+            "exec(marshal.loads(open(cached, 'rb').read()[16:]), ns)\n"
+            "print(cached.endswith('.opt-1.pyc'), ns['f']())\n")
+    out = subprocess.run([sys.executable, "-O", "-c", code, str(src), str(folder)], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0 and out.stdout.split() == ["True", "1"], (out.stdout, out.stderr[-2000:])

@@ -34,7 +34,7 @@ INF = float("inf")
 # (cp.async and TF32 products: versions 7 and 8 declare arch=80), so generation 75's rows take versions 3-5:
 # the fallback where the faster versions cannot run. The rows below 90 were measured on an sm_90 GPU running each
 # generation's code, our kernels compiled as PTX for it (scripts/probes/generations.sh). The forwards' rows
-# are those of 90 in each. Every stage version that ships is taken by some generation's rows; the others
+# are those of 90 in each, but for stage 2's from 6 images an SM below 80. Every stage version that ships is taken by some generation's rows; the others
 # are in dev/ (docs/kernels.md, "What ships"; tests/test_kernel_versions_cpu.py). Stage 2's forward from 6 images
 # an SM: version 4 (tensor cores, arch=80) from 80, version 2 (float32) below it.
 ROWS_FROM_90 = {
