@@ -330,11 +330,11 @@ def main(argv=None) -> int:
 # Note [the child's import once the checks passed]: where matplotlib's import would write (its font list not
 # made yet: a fresh machine or HOME), the child waits for the trainer's checks before it imports it (Note
 # [nothing written before the checks] in lenet/files.py). It waited for the first drawing, a fast run's first
-# epoch, 2.6-3.5 s into a first run on an H200 machine; its import of matplotlib from source and the font
-# list then ended 1.5-2.2 s after the run's last epoch, which waited for it ("writing" in the run's wall-clock
-# line). The trainer now sends a ready line once its checks pass (Plotter.ready, from files.after_checks:
-# 0.7-1.4 s in), and the child imports matplotlib and makes its font list then, while the trainer plans (not
-# the figure: a sweep's child draws another).
+# epoch, late in a first run; its import of matplotlib from source and the font list then ended after the
+# run's last epoch, which waited for it ("writing" in the run's wall-clock line; docs/performance.md, "Notes'
+# numbers: writing"). The trainer sends a ready line once its checks pass (Plotter.ready, from
+# files.after_checks, before its plans), and the child imports matplotlib and makes its font list then, while
+# the trainer plans (not the figure: a sweep's child draws another).
 def matplotlib_writes_nothing() -> bool:
     """Whether matplotlib's import and a figure would write nothing: its configuration and cache folders are
     there, with its font list (a first import makes them). The child imports it at once only then, else once

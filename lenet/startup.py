@@ -142,12 +142,12 @@ def _bytecode_of_imported(folder: str) -> None:
 
 
 # Note [bytecode in a child]: a first run's bytecode of the modules imported before its cache folder was made
-# (Note [bytecode cache]) is hundreds of compiles: 1.1 s of builtins.compile on an H200 machine, which holds
-# the GIL, on a thread while the main thread planned (plans 1-3 took 1.9 / 1.2 / 0.8 s there against about
-# 0.4 in all on a later run). A child interpreter compiles them on another core instead; this thread only
-# waits for it. The list is read without touching a lazy module: CuPy keeps cupy.testing, cupyx and
-# cupy.fft.config in sys.modules as proxies that import themselves on any attribute, and reading their
-# __spec__ imported 339 modules (pytest, Optuna, SciPy among them) into the run, then compiled those too. The
+# (Note [bytecode cache]) is hundreds of compiles, and builtins.compile holds the GIL: on a thread they slowed
+# the main thread's first plans several times over (docs/performance.md, "Notes' numbers: start-up"). A child
+# interpreter compiles them on another core instead; this thread only waits for it. The list is read without
+# touching a lazy module: CuPy keeps cupy.testing, cupyx and cupy.fft.config in sys.modules as proxies that
+# import themselves on any attribute, and reading their __spec__ imported hundreds of modules (pytest, Optuna,
+# SciPy among them) into the run, then compiled those too. The
 # child ignores SIGINT, so a ^C (sent to the terminal's whole process group) leaves no half-written file: it
 # ends its list in a second or so, and the program's end waits for this thread (files.write_later).
 _COMPILE_CHILD = """

@@ -7,8 +7,10 @@
 // max-pool with its argmax byte and the ReLU bit, as stage2_forward_tiled.cu's epilogue (the same order of
 // comparisons, so the same first maximum wins among equal values).
 //
-// blockDim.x = 32 * imgs: warp `slot` owns image n0 + slot of each block iteration, from its global load to
-// its outputs; the warps meet at one barrier, after the weights are in place. Shared (dynamic, floats):
+// blockDim.x = 32 * imgs. A block owns imgs images an iteration (n0 .. n0 + imgs - 1) and its shared copy of
+// the split weights and offsets, written by all its threads before its one barrier and only read after it;
+// warp `slot` owns image n0 + slot, from its global load to its outputs, and its own sx slot (warp barriers
+// only: no block barrier after the weights). Shared (dynamic, floats):
 //   swf (4864)           B's fragments in PTX's layout, split once: for k-step ks and n-tile nt, lane l's
 //                        uint4 at (2 ks + nt) * 32 + l = (big b0, big b1, small b0, small b1), with
 //                        b0 = B[8 ks + q, 8 nt + g], b1 = B[8 ks + q + 4, 8 nt + g] (g = l / 4, q = l % 4);
@@ -23,14 +25,9 @@
 // Its C values: conv(oy = 2 mt + {0, 1}, ox = g) at channels 8 nt + 2q, 2q + 1; the window (pi, pj) =
 // (mt, g / 2) has its two columns in lanes g and g + 1 (l and l + 4): the even lane pools and writes.
 // Version 4 splits each A value where it is loaded: half the shared-memory wavefronts of version 3's pairs (a
-// 32-bit load a value, one wavefront a warp, where a 64-bit one takes two), five more instructions a value,
-// and 4% faster. On an H200 (python dev/conv2_forward_v3.py, each version's best launch shape), ns an image:
-//   batch          64     1024   8192   65536
-//   v1 (float32)   53.9   13.9   12.3   12.1
-//   v2 (float32)   130.6  12.1   8.4    8.8
-//   v4 (this)      119.9  10.4   6.3    6.0
-// Bound by shared-memory wavefronts (the A loads), not the tensor cores: the heuristic takes it from 6 images
-// an SM (HEURISTIC in lenet/kernels/stages.py), where version 2 was taken.
+// 32-bit load a value, one wavefront a warp, where a 64-bit one takes two), five more instructions a value.
+// Bound by shared-memory wavefronts (the A loads), not the tensor cores. Its times against versions 1-3 and why
+// the heuristic takes it from 6 images an SM: docs/kernels.md, "Stage 2's forward, version 4".
 template <bool PRESPLIT>
 __device__ __forceinline__ void stage2_forward_mma(const float* __restrict__ x, const float* __restrict__ w,
                                                    const float* __restrict__ b, float* __restrict__ p,

@@ -34,9 +34,9 @@ INF = float("inf")
 # (cp.async and TF32 products: versions 7 and 8 declare arch=80), so generation 75's rows take versions 3-5:
 # the fallback where the faster versions cannot run. The rows below 90 were measured on an sm_90 GPU running each
 # generation's code, our kernels compiled as PTX for it (scripts/probes/generations.sh). The forwards' rows
-# are those of 90 in each, but for stage 2's from 6 images an SM below 80. Every stage version that ships is taken by some generation's rows; the others
-# are in dev/ (docs/kernels.md, "What ships"; tests/test_kernel_versions_cpu.py). Stage 2's forward from 6 images
-# an SM: version 4 (tensor cores, arch=80) from 80, version 2 (float32) below it.
+# are those of 90 in each, but that below 80 stage 2's from 6 images an SM is version 2 (float32), not 4 (the
+# tensor cores, arch=80). Every stage version that ships is taken by some generation's rows; the others
+# are in dev/ (docs/kernels.md, "What ships"; tests/test_kernel_versions_cpu.py).
 ROWS_FROM_90 = {
     ("conv1", "forward"): ((0.015, "fused-fwd-v1-i2-g8"), (0.5, "fused-fwd-v1-i1-g8"), (1, "fused-fwd-v1-i2-g8"),
                            (INF, "fused-fwd-v1-i1-g8")),
