@@ -95,6 +95,27 @@ def test_spread_refuses_a_part_its_queue_does_not_have_in_one_line(tmp_path):
     assert not (tmp_path / "out").exists() or not any(p.is_dir() for p in (tmp_path / "out").iterdir())
 
 
+def test_spread_runs_several_workers_a_gpu_each_part_once(tmp_path):
+    """GPU_CHECK_SLOTS=3 on one stand-in GPU: three workers share its queue, each part runs once; a value that
+    is not a whole number >= 1 is refused in one line, before any part runs."""
+    env = _stand_ins(tmp_path, GPU_CHECK_PARTS="tests-stages tests-torch programs", GPU_CHECK_GPUS="1",
+                     GPU_CHECK_SLOTS="3")
+    out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    lines = out.stdout.strip().splitlines() or [out.stderr]
+    parts = [line.split(":", 1)[0] for line in lines if re.match(r"^[a-z-]+: gpu-check", line)]
+    assert sorted(parts) == ["programs", "tests-stages", "tests-torch"], (lines, out.stderr[-2000:])
+    assert "only the parts programs, tests-stages, tests-torch (not" in lines[-1], lines[-1]
+    for bad in ("0", "two", "-1"):
+        (tmp_path / bad).mkdir()
+        env = _stand_ins(tmp_path / bad, GPU_CHECK_SLOTS=bad)
+        out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=60)
+        last = out.stdout.strip().splitlines()[-1]
+        assert out.returncode == 2 and f"GPU_CHECK_SLOTS must be a whole number >= 1, not '{bad}'" in last, out
+        assert not any(p.is_dir() for p in (tmp_path / bad / "out").iterdir()), bad   # the GPUs' listing only
+
+
 def _summarize(tmp_path, parts: dict[str, str]):
     for name, line in parts.items():
         (tmp_path / name).mkdir()
