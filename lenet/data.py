@@ -566,12 +566,12 @@ class GpuDataset:
                              f"{images.dtype} and {labels.shape}")
         self.size = int(images.shape[0])
         self.mean, self.std = float(mean), float(std)
-        stream = stream or cupy.cuda.get_current_stream()
+        self.stream = stream = stream or cupy.cuda.get_current_stream()
         self.images = _to_device(images, stream)                                   # (N, 28, 28) uint8
         self.labels = _to_device(labels.astype(np.uint8), stream)                  # (N,) uint8
         self.identity = _to_device(np.arange(self.size, dtype=np.int32), stream)   # (N,) for evaluation (uploaded: no arange kernel to compile)
 
     def order(self, seed: int, epoch: int):
-        import cupy
-
-        return cupy.asarray(epoch_order(seed, epoch, self.size))
+        """The epoch's order of the split's images, sent on the split's stream (the model's, which waits for
+        no other stream: sent on CuPy's current stream, a gather could read it before it landed)."""
+        return _to_device(epoch_order(seed, epoch, self.size), self.stream)

@@ -248,6 +248,19 @@ def handle():
     return Handle()
 
 
+@pytest.fixture(autouse=True)
+def _on_the_handles_stream(request):
+    """A test that takes ``handle`` makes its CuPy arrays, fills and reads on the handle's stream, where cuDNN
+    runs: the handle's stream waits for no other (non-blocking), so an input sent or an output filled with NaN
+    on CuPy's default stream could land after cuDNN read or wrote it. That showed on a GPU shared with other
+    processes (scripts/gpu_check.sh spread, GPU_CHECK_SLOTS), where each stream's work waits its turn."""
+    if "handle" not in request.fixturenames:
+        yield
+        return
+    with request.getfixturevalue("handle").stream:
+        yield
+
+
 def make_planner(handle, policy=None, max_batch: int = 65536):
     """A model's planner without the model (lenet/plan.py), on ``handle``'s stream, under ``policy``
     (lenet.engines.Policy; default: the defaults)."""

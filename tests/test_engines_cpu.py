@@ -456,6 +456,16 @@ def test_the_heuristic_backward_depends_on_the_batch(monkeypatch):
         assert "stage2_backward_roles" in mods and not others & mods, batches
     assert set(kstages.heuristic_modules([128])) & {"stage2_backward_roles", "stage2_backward_roles3"} == {"stage2_backward_roles"}
     assert set(kstages.heuristic_modules([8192])) & {"stage2_backward_roles", "stage2_backward_roles3"} == {"stage2_backward_roles3"}
+    # The forwards: every row up to the largest batch's (stage 2's tensor-core forward from 6 images an SM,
+    # 792 images on 132 SMs, where the generation runs it), every row without batch sizes.
+    from lenet.kernels import nvrtc
+
+    monkeypatch.setattr(nvrtc, "_arch", lambda: 90)
+    assert "stage2_forward_mma" not in kstages.heuristic_modules([64]) + kstages.heuristic_modules([791, 128])
+    assert {"stage2_forward_mma", "stage2_forward"} <= set(kstages.heuristic_modules([128, 792]))
+    assert "stage2_forward_mma" in kstages.heuristic_modules() and "stage1_forward" in kstages.heuristic_modules([1])
+    monkeypatch.setattr(nvrtc, "_arch", lambda: 75)
+    assert "stage2_forward_mma" not in kstages.heuristic_modules([128, 1000]) + kstages.heuristic_modules()
 
 
 def test_one_block_is_a_grid_of_one_at_every_batch(monkeypatch):

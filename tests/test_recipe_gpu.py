@@ -41,7 +41,7 @@ def test_the_gather_kernel_augments_as_the_host_reference(shift, flip, cut):
     for start, n, epoch in ((0, 128, 3), (128, 128, 4), (256, 44, 3)):   # the prepared launch's numbers move
         order = data.epoch_order(5, epoch, len(x))
         lr = 0.5 / (1 + start)
-        m.load_from(ds, __import__("cupy").asarray(order), start, n, lr=lr,
+        m.load_from(ds, ds.order(5, epoch), start, n, lr=lr,   # sent on the model's stream (ds's)
                     augment=Augment(shift, flip, seed=5, cutout=cut),
                     epoch=epoch)
         m.stream.synchronize()
@@ -65,8 +65,6 @@ def test_the_gather_kernel_augments_as_the_host_reference(shift, flip, cut):
 
 
 def test_the_gather_kernel_mirrors_every_image_for_test_time_augmentation():
-    import cupy
-
     from lenet import data
     from lenet.kernels import MIRROR
     from lenet.model import LeNet
@@ -75,7 +73,7 @@ def test_the_gather_kernel_mirrors_every_image_for_test_time_augmentation():
     mean, std = data.pixel_stats(x)
     m = LeNet(max_batch=128)
     ds = data.GpuDataset(x, y, mean, std, m.stream)
-    order = cupy.asarray(data.epoch_order(1, 0, len(x)))
+    order = ds.order(1, 0)
     m.load_from(ds, order, 72, 128, augment=MIRROR, epoch=9)
     m.stream.synchronize()
     want = (x[order.get()[72:200], :, ::-1].astype(np.float32) / np.float32(255) - np.float32(mean)) / np.float32(std)

@@ -225,7 +225,7 @@ def test_training_loop_matches_pytorch_step_by_step(dataset, torch_ref):
         epoch, s = divmod(it, per_epoch)
         if s == 0:
             order = data.epoch_order(0, epoch, len(x))
-            order_dev = __import__("cupy").asarray(order)
+            order_dev = ds.order(0, epoch)   # on the model's stream
         n = min(B, len(x) - s * B)
         lr = sched.at(it, per_epoch, steps)
         model.load_from(ds, order_dev, s * B, n)

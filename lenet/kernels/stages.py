@@ -232,15 +232,21 @@ def modules() -> tuple[str, ...]:
 
 
 def heuristic_modules(batches=None) -> tuple[str, ...]:
-    """The modules of the launch shapes the heuristic takes first: each stage's forward versions (small
-    modules, for the training and the evaluation batches alike), its backward versions for these batch
-    sizes (without them, for any batch), and the reduction."""
+    """The modules of the launch shapes the heuristic takes first: each stage's backward versions for these
+    batch sizes, its forward versions for every row up to the largest's (a forward also runs a split's
+    last, smaller batch of an evaluation or an epoch), all of them without batch sizes, and the reduction.
+    Not the forward rows past the largest batch: stage 2's tensor-core forward is the longest compile of all
+    (docs/performance.md, "Notes' numbers"), and a program that never runs it would not wait for it, or
+    leave before it was cached."""
     out = []
     for ks in kernels().values():
         for direction in ("forward", "backward"):
             rows = table()[(ks.stage, direction)]
             if direction == "backward" and batches:
                 picks = [ks.heuristic(direction, n) for n in batches]
+            elif batches:
+                last = max(batches) / sm_count()
+                picks = [parse_name(name) for i, (below, name) in enumerate(rows) if i == 0 or rows[i - 1][0] <= last]
             else:
                 picks = [parse_name(name) for _, name in rows]
             out += [ks.module(c).name for c in picks]
