@@ -121,8 +121,18 @@ def _write_bytecode(folder: str) -> None:
         os.makedirs(folder, exist_ok=True)
     except OSError:
         return
-    sys.pycache_prefix, sys.dont_write_bytecode = folder, False
+    with _importing:   # Note [no import in flight at the switch]
+        sys.pycache_prefix, sys.dont_write_bytecode = folder, False
     write_later(_bytecode_of_imported, folder)
+
+
+# Note [no import in flight at the switch]: Python's loader names a module's bytecode file when it starts to
+# import it and writes it, if writing is on, once compiled. A first run switches both settings while the
+# preload thread may be importing (the checks pass as it works): a module begun before the switch then had its
+# bytecode written beside its source (lenet/__pycache__/blas... in a checkout, whose environment said not to
+# write any), which showed on a GPU shared with other processes, where each thread runs slower. The preload
+# thread holds this lock while it imports (not while it waits for the program's engine), and the switch takes it.
+_importing = threading.Lock()
 
 
 def _bytecode_of_imported(folder: str) -> None:
@@ -597,12 +607,18 @@ class _Preload:
         self.thread = threading.Thread(target=self._run, name="lenet-imports", daemon=True)
 
     def _engine(self) -> str:
-        self.engine_known.wait()
+        if not self.engine_known.is_set():
+            _importing.release()   # waiting, not importing (Note [no import in flight at the switch])
+            try:
+                self.engine_known.wait()
+            finally:
+                _importing.acquire()
         return self.engine
 
     def _run(self) -> None:
         try:
-            preload(self._engine, driver=start_gpu_driver())
+            with _importing:
+                preload(self._engine, driver=start_gpu_driver())
         except Exception:   # noqa: BLE001 (raised again where the program does this itself)
             return
 

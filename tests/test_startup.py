@@ -413,3 +413,39 @@ def test_the_bytecode_child_compiles_at_the_programs_optimization_level(tmp_path
     out = subprocess.run([sys.executable, "-O", "-c", code, str(src), str(folder)], capture_output=True, text=True,
                          timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0 and out.stdout.split() == ["True", "1"], (out.stdout, out.stderr[-2000:])
+
+
+def test_the_bytecode_switch_waits_for_the_preloads_imports(monkeypatch, tmp_path):
+    """Note [no import in flight at the switch]: a first run turns Python's bytecode writing on (into its cache
+    folder) only while the preload thread is not importing: not while it holds the lock, and it lets go of it
+    while it waits for the program's engine."""
+    import threading
+
+    from lenet import startup
+
+    monkeypatch.setattr(startup, "_bytecode_of_imported", lambda folder: None)
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    folder = str(tmp_path / "bytecode")
+    with startup._importing:   # the preload thread, importing
+        switch = threading.Thread(target=startup._write_bytecode, args=(folder,))
+        switch.start()
+        switch.join(0.3)
+        assert switch.is_alive() and sys.pycache_prefix is None and sys.dont_write_bytecode
+    switch.join(10)
+    assert sys.pycache_prefix == folder and not sys.dont_write_bytecode
+
+    pre, got = startup._Preload(), []
+
+    def preload():   # the preload thread's part: importing, then waiting for the engine
+        with startup._importing:
+            got.append(pre._engine())
+
+    t = threading.Thread(target=preload)
+    t.start()
+    assert startup._importing.acquire(timeout=10), "the preload held the lock while it waited for the engine"
+    startup._importing.release()
+    pre.engine = "ours"
+    pre.engine_known.set()
+    t.join(10)
+    assert got == ["ours"] and not startup._importing.locked()
