@@ -81,7 +81,11 @@ __device__ __forceinline__ void stage2_forward_mma(const float* __restrict__ x, 
         acc[mt][nt][0] = acc[mt][nt][2] = bias[nt][0];
         acc[mt][nt][1] = acc[mt][nt][3] = bias[nt][1];
       }
+#ifdef S2M_KS_UNROLL   // a variant for scripts/probes/stage_kernels.py --define: fewer k-steps unrolled, a shorter compile
+#pragma unroll S2M_KS_UNROLL
+#else
 #pragma unroll
+#endif
     for (int ks = 0; ks < 19; ++ks) {
       const uint4 f0 = swf[(2 * ks) * 32 + lane], f1 = swf[(2 * ks + 1) * 32 + lane];
       const int k0 = skoff[8 * ks + q], k1 = skoff[8 * ks + q + 4];
