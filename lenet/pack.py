@@ -2,7 +2,7 @@
 by one model of K models (LeNet(models=K), Note [packs] in lenet/ops.py), every step one CUDA graph.
 
     from lenet.pack import Config, Pack
-    pack = Pack([Config(seed=s) for s in range(16)], train, valid)   # GpuDatasets on pack.stream
+    pack = Pack([Config(seed=s) for s in range(16)], train, valid)   # GpuDatasets sent (their stream synchronized)
     results = pack.run()     # one Result per configuration: accuracy per epoch, final weights
 
 Each model keeps what a lone `lenet train` run with its flags has: its own initialization and data order
