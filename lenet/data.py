@@ -550,7 +550,8 @@ def _to_device(a: np.ndarray, stream):
     host array may go once the call returns) it takes a fifth of the time (docs/probes.md, upload.py)."""
     import cupy
 
-    out = cupy.empty(a.shape, a.dtype)
+    with stream:   # from the pool of the stream that writes it (and frees it)
+        out = cupy.empty(a.shape, a.dtype)
     out.set(np.ascontiguousarray(a), stream=stream)
     return out
 
@@ -572,6 +573,7 @@ class GpuDataset:
         self.identity = _to_device(np.arange(self.size, dtype=np.int32), stream)   # (N,) for evaluation (uploaded: no arange kernel to compile)
 
     def order(self, seed: int, epoch: int):
-        """The epoch's order of the split's images, sent on the split's stream (the model's, which waits for
-        no other stream: sent on CuPy's current stream, a gather could read it before it landed)."""
+        """The epoch's order of the split's images, sent on the split's stream: a model's gathers read it on
+        theirs, which waits for no other, so a split read by one model is made on its stream (lenet.train), and
+        one that several models share is synchronized once sent (lenet sweep)."""
         return _to_device(epoch_order(seed, epoch, self.size), self.stream)

@@ -114,25 +114,50 @@ def keep_bytecode() -> str | None:
 
 def _write_bytecode(folder: str) -> None:
     """Python writes this process's bytecode into ``folder`` from now on (made if need be), and the modules
-    imported before now that have none there get theirs, on a thread (files.write_later)."""
-    from .files import write_later
-
+    imported before then that have none there get theirs, on a thread (files.write_later): now, or as the
+    preload thread stops importing (Note [no import in flight at the switch])."""
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError:
         return
-    with _importing:   # Note [no import in flight at the switch]
-        sys.pycache_prefix, sys.dont_write_bytecode = folder, False
+    with _switching:   # Note [no import in flight at the switch]
+        if _importing.acquire(blocking=False):
+            try:
+                _switch(folder)
+            finally:
+                _importing.release()
+        else:
+            _pending_switch.append(folder)
+
+
+def _switch(folder: str) -> None:
+    from .files import write_later
+
+    sys.pycache_prefix, sys.dont_write_bytecode = folder, False
     write_later(_bytecode_of_imported, folder)
+
+
+def _let_go() -> None:
+    """The preload thread's release of ``_importing``: the switch asked for meanwhile, made now."""
+    with _switching:
+        _importing.release()
+        if _pending_switch:
+            _switch(_pending_switch.pop())
 
 
 # Note [no import in flight at the switch]: Python's loader names a module's bytecode file when it starts to
 # import it and writes it, if writing is on, once compiled. A first run switches both settings while the
 # preload thread may be importing (the checks pass as it works): a module begun before the switch then had its
 # bytecode written beside its source (lenet/__pycache__/blas... in a checkout, whose environment said not to
-# write any), which showed on a GPU shared with other processes, where each thread runs slower. The preload
-# thread holds this lock while it imports (not while it waits for the program's engine), and the switch takes it.
+# write any), which showed on a GPU shared with other processes, where each thread runs slower. So the preload
+# thread holds ``_importing`` from its start to its end, but for its wait for the program's engine; a switch
+# asked for meanwhile is left to it, made as it lets go (``_let_go``), and the thread that asked (the main
+# one, as the checks pass) goes on without waiting. It covers the preload thread's imports and CuPy's on a
+# compile's thread (lenet/kernels/nvrtc.py: the preload's own import of CuPy waits for that one, holding the
+# lock); the plotting child is another process.
 _importing = threading.Lock()
+_switching = threading.Lock()
+_pending_switch: list[str] = []
 
 
 def _bytecode_of_imported(folder: str) -> None:
@@ -608,7 +633,7 @@ class _Preload:
 
     def _engine(self) -> str:
         if not self.engine_known.is_set():
-            _importing.release()   # waiting, not importing (Note [no import in flight at the switch])
+            _let_go()   # waiting, not importing (Note [no import in flight at the switch])
             try:
                 self.engine_known.wait()
             finally:
@@ -616,11 +641,13 @@ class _Preload:
         return self.engine
 
     def _run(self) -> None:
+        _importing.acquire()
         try:
-            with _importing:
-                preload(self._engine, driver=start_gpu_driver())
+            preload(self._engine, driver=start_gpu_driver())
         except Exception:   # noqa: BLE001 (raised again where the program does this itself)
             return
+        finally:
+            _let_go()
 
 
 _preload: _Preload | None = None

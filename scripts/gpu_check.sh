@@ -52,7 +52,7 @@ if [ "$part" = spread ]; then
     out=$(cd "$out" && pwd)
     [ "$gpus" -ge 1 ] 2>/dev/null || { echo "gpu-check (spread): no GPU"; exit 1; }
     slots=${GPU_CHECK_SLOTS:-1}
-    [ "$slots" -ge 1 ] 2>/dev/null || { echo "gpu-check (spread): GPU_CHECK_SLOTS must be a whole number >= 1, not '$slots'"; exit 2; }
+    [[ $slots =~ ^[1-9][0-9]*$ ]] || { echo "gpu-check (spread): GPU_CHECK_SLOTS must be a whole number >= 1, not '$slots'"; exit 2; }
     work=$(mktemp -d); queue=$work/queue
     fixed=tests/test_model_gpu.py::test_parity_every_fixed_combination   # a third of the model's tests' time
     printf '%s\n' "tests-parity|$fixed" \

@@ -96,17 +96,27 @@ def test_spread_refuses_a_part_its_queue_does_not_have_in_one_line(tmp_path):
 
 
 def test_spread_runs_several_workers_a_gpu_each_part_once(tmp_path):
-    """GPU_CHECK_SLOTS=3 on one stand-in GPU: three workers share its queue, each part runs once; a value that
-    is not a whole number >= 1 is refused in one line, before any part runs."""
-    env = _stand_ins(tmp_path, GPU_CHECK_PARTS="tests-stages tests-torch programs", GPU_CHECK_GPUS="1",
-                     GPU_CHECK_SLOTS="3")
+    """GPU_CHECK_SLOTS=2 on two stand-in GPUs: four workers share the queue, worker w on GPU w mod 2, each part
+    once; the parts run side by side on each GPU (the stand-in nvidia-smi, which every part runs first, logs its
+    GPU and its span). A value that is not a whole number >= 1 is refused in one line, before any part runs."""
+    env = _stand_ins(tmp_path, GPU_CHECK_PARTS="tests-stages tests-torch tests-train programs", GPU_CHECK_GPUS="2",
+                     GPU_CHECK_SLOTS="2")
+    log = tmp_path / "spans"
+    (tmp_path / "bin" / "nvidia-smi").write_text(
+        '#!/bin/sh\nif [ -n "$CUDA_VISIBLE_DEVICES" ]; then s=$(date +%s.%N); sleep 2; '
+        f'echo "$CUDA_VISIBLE_DEVICES $s $(date +%s.%N)" >> {log}; fi\n'
+        'echo "GPU 0: stand-in"\necho "GPU 1: stand-in"\n')
     out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     lines = out.stdout.strip().splitlines() or [out.stderr]
     parts = [line.split(":", 1)[0] for line in lines if re.match(r"^[a-z-]+: gpu-check", line)]
-    assert sorted(parts) == ["programs", "tests-stages", "tests-torch"], (lines, out.stderr[-2000:])
-    assert "only the parts programs, tests-stages, tests-torch (not" in lines[-1], lines[-1]
-    for bad in ("0", "two", "-1"):
+    assert sorted(parts) == ["programs", "tests-stages", "tests-torch", "tests-train"], (lines, out.stderr[-2000:])
+    assert "only the parts programs, tests-stages, tests-torch, tests-train (not" in lines[-1], lines[-1]
+    spans = [line.split() for line in log.read_text().splitlines()]
+    by_gpu = {g: sorted((float(a), float(b)) for gg, a, b in spans if gg == g) for g in ("0", "1")}
+    assert sorted(by_gpu) == ["0", "1"] and all(by_gpu.values()), spans
+    assert all(len(s) >= 2 and s[1][0] < s[0][1] for s in by_gpu.values()), f"no two parts at once on a GPU: {spans}"
+    for bad in ("0", "two", "-1", "08", "1.5"):
         (tmp_path / bad).mkdir()
         env = _stand_ins(tmp_path / bad, GPU_CHECK_SLOTS=bad)
         out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,

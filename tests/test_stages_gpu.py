@@ -167,6 +167,7 @@ def test_the_check_passes_ours_and_catches_a_wrong_decision():
         m = ref.x.shape[0]
         y, arg = cupy.empty(ref.y.shape, cupy.float32), cupy.empty_like(ref.arg)
         ours.stage_forward(ks, fwd[0], m, h.stream, ref.x, ref.w, ref.b, y, arg)()
+        h.stream.synchronize()   # read below on CuPy's stream, which does not wait for the handle's
         for where in (ref.decided & ~ref.flat, ref.flat):
             bad = arg.copy()
             i = int(np.flatnonzero(where.ravel())[0])

@@ -417,8 +417,8 @@ def test_the_bytecode_child_compiles_at_the_programs_optimization_level(tmp_path
 
 def test_the_bytecode_switch_waits_for_the_preloads_imports(monkeypatch, tmp_path):
     """Note [no import in flight at the switch]: a first run turns Python's bytecode writing on (into its cache
-    folder) only while the preload thread is not importing: not while it holds the lock, and it lets go of it
-    while it waits for the program's engine."""
+    folder) only while the preload thread is not importing. Asked for while it imports, the switch returns at
+    once and the preload thread makes it as it lets go of the lock; it lets go while it waits for the engine."""
     import threading
 
     from lenet import startup
@@ -427,25 +427,33 @@ def test_the_bytecode_switch_waits_for_the_preloads_imports(monkeypatch, tmp_pat
     monkeypatch.setattr(sys, "pycache_prefix", None)
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     folder = str(tmp_path / "bytecode")
-    with startup._importing:   # the preload thread, importing
+    pre, got = startup._Preload(), []
+    importing, waiting = threading.Event(), threading.Event()
+
+    def preload(engine, driver=None):   # the preload's shape: imports, the engine's wait, imports
+        importing.set()
+        assert waiting.wait(10)
+        got.append(engine())
+
+    monkeypatch.setattr(startup, "preload", preload)
+    monkeypatch.setattr(startup, "start_gpu_driver", lambda: None)
+    pre.thread.start()
+    try:
+        assert importing.wait(10)
         switch = threading.Thread(target=startup._write_bytecode, args=(folder,))
         switch.start()
-        switch.join(0.3)
-        assert switch.is_alive() and sys.pycache_prefix is None and sys.dont_write_bytecode
-    switch.join(10)
-    assert sys.pycache_prefix == folder and not sys.dont_write_bytecode
-
-    pre, got = startup._Preload(), []
-
-    def preload():   # the preload thread's part: importing, then waiting for the engine
-        with startup._importing:
-            got.append(pre._engine())
-
-    t = threading.Thread(target=preload)
-    t.start()
-    assert startup._importing.acquire(timeout=10), "the preload held the lock while it waited for the engine"
-    startup._importing.release()
-    pre.engine = "ours"
-    pre.engine_known.set()
-    t.join(10)
-    assert got == ["ours"] and not startup._importing.locked()
+        switch.join(10)
+        assert not switch.is_alive(), "the switch waited for the preload's imports"
+        assert sys.pycache_prefix is None and sys.dont_write_bytecode, "switched while the preload imported"
+        waiting.set()   # the preload now waits for the engine: it let go, and made the switch
+        for _ in range(1000):
+            if sys.pycache_prefix == folder:
+                break
+            threading.Event().wait(0.01)
+        assert sys.pycache_prefix == folder and not sys.dont_write_bytecode
+    finally:
+        waiting.set()
+        pre.engine = "ours"
+        pre.engine_known.set()
+        pre.thread.join(10)
+    assert got == ["ours"] and not startup._importing.locked() and not startup._pending_switch
