@@ -24,13 +24,20 @@ class Inputs:
             raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
 
     def load_batch(self, x, y) -> int:
-        """Validate a batch (NumPy or CuPy) and copy it into the input buffers; return n."""
+        """Validate a batch (NumPy, or CuPy made on the caller's current stream) and copy it into the input
+        buffers; return n."""
         import cupy
 
         K = self.slots.models
-        x, y = self.slots.rows(x, y)   # a pack's (K, n, ...) images and (K, n) labels as K n rows
-        rows = check_batch(x, y, K * self.max_batch)
+        if any(isinstance(a, cupy.ndarray) for a in (x, y)):
+            # A device batch is the caller's, made on its current stream; ours waits for no other, so it waits
+            # for that one (an event: the host does not wait), then checks and copies it.
+            caller = cupy.cuda.get_current_stream()
+            if caller.ptr != self.stream.ptr:
+                self.stream.wait_event(caller.record())
         with self.stream:
+            x, y = self.slots.rows(x, y)   # a pack's (K, n, ...) images and (K, n) labels as K n rows
+            rows = check_batch(x, y, K * self.max_batch)
             xs = cupy.asarray(x, dtype=cupy.float32).reshape(rows, 1, 28, 28)
             ys = cupy.asarray(y).astype(cupy.int32, copy=False)
             self.buf["x"][:rows] = xs

@@ -411,3 +411,40 @@ def test_recapture_after_the_workspace_grows(torch_ref):
     check_one_step_graph(torch_ref, model, a, seed=1, what="batch a after the workspace grew")
     assert model.runner.captures == captures + 1, "batch a's graph was not captured again"
     check_one_step_graph(torch_ref, model, b, seed=2, what="batch b")
+
+
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) { }
+}
+"""
+
+
+def test_a_device_batch_still_being_made_on_the_models_stream_is_checked_once_made():
+    """A CuPy batch whose labels the model's stream is still writing (behind a long kernel), handed over from
+    CuPy's default stream: its check reads them once written (on the model's stream, after an event of the
+    caller's), so the step trains on them, as on the same batch from NumPy. Checked on the caller's stream,
+    the labels read were the ones before (99: out of range)."""
+    import cupy
+
+    from lenet.model import LeNet
+
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((16, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 16).astype(np.int32)
+    model, twin = (LeNet(max_batch=16, seed=1, policy=Policy(deterministic=True)) for _ in range(2))   # one rule's plans
+    with model.stream:
+        xd, yd = cupy.zeros(x.shape, cupy.float32), cupy.full(16, 99, cupy.int32)
+    model.stream.synchronize()
+    spin = cupy.RawKernel(_SPIN, "spin")
+    rate = cupy.cuda.Device().attributes["ClockRate"] * 1000   # cycles a second
+    with model.stream:
+        spin((1,), (1,), (np.int64(rate // 5),))   # 0.2 s
+        xd.set(x, stream=model.stream)
+        yd.set(y, stream=model.stream)
+    model.train_step(xd, yd, 0.05)   # from CuPy's default stream
+    twin.train_step(x, y, 0.05)
+    assert model.loss() == twin.loss()
+    assert np.array_equal(model.state_dict()["conv1.weight"], twin.state_dict()["conv1.weight"])
+    model.close()
+    twin.close()
