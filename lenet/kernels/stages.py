@@ -245,8 +245,8 @@ def heuristic_modules(batches=None) -> tuple[str, ...]:
             if direction == "backward" and batches:
                 picks = [ks.heuristic(direction, n) for n in batches]
             elif batches:
-                last = max(batches) / sm_count()
-                picks = [parse_name(name) for i, (below, name) in enumerate(rows) if i == 0 or rows[i - 1][0] <= last]
+                last = max(batches) / sm_count()   # a row is reached where the bound before it is
+                picks = [parse_name(name) for (before, _), (_, name) in zip(((0, None),) + rows, rows) if before <= last]
             else:
                 picks = [parse_name(name) for _, name in rows]
             out += [ks.module(c).name for c in picks]
