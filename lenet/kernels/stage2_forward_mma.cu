@@ -28,6 +28,10 @@
 // 32-bit load a value, one wavefront a warp, where a 64-bit one takes two), five more instructions a value.
 // Bound by shared-memory wavefronts (the A loads), not the tensor cores. Its times against versions 1-3 and why
 // the heuristic takes it from 6 images an SM: docs/kernels.md, "Stage 2's forward, version 4".
+//
+// Note [four k-steps unrolled]: the 19 k-steps unrolled four at a time, not whole. The whole unroll was the
+// longest compile of a first run (NVRTC, 0.66-0.72 s to a cubin on two CPUs, where the planner waits for it);
+// four at a time takes 0.15 s for the same speed within the timing's noise (docs/kernels.md has both).
 template <bool PRESPLIT>
 __device__ __forceinline__ void stage2_forward_mma(const float* __restrict__ x, const float* __restrict__ w,
                                                    const float* __restrict__ b, float* __restrict__ p,
@@ -81,11 +85,10 @@ __device__ __forceinline__ void stage2_forward_mma(const float* __restrict__ x, 
         acc[mt][nt][0] = acc[mt][nt][2] = bias[nt][0];
         acc[mt][nt][1] = acc[mt][nt][3] = bias[nt][1];
       }
-#ifdef S2M_KS_UNROLL   // a variant for scripts/probes/stage_kernels.py --define: fewer k-steps unrolled, a shorter compile
-#pragma unroll S2M_KS_UNROLL
-#else
-#pragma unroll
+#ifndef S2M_KS_UNROLL   // Note [four k-steps unrolled]; stage_kernels.py --define S2M_KS_UNROLL=19 times the whole unroll
+#define S2M_KS_UNROLL 4
 #endif
+#pragma unroll S2M_KS_UNROLL
     for (int ks = 0; ks < 19; ++ks) {
       const uint4 f0 = swf[(2 * ks) * 32 + lane], f1 = swf[(2 * ks + 1) * 32 + lane];
       const int k0 = skoff[8 * ks + q], k1 = skoff[8 * ks + q + 4];
