@@ -406,6 +406,16 @@ def merged(files: list[dict]) -> dict:
     return out
 
 
+def recorded_command(argv) -> str:
+    """The command a recorded row names: this run's, less --json (where its results file went, a path of
+    the machine it ran on, not part of what was measured)."""
+    given = list(argv)
+    while "--json" in given:
+        i = given.index("--json")
+        del given[i:i + 2]
+    return shlex.join(["python3", "scripts/bench.py", *(a for a in given if not a.startswith("--json="))])
+
+
 def record_rows(out: dict, command: str) -> list[dict]:
     """The README's speed rows of a run (scripts/readme_tables.py): per batch size, ours auto against the
     fastest PyTorch float32 form, each timed alone; a batch size without both is left out."""
@@ -484,8 +494,7 @@ def main(argv=None) -> int:
               f"PyTorch {form.name} ({form.arithmetic}) {e['torch_s']:.3f} s | {e['torch_s'] / e['ours_s']:.1f}x")
     Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     if args.record:
-        command = shlex.join(["python3", "scripts/bench.py", *(sys.argv[1:] if argv is None else argv)])
-        rows = record_rows(out, command)
+        rows = record_rows(out, recorded_command(sys.argv[1:] if argv is None else argv))
         if not rows:
             print(f"--record {args.record}: no batch size has both ours auto and a PyTorch float32 form; nothing "
                   f"recorded", file=sys.stderr)

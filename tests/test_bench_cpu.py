@@ -143,6 +143,13 @@ def test_the_readme_tables_render_from_a_results_file(tmp_path, capsys):
            "TF32 off) 0.200 s: 4.0x" in out
 
 
+def test_a_recorded_row_names_the_command_without_where_its_results_file_went():
+    assert bench.recorded_command(["--batch", "1", "64", "--json", "/root/out/b.json", "--record", "s.json"]) == \
+        "python3 scripts/bench.py --batch 1 64 --record s.json"
+    assert bench.recorded_command(["--json=/x/b.json", "--variants", "ours auto"]) == \
+        "python3 scripts/bench.py --variants 'ours auto'"
+
+
 def test_the_flags_default_to_the_quick_forms_and_a_results_file():
     args = bench.parser().parse_args([])
     assert args.torch_forms == ["quick"] and args.json == "bench.json" and args.tf32 and 128 in args.batch
