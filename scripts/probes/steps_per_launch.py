@@ -11,8 +11,8 @@ loop_step.py) where the planner's steps back to back in one graph took 16.4 (an 
 launch costs about 3 us: was the rest each launch's own? On an H200 (2026-11-28, defaults), us a step at
 K = 1 / 4 / 16 / 64 steps a launch: 1 image 20.13 / 18.95 / 18.47 / 18.40; 8 images 18.56 / 20.96 / 21.71 /
 21.82; 64 images 28.57 / 29.02 / 29.28 / 29.28; every K bit for bit the same as K launches. A launch costs
-about 1.7 us at one image and nothing at 64 (steps in one graph even lose at 8: a step's side-stream work
-then waits for the one before); the step itself is 18.4 us at one image on that GPU. A step of 12 us needs a
+about 1.7 us at one image and nothing at 64 (at 8 steps in one graph lose, not yet explained: the
+planner chose the step at 8 images timing one step a launch); the step itself is 18.4 us at one image on that GPU. A step of 12 us needs a
 shorter step, not fewer launches.
 """
 
