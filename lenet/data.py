@@ -574,6 +574,6 @@ class GpuDataset:
 
     def order(self, seed: int, epoch: int):
         """The epoch's order of the split's images, sent on the split's stream: a model's gathers read it on
-        theirs, which waits for no other, so a split read by one model is made on its stream (lenet.train), and
-        one that several models share is synchronized once sent (lenet sweep)."""
+        theirs, which waits for no other, so a split read by one model is made on its stream (lenet.train); a
+        pack's stream waits for its splits' (lenet.pack), whose orders it sends itself."""
         return _to_device(epoch_order(seed, epoch, self.size), self.stream)

@@ -2,7 +2,7 @@
 by one model of K models (LeNet(models=K), Note [packs] in lenet/ops.py), every step one CUDA graph.
 
     from lenet.pack import Config, Pack
-    pack = Pack([Config(seed=s) for s in range(16)], train, valid)   # GpuDatasets sent (their stream synchronized)
+    pack = Pack([Config(seed=s) for s in range(16)], train, valid)   # GpuDatasets, on any stream
     results = pack.run()     # one Result per configuration: accuracy per epoch, final weights
 
 Each model keeps what a lone `lenet train` run with its flags has: its own initialization and data order
@@ -225,6 +225,9 @@ class Pack:
         if m.ema is None and any(c.ema is not None for c in configs):
             raise ValueError("this pack's model keeps no moving average; make it with one")
         self.stream = m.stream
+        for split in (train, evals):   # sent on their own stream (a sweep's: once, for all its packs); ours waits
+            if split.stream.ptr != self.stream.ptr:   # for no other, so it waits for that one (the host does not)
+                self.stream.wait_event(split.stream.record())
         T = self.steps * self.epochs
         with self.stream:
             self.lr_table = cupy.zeros(K * T, cupy.float32)        # (K, T): Note [pack schedule]

@@ -128,7 +128,6 @@ class Sweep:
             cfg = self.run_info
             self._data = tuple(data.GpuDataset(*split, cfg["mean"], cfg["std"], stream)
                                for split in (cfg["train"], cfg["evals"]))
-            stream.synchronize()   # each pack reads them on its own stream, which waits for no other
         return self._data
 
     # -- a finished model

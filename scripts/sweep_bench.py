@@ -66,7 +66,6 @@ def ours(train, test, K: int, algo: str, deterministic: bool = False) -> float:
     stream = cupy.cuda.Stream(non_blocking=True)
     mean, std = pixel_stats(train[0])
     tr, te = GpuDataset(*train, mean, std, stream), GpuDataset(*test, mean, std, stream)
-    stream.synchronize()   # the pack reads them on its own stream
     pack = Pack(configs(K, B), tr, te, policy=Policy(fwd=algo, bwd_data=algo, bwd_filter=algo, deterministic=deterministic),
                 plan_cache=True, models=max(K, 2) if K > 1 else 1)
     steps = tr.size // B   # whole batches, as PyTorch's

@@ -137,7 +137,6 @@ def test_a_pack_of_one_configuration_trains_and_reports_its_epochs():
     stream = cupy.cuda.Stream(non_blocking=True)
     train, test = (GpuDataset(images[:200], labels[:200], 70.0, 80.0, stream),
                    GpuDataset(images[200:], labels[200:], 70.0, 80.0, stream))
-    stream.synchronize()   # the pack reads them on its own stream
     pack = Pack([Config(seed=2, epochs=2, batch_size=64, cutout=6, ema=0.99)], train, test, tta=True,
                 keep_average=True)
     for epoch in range(2):
@@ -165,7 +164,6 @@ def test_each_model_of_a_pack_gathers_what_its_lone_run_gathers():
     stream = cupy.cuda.Stream(non_blocking=True)
     train, test = GpuDataset(images, labels, 70.0, 80.0, stream), GpuDataset(images[:100], labels[:100], 70.0, 80.0,
                                                                               stream)
-    stream.synchronize()   # the splits are sent on this stream, and the pack reads them on its own
     pack = Pack(configs, train, test, cuda_graph=False)
     pack.slots[1].accuracy = [0.5, 0.5]   # model 1 in its third epoch: its own epoch's order and draws
     orders = pack.begin_epoch()

@@ -56,7 +56,6 @@ def main() -> None:
     configs = [Config(seed=s, batch_size=args.batch, epochs=args.epochs) for s in range(3)]
     stream = cupy.cuda.Stream(non_blocking=True)
     train, test = data.GpuDataset(x, y, mean, std, stream), data.GpuDataset(tx, ty, mean, std, stream)
-    stream.synchronize()   # the pack reads them on its own stream
     pack = Pack(configs, train, test, policy=policy, cuda_graph=not args.no_graph, tta=args.tta)
     c = configs[0]
     lone = LeNet(max_batch=pack.model.max_batch, policy=policy, seed=c.seed, momentum=c.momentum,
