@@ -34,14 +34,20 @@ OFFSETS = {"conv1.weight": 0, "conv1.bias": 192, "conv2.weight": 256, "conv2.bia
 SETTINGS = {"momentum": 0.9, "weight_decay": 5e-4, "label_smoothing": 0.1}
 LR = 0.05
 # What ships (lenet/kernels/step_cluster.cu), then dev/step_cluster.cu's variants (its comment says what each is).
-VARIANTS = ("step_cluster", "step_cluster_dev", "step_cluster_g2", "step_cluster_g8", "step_cluster_t256",
-            "step_cluster_routed", "step_cluster_acqrel")
+VARIANTS = ("step_cluster", "step_cluster_dev", "step_cluster_t256", "step_cluster_acqrel", "step_cluster_v1")
 # The same step with ten more cluster barriers in its first phase (a barrier's cost: the difference / 10): the
 # shipped barrier, the one with release/acquire in every thread, a relaxed one, and the shipped one at 256 threads.
 PROBES = {"step_cluster_syncs": "step_cluster_dev", "step_cluster_syncs_acqrel": "step_cluster_dev",
           "step_cluster_syncs_relaxed": "step_cluster_dev", "step_cluster_syncs_t256": "step_cluster_t256",
           "step_cluster_empty": None}   # empty: the launch floor
-PHASES = ("loads", "conv1", "conv2", "fc1", "head", "dp2 conv2-bwd", "dp1 conv1-bwd", "update")
+# Each module's phases, between its clock's marks (SC_MARK): what ships and its variants, and the form before it.
+PHASES = {None: ("loads", "conv1", "conv2", "fc1", "h1", "fc2", "loss", "dh1", "dp2 parts fc1-dW", "dp2", "conv2-dW",
+                 "dp1 part", "barrier", "conv1-bwd"),
+          "step_cluster_v1": ("loads", "conv1", "conv2", "fc1", "head", "dp2 conv2-bwd", "dp1 conv1-bwd", "update")}
+
+
+def phases_of(module: str) -> tuple:
+    return PHASES.get(module, PHASES[None])
 
 
 def cluster_step(model, n: int, module: str, prof=None):
@@ -167,9 +173,6 @@ def _us(step, stream, steps: int, repeats: int) -> float:
     return time_launcher(step, stream, budget_ms=1e12, max_calls=steps, repeats=repeats, graph=False) * 1e3
 
 
-PHASES = ("loads", "conv1", "conv2", "fc1", "head", "dp2 conv2-bwd", "dp1 conv1-bwd", "update")
-
-
 def time_both(n: int, steps: int, repeats: int, modules) -> tuple[float, dict, dict]:
     """(the chain's us a step, each variant's, each variant's phases in us from one profiled step)."""
     import cupy
@@ -188,7 +191,7 @@ def time_both(n: int, steps: int, repeats: int, modules) -> tuple[float, dict, d
         for _ in range(3):
             profiled()
         model.stream.synchronize()
-        marks = prof.get()[:9].astype(np.int64)
+        marks = prof.get()[:len(phases_of(module)) + 1].astype(np.int64)
         phases[module] = [(b - a) / 1000 for a, b in zip(marks[:-1], marks[1:])] if marks.all() else []
     chain2 = _us(lambda: model.step(n), model.stream, steps, repeats)   # interleaved: the machine's drift
     model.close()
@@ -203,7 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--variants", nargs="+", default=["step_cluster", "step_cluster_g2", "step_cluster_g8"],
+    ap.add_argument("--variants", nargs="+", default=["step_cluster", "step_cluster_v1"],
                     choices=VARIANTS + tuple(PROBES))
     ap.add_argument("--barriers", action="store_true", help="also time the barrier probes (PROBES)")
     args = ap.parse_args(argv)
@@ -219,6 +222,7 @@ def main(argv=None) -> int:
     if OFFSETS != P.OFFSETS:
         raise SystemExit(f"step_cluster.cu's offsets are not lenet/params.py's: {P.OFFSETS}")
     kernels.declare(HERE / "step_cluster.cu")
+    kernels.declare(HERE / "step_cluster_v1.cu")
     if kernels.arch() < 90:
         print(f"compute capability {kernels.arch() / 10:.1f}: thread-block clusters need 9.0")
         return 2
@@ -237,7 +241,7 @@ def main(argv=None) -> int:
             chain, mine, phases = time_both(n, args.steps, args.repeats, args.variants)
             print(f"{n:6d} {chain:7.2f} " + " ".join(f"{mine[m]:10.2f}" for m in args.variants))
             for m in args.variants:
-                print(f"         {m:24s} phases (us): " + ", ".join(f"{p} {v:.2f}" for p, v in zip(PHASES, phases[m])))
+                print(f"         {m:24s} phases (us): " + ", ".join(f"{p} {v:.2f}" for p, v in zip(phases_of(m), phases[m])))
                 if m in PROBES and PROBES[m] in phases:
                     print(f"         {m:24s} a cluster barrier: {(phases[m][0] - phases[PROBES[m]][0]) / 10:.3f} us "
                           f"({shape(m)[0]} threads a block, {RANKS} blocks)")

@@ -80,7 +80,7 @@ def test_the_whole_steps_module_declares_sm90_and_its_launch_shape():
 
     m = kernels.declared()["step_cluster"]
     assert m.arch == 90 and m.folder is None
-    assert step.shape() == (512, 4 * 24880, 1)
+    assert step.shape() == (512, 4 * 10800, 1) and m.smem == (10800, 0)
     text = (ROOT / "lenet" / "kernels" / "step_cluster.cu").read_text()
     for name, off in __import__("lenet.params", fromlist=["OFFSETS"]).OFFSETS.items():
         macro = {"conv1.weight": "OFF_C1W", "conv1.bias": "OFF_C1B", "conv2.weight": "OFF_C2W", "conv2.bias": "OFF_C2B",
@@ -91,7 +91,8 @@ def test_the_whole_steps_module_declares_sm90_and_its_launch_shape():
 
 def test_the_workbench_variants_are_the_shipped_file_under_other_macros(tmp_path, monkeypatch):
     """dev/step_cluster.cu declares its variants over lenet/kernels/step_cluster.cu (uses=), each with the phase
-    clock; two of them compile for sm_90 with the package's NVRTC machinery."""
+    clock, and dev/step_cluster_v1.cu the form before Note [four barriers]; three of them compile for sm_90
+    with the package's NVRTC machinery."""
     from lenet import kernels
     from lenet.kernels import nvrtc, step
 
@@ -101,9 +102,12 @@ def test_the_workbench_variants_are_the_shipped_file_under_other_macros(tmp_path
     shipped = dict(kernels.declared())
     try:
         mods = kernels.declare(ROOT / "dev" / "step_cluster.cu")
-        assert len(mods) >= 10 and all(m.uses[-1] == "step_cluster" and "SC_PROFILE" in m.defines for m in mods)
-        assert step.shape("step_cluster_g8")[2] == 8 and step.shape("step_cluster_t256")[0] == 256
-        for name in ("step_cluster_dev", "step_cluster_routed"):
+        assert len(mods) >= 8 and all(m.uses[-1] == "step_cluster" and "SC_PROFILE" in m.defines for m in mods)
+        assert all(step.shape(m.name)[1] == step.shape()[1] for m in mods)
+        v1 = kernels.declare(ROOT / "dev" / "step_cluster_v1.cu")
+        assert [m.name for m in v1] == ["step_cluster_v1"] and "step_cluster" not in v1[0].uses
+        assert step.shape("step_cluster_t256")[0] == 256 and step.shape("step_cluster_v1") == (512, 4 * 24880, 1)
+        for name in ("step_cluster_dev", "step_cluster_t256", "step_cluster_v1"):
             nvrtc.binary(f"dev.{name}", kernels.source(name), kernels.options(name), 90)
     finally:
         kernels.declared().clear()

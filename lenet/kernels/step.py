@@ -22,13 +22,13 @@ UPDATE_THREADS = 256
 
 @functools.lru_cache(maxsize=None)
 def shape(module: str = MODULE) -> tuple[int, int, int]:
-    """(threads a block, dynamic shared memory in bytes, images a cluster) of a module of step_cluster.cu, from
-    its macros (the file's defaults, or its declaration's define=)."""
+    """(threads a block, dynamic shared memory in bytes, images a cluster) of a module of step_cluster.cu or of
+    the workbench's: its declaration's smem= and define= (SC_THREADS, SC_MAXG; else the file's defaults)."""
     from . import _declared
 
-    defines = dict(d.partition("=")[::2] for d in _declared(module).defines)
-    floats = 24880 - (4096 if "SC_DX_ROUTED" in defines else 0)   # SC_SMEM_FLOATS
-    return int(defines.get("SC_THREADS", 512)), 4 * floats, int(defines.get("SC_MAXG", 1))
+    m = _declared(module)
+    defines = dict(d.partition("=")[::2] for d in m.defines)
+    return int(defines.get("SC_THREADS", 512)), m.smem_bytes(0), int(defines.get("SC_MAXG", 1))
 
 
 class ClusterStep:
