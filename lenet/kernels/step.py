@@ -2,9 +2,12 @@
 above one cluster's images: its launcher, as our engine binds it (lenet/engines/ours_step.py) and the
 workbench times its variants (dev/step_cluster.py).
 
-Note [the whole step's batch sizes]: one image a cluster of eight blocks beats the chain from 1 to 12 images on
-an H100 and loses from 16, where its clusters no longer fit at once (docs/kernels.md, "The whole step"). Our
-engine offers it up to LIMIT images, and the planner times it against the chain there.
+Note [the whole step's batch sizes]: one image a cluster of eight blocks. In its form of seven barriers (97 KB of
+shared memory a block) it beat the chain from 1 to 12 images on an H100 and lost from 16, where its clusters no
+longer fit at once. In its form of four (43 KB: Note [four barriers] in step_cluster.cu), on an H200, us a step
+against the chain's: 1 image 11.3-11.9 / 20.2, 8: 12.6-13.0 / 25.5-30.8, 16: 15.7-16.2 / 25.8-27.7, 24:
+16.1-16.6 / 24.7-25.2, 32: 24.1-24.8 / 25.0-25.4, 48: 40.7 / 27.4 (docs/kernels.md, "The whole step"). Our engine
+offers it up to LIMIT images, and the planner times it against the chain there.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 
 MODULE = "step_cluster"
 RANKS = 8              # blocks a cluster (SC_RANKS)
-LIMIT = 12             # the largest batch our engine offers the whole step at (Note [the whole step's batch sizes])
+LIMIT = 32             # the largest batch our engine offers the whole step at (Note [the whole step's batch sizes])
 ARCH = 90              # thread-block clusters
 UPDATE_THREADS = 256
 

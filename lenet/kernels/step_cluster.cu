@@ -1,11 +1,11 @@
-// module step_cluster: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule smem=10800
+// module step_cluster: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule smem=11004
 // A whole training step of one LeNet (forward, softmax cross-entropy, backward, SGD) at small batches as
 // one launch of thread-block clusters (sm_90 and newer), or two above one image: our engine's candidate for
 // the step (lenet/engines/ours_step.py, launcher lenet/kernels/step.py), timed by the planner against the
 // chain of launches and checked against its result (Note [a whole step] in lenet/steps.py). dev/step_cluster.cu
 // declares the variants the workbench times (dev/step_cluster.py; docs/kernels.md, "The whole step").
 //
-// Note [a step in one cluster]: at 1 to about 12 images the chain's kernels are short and its time is their
+// Note [a step in one cluster]: at 1 to a few dozen images the chain's kernels are short and its time is their
 // latencies: each waits for the last's writes through L2 and loads its weights from there again
 // (docs/performance.md, "Where a step's time goes"). Here a cluster of SC_RANKS blocks holds one image; the
 // weights a block reads are copied once, at the start, into its shared memory, and the blocks exchange
@@ -30,22 +30,31 @@
 // block's threads t, t + SC_THREADS, ...):
 //   loads   copies in flight (cp.async): the image and conv1's weights, then conv2's weights of the own
 //           channels, W1's own columns, fc1's biases, W2, fc2's biases; the momentum of each parameter this
-//           thread will update (registers, used last)
-//   1 conv1 forward (own channel) -> p1, argmax bytes: items (pooled position, q), q the window's position a
-//     thread computes; lanes 4m .. 4m + 3 are one window, lane 4m stores it
-//                                                                         | barrier | p1's other channels gathered
-//   2 conv2 forward (own channels): items (part, channel, pooled position, q), a part two input channels,
-//     then items (channel, pooled position, q) add the parts and pool; fc1 over the own 32 inputs, a warp a
-//     unit (lane j input j)                                               | barrier
+//           thread will update, the learning rate (registers, used last)
+//   1 conv1 forward (own channel) -> p1, argmax bytes: a thread a pooling window, its four sums from one
+//     load of its 6 x 6 inputs (sc_window)                               | barrier | p1's other channels gathered
+//   2 conv2 forward (own channels): items (input channel, own channel, window), then items (own channel,
+//     window, q) add the input channels in pairs and pool (a quad of lanes a window); fc1 over the own 32
+//     inputs, a thread a unit (W1's columns swizzled: sc_w1)            | barrier
 //   3 h1 (thread u < 120: the ranks' partial sums in rank order); fc2 (a warp a class), the loss and dlogits
-//     (thread 0), dh1 (thread u); dp2 of the own inputs in 15 parts of 8 units (items (part, input)), then
-//     added (thread j < 32); fc1's weight gradients of the own columns (items (unit, input)), the head's
-//     other gradients of the own units (thread t < 175: fc2's column entries, fc1's biases, fc2's biases on
-//     rank 0); conv2's dW and db of the own channels (items (channel, weight)); conv2's output gradient laid
-//     out dense and padded, then dp1's part over the own channels (items (input channel, position), 25
-//     multiply-adds a channel)                                           | barrier
-//   4 dp1 of the own conv1 channel (the ranks' parts in rank order); conv1's dW and db: items (weight, eighth of
-//     the positions), then (weight) adds the eighths                     | barrier
+//     (thread 0), dh1 (thread u); then two roles, each half of the block (Note [two roles]):
+//       t < SC_ROLE: dp2 of the own inputs in 15 parts of 8 units, then added (thread j < 32); conv2's dW and
+//         db of the own channels (items (channel, weight)); conv2's output gradient laid out dense and
+//         padded, then dp1's part over the own channels (items (input channel, row, four columns))
+//       t >= SC_ROLE: fc1's weight gradients of the own columns (items (unit, input)), the head's other
+//         gradients of the own units (fc2's column entries, fc1's biases, fc2's biases on rank 0)
+//                                                                        | barrier
+//   4 dp1 of the own conv1 channel (the ranks' parts in rank order); conv1's dW and db: items (weight,
+//     sixteenth of the positions), then (weight) adds the sixteenths   | barrier
+//
+// Note [two roles]: after dh1 a block has two chains of work: conv2's backward (four steps, each waiting for
+// the last) and the head's gradients with their update, 4,015 parameters a block whose stores (gradient,
+// value, momentum) are most of the step's memory traffic. One after the other they took 1.38 + 0.94 us of a
+// one-image step (the workbench's clock, an H200); side by side, each half of the block one of them and the
+// first half meeting at its own barrier (sc_sync_role), the step took 0.3-0.4 us less. Within the first
+// role, conv2's dW as a thread a weight (two weights a thread) beat a thread five weights of a filter row
+// (a[5] from one row load): 11.42-11.59 against 11.74-11.85 us a step; the loss in one warp (lane j class j,
+// shuffled sums) against sce_row in one thread: within 0.1 us, so the one definition of the loss stays.
 // Each gradient is written (one cluster: and its parameter updated) by the thread that sums it. Sums are in
 // fixed orders: no atomics, the same bits every run. The argmax and ReLU bits are stage_common.cu's (Note
 // [stage backward through the argmax], Note [the ReLU bit]).
@@ -54,8 +63,11 @@
 #ifndef SC_THREADS
 #define SC_THREADS 512
 #endif
-#define SC_W1Q ((3840 + SC_THREADS - 1) / SC_THREADS)   // W1's own entries (120 x 32) a thread
-#define SC_C2Q ((302 + SC_THREADS - 1) / SC_THREADS)    // conv2's own parameters (2 x 150 weights, 2 biases) a thread
+#define SC_ROLE (SC_THREADS / 2)   // phase 3's two roles: threads below, conv2's backward; above, the head's update
+#define SC_W1Q ((3840 + SC_ROLE - 1) / SC_ROLE)   // W1's own entries (120 x 32) a thread of the head's role
+#define SC_C2Q ((302 + SC_ROLE - 1) / SC_ROLE)    // conv2's own parameters (2 x 150 weights, 2 biases) a thread of
+                                                  // the first role
+#define SC_HQ ((175 + SC_ROLE - 1) / SC_ROLE)     // the head's other parameters of the own units a thread of the second
 
 // The flat parameters' offsets (lenet/params.py, OFFSETS; dev/step_cluster.py checks them).
 #define OFF_C1W 0
@@ -90,6 +102,9 @@ __device__ __forceinline__ void sc_sync() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 #endif
 }
+
+// The threads of phase 3's first role (t < SC_ROLE, whole warps) meet: barrier 1 (__syncthreads is 0).
+__device__ __forceinline__ void sc_sync_role() { asm volatile("bar.sync 1, %0;" ::"n"(SC_ROLE) : "memory"); }
 
 // n bytes (4 or 16) from global memory into shared memory without registers (cp.async, sm_80 and later).
 template <int n>
@@ -162,6 +177,15 @@ __device__ __forceinline__ float sc_window_max(const float a[4], int& q) {
   return best;
 }
 
+// The head's parameters of rank r's own units besides W1's: h < 150 fc2's column entries (class h / 15, unit
+// 15 r + h % 15), h < 165 fc1's biases, h < 175 fc2's biases (rank 0); else -1.
+__device__ __forceinline__ int sc_head_param(int h, unsigned rank) {
+  if (h < 150) return OFF_F2W + (h / 15) * 120 + 15 * rank + h % 15;
+  if (h < 165) return OFF_F1B + 15 * rank + (h - 150);
+  if (h < 175 && rank == 0) return OFF_F2B + (h - 165);
+  return -1;
+}
+
 // The quad max of four lanes' conv outputs (lanes 4m .. 4m + 3 hold positions q = 0 .. 3 of one pooling
 // window): lane 4m gets (the first maximum, its q). Every lane of the warp calls it.
 __device__ __forceinline__ float sc_quad_max(float a, int& q) {
@@ -193,7 +217,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
   return;
 #endif
   extern __shared__ float4 sm4[];
-  float* const sm = reinterpret_cast<float*>(sm4);   // 10800 floats (the module's smem=)
+  float* const sm = reinterpret_cast<float*>(sm4);   // 11004 floats (the module's smem=)
   float* const sx = sm;                  // 784: the image
   float* const sp1 = sx + 784;           // 864: p1 (own channel, then all)
   float* const swc1 = sp1 + 864;         // 160: conv1's 150 weights, 6 biases
@@ -214,8 +238,8 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
   float* const sdc = sdp2 + 32;          // 2 x 16 x 16: conv2's output gradient at (oy + 4, ox + 4), else 0
   float* const sdp1p = sdc + 512;        // 864: dp1's part over the own conv2 channels
   float* const sdp1 = sdp1p + 864;       // 144: dp1 of the own conv1 channel, masked
-  float* const sscr = sdp1 + 144;        // 208: conv1's gradients in eighths
-  unsigned char* const sa1 = reinterpret_cast<unsigned char*>(sscr + 212);   // 144: conv1's argmax bytes (own channel)
+  float* const sscr = sdp1 + 144;        // 416: conv1's gradients in sixteenths
+  unsigned char* const sa1 = reinterpret_cast<unsigned char*>(sscr + 416);   // 144: conv1's argmax bytes (own channel)
   unsigned char* const sa2 = sa1 + 144;                                       // 32: conv2's (own channels)
 
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -242,12 +266,13 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
   if (t < 10) sc_copy<4>(sb2 + t, params + OFF_F2B + t);
   sc_copies_sent();
   const int label = t == 0 ? labels[cl] : 0;
-  // The head's parameter of thread t < 175 (fc2's column entries, fc1's biases, fc2's biases on rank 0).
-  int hidx = -1;
-  if (t < 150) hidx = OFF_F2W + (t / 15) * 120 + 15 * rank + t % 15;
-  else if (t < 165) hidx = OFF_F1B + 15 * rank + (t - 150);
-  else if (t < 175 && rank == 0) hidx = OFF_F2B + (t - 165);
-  float vw1[SC_W1Q], vc2[SC_C2Q], vh = 0.f, ph = 0.f, v1 = 0.f;
+  // Phase 3's roles: t < SC_ROLE conv2's backward (conv2's own parameters e = t, t + SC_ROLE, ... < 302),
+  // tb = t - SC_ROLE >= 0 the head's update (W1's own entries, the head's other parameters h = tb, tb +
+  // SC_ROLE, ... < 175).
+  const int tb = t - SC_ROLE;
+  float vw1[SC_W1Q], vc2[SC_C2Q], vh[SC_HQ], ph[SC_HQ], v1 = 0.f;
+#pragma unroll
+  for (int q = 0; q < SC_HQ; ++q) vh[q] = ph[q] = 0.f;
 #pragma unroll
   for (int q = 0; q < SC_W1Q; ++q) vw1[q] = 0.f;
 #pragma unroll
@@ -256,18 +281,22 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
     const bool mom = momentum != 0.f;
 #pragma unroll
     for (int q = 0; q < SC_W1Q; ++q) {
-      const int e = t + SC_THREADS * q;
-      if (mom && e < 3840) vw1[q] = velocity[OFF_F1W + (e >> 5) * 256 + (rank + 8 * ((e & 31) >> 4)) * 16 + (e & 15)];
+      const int e = tb + SC_ROLE * q;
+      if (mom && tb >= 0 && e < 3840) vw1[q] = velocity[OFF_F1W + (e >> 5) * 256 + (rank + 8 * ((e & 31) >> 4)) * 16 + (e & 15)];
     }
 #pragma unroll
     for (int q = 0; q < SC_C2Q; ++q) {
-      const int e = t + SC_THREADS * q;
-      if (mom && e < 302) vc2[q] = velocity[e < 300 ? OFF_C2W + (rank + 8 * (e / 150)) * 150 + e % 150
-                                                    : OFF_C2B + rank + 8 * (e - 300)];
+      const int e = t + SC_ROLE * q;
+      if (mom && tb < 0 && e < 302) vc2[q] = velocity[e < 300 ? OFF_C2W + (rank + 8 * (e / 150)) * 150 + e % 150
+                                                              : OFF_C2B + rank + 8 * (e - 300)];
     }
-    if (hidx >= 0) {
-      ph = params[hidx];
-      if (mom) vh = velocity[hidx];
+#pragma unroll
+    for (int q = 0; q < SC_HQ; ++q) {
+      const int i = tb >= 0 ? sc_head_param(tb + SC_ROLE * q, rank) : -1;
+      if (i >= 0) {
+        ph[q] = params[i];
+        if (mom) vh[q] = velocity[i];
+      }
     }
     if (mom && c1 && t < 26) v1 = velocity[t < 25 ? OFF_C1W + rank * 25 + t : OFF_C1B + rank];
   }
@@ -373,53 +402,28 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
   }
   __syncthreads();
   SC_MARK(8);
-  for (int e = t; e < 480; e += SC_THREADS) {   // dp2's parts: (eighth of the units, own input)
-    const int j = e & 31, s = e >> 5;
-    float a = 0.f;
+  if (tb < 0) {   // conv2's backward: dp2, conv2's gradients (and update), dp1's part; its own barriers (id 1)
+    for (int e = t; e < 480; e += SC_ROLE) {   // dp2's parts: (eighth of the units, own input)
+      const int j = e & 31, s = e >> 5;
+      float a = 0.f;
 #pragma unroll
-    for (int m = 0; m < 8; ++m) a = fmaf(sW1[sc_w1(8 * s + m, j)], sdh[8 * s + m], a);
-    sdp2s[e] = a;
-  }
-#pragma unroll
-  for (int q = 0; q < SC_W1Q; ++q) {   // fc1's weight gradients of the own columns
-    const int e = t + SC_THREADS * q;
-    if (e < 3840) {
-      const int i = OFF_F1W + (e >> 5) * 256 + (rank + 8 * ((e & 31) >> 4)) * 16 + (e & 15);
-      const float g = sdh[e >> 5] * sp2[e & 31];
-      dst[i] = g;
-      if (alone) {
-        float v = vw1[q];
-        sc_store(params, velocity, ema, i, sgd_rule(sW1[sc_w1(e >> 5, e & 31)], g, v, momentum, weight_decay, nesterov, rate), v,
-                 momentum, ema_weight);
-      }
+      for (int m = 0; m < 8; ++m) a = fmaf(sW1[sc_w1(8 * s + m, j)], sdh[8 * s + m], a);
+      sdp2s[e] = a;
     }
-  }
-  if (hidx >= 0) {   // the head's other gradients of the own units
-    float gh;
-    if (t < 150) gh = sdl[t / 15] * sh1[15 * rank + t % 15];
-    else if (t < 165) gh = sdh[15 * rank + t - 150];
-    else gh = sdl[t - 165];
-    dst[hidx] = gh;
-    if (alone) {
-      float v = vh;
-      sc_store(params, velocity, ema, hidx, sgd_rule(ph, gh, v, momentum, weight_decay, nesterov, rate), v, momentum,
-               ema_weight);
+    sc_sync_role();
+    SC_MARK(9);
+    if (t < 32) {
+      float a = 0.f;
+#pragma unroll
+      for (int s = 0; s < 15; ++s) a += sdp2s[s * 32 + t];
+      sdp2[t] = arg_g(sa2[t], a);
     }
-  }
-  __syncthreads();
-  SC_MARK(9);
-  if (t < 32) {
-    float a = 0.f;
+    sc_sync_role();
+    SC_MARK(10);
 #pragma unroll
-    for (int s = 0; s < 15; ++s) a += sdp2s[s * 32 + t];
-    sdp2[t] = arg_g(sa2[t], a);
-  }
-  __syncthreads();
-  SC_MARK(10);
-#pragma unroll
-  for (int q = 0; q < SC_C2Q; ++q) {   // conv2's dW and db of the own channels
-    const int e = t + SC_THREADS * q;
-    if (e < 302) {
+    for (int q = 0; q < SC_C2Q; ++q) {   // conv2's dW and db of the own channels
+      const int e = t + SC_ROLE * q;
+      if (e >= 302) continue;
       float a = 0.f;
       int i;
       if (e < 300) {
@@ -443,36 +447,65 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
                  momentum, ema_weight);
       }
     }
-  }
-  for (int e = t; e < 512; e += SC_THREADS) {   // (own channel, padded row, padded column)
-    const int ki = e >> 8, oy = ((e >> 4) & 15) - 4, ox = (e & 15) - 4;
-    float v = 0.f;
-    if (oy >= 0 && oy < 8 && ox >= 0 && ox < 8) {
-      const int j = ki * 16 + (oy >> 1) * 4 + (ox >> 1);
-      if (arg_q(sa2[j]) == (oy & 1) * 2 + (ox & 1)) v = sdp2[j];
+    for (int e = t; e < 512; e += SC_ROLE) {   // (own channel, padded row, padded column)
+      const int ki = e >> 8, oy = ((e >> 4) & 15) - 4, ox = (e & 15) - 4;
+      float v = 0.f;
+      if (oy >= 0 && oy < 8 && ox >= 0 && ox < 8) {
+        const int j = ki * 16 + (oy >> 1) * 4 + (ox >> 1);
+        if (arg_q(sa2[j]) == (oy & 1) * 2 + (ox & 1)) v = sdp2[j];
+      }
+      sdc[e] = v;
     }
-    sdc[e] = v;
-  }
-  __syncthreads();
-  SC_MARK(11);
-  for (int e = t; e < 216; e += SC_THREADS) {   // (input channel, row, four columns): a row of 8 a load pair
-    const int c = e / 36, yy = e % 36 / 3, x0 = 4 * (e % 3);
-    float a[4] = {0.f, 0.f, 0.f, 0.f};
+    sc_sync_role();
+    SC_MARK(11);
+    for (int e = t; e < 216; e += SC_ROLE) {   // (input channel, row, four columns): a row of 8 a load pair
+      const int c = e / 36, yy = e % 36 / 3, x0 = 4 * (e % 3);
+      float a[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int ki = 0; ki < 2; ++ki) {
-      const float* w = swc2 + ki * 150 + c * 25;
+      for (int ki = 0; ki < 2; ++ki) {
+        const float* w = swc2 + ki * 150 + c * 25;
 #pragma unroll
-      for (int r = 0; r < 5; ++r) {
-        const float* row = sdc + ki * 256 + (yy + 4 - r) * 16 + x0;   // columns x0 .. x0 + 7: (x0 + m + 4 - s)
-        const float4 lo = *reinterpret_cast<const float4*>(row), hi = *reinterpret_cast<const float4*>(row + 4);
-        const float d[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        for (int r = 0; r < 5; ++r) {
+          const float* row = sdc + ki * 256 + (yy + 4 - r) * 16 + x0;   // columns x0 .. x0 + 7: (x0 + m + 4 - s)
+          const float4 lo = *reinterpret_cast<const float4*>(row), hi = *reinterpret_cast<const float4*>(row + 4);
+          const float d[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-        for (int s = 0; s < 5; ++s)
+          for (int s = 0; s < 5; ++s)
 #pragma unroll
-          for (int m = 0; m < 4; ++m) a[m] = fmaf(d[m + 4 - s], w[r * 5 + s], a[m]);
+            for (int m = 0; m < 4; ++m) a[m] = fmaf(d[m + 4 - s], w[r * 5 + s], a[m]);
+        }
+      }
+      *reinterpret_cast<float4*>(sdp1p + c * 144 + yy * 12 + x0) = make_float4(a[0], a[1], a[2], a[3]);
+    }
+  } else {   // the head's gradients of the own inputs and units, and their update: stores beside the above
+#pragma unroll
+    for (int q = 0; q < SC_W1Q; ++q) {   // fc1's weight gradients of the own columns
+      const int e = tb + SC_ROLE * q;
+      if (e < 3840) {
+        const int i = OFF_F1W + (e >> 5) * 256 + (rank + 8 * ((e & 31) >> 4)) * 16 + (e & 15);
+        const float g = sdh[e >> 5] * sp2[e & 31];
+        dst[i] = g;
+        if (alone) {
+          float v = vw1[q];
+          sc_store(params, velocity, ema, i, sgd_rule(sW1[sc_w1(e >> 5, e & 31)], g, v, momentum, weight_decay,
+                                                      nesterov, rate), v, momentum, ema_weight);
+        }
       }
     }
-    *reinterpret_cast<float4*>(sdp1p + c * 144 + yy * 12 + x0) = make_float4(a[0], a[1], a[2], a[3]);
+#pragma unroll
+    for (int q = 0; q < SC_HQ; ++q) {   // fc2's column entries, fc1's biases, fc2's biases
+      const int h = tb + SC_ROLE * q, i = sc_head_param(h, rank);
+      if (i >= 0) {
+        const float gh = h < 150 ? sdl[h / 15] * sh1[15 * rank + h % 15] : h < 165 ? sdh[15 * rank + h - 150]
+                                                                                   : sdl[h - 165];
+        dst[i] = gh;
+        if (alone) {
+          float v = vh[q];
+          sc_store(params, velocity, ema, i, sgd_rule(ph[q], gh, v, momentum, weight_decay, nesterov, rate), v,
+                   momentum, ema_weight);
+        }
+      }
+    }
   }
   SC_MARK(12);
   sc_sync();
@@ -488,18 +521,20 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       sdp1[e] = arg_g(sa1[e], a);
     }
     __syncthreads();
-    for (int e = t; e < 208; e += SC_THREADS) {   // (weight, eighth of the positions), then the bias's eighths
-      const int seg = e & 7;
+    for (int e = t; e < 416; e += SC_THREADS) {   // (weight, sixteenth of the positions), then the bias's
+      const int seg = e & 15;
       float a = 0.f;
-      if (e < 200) {
-        const int rs = e >> 3, r = rs / 5, s = rs % 5;
-        for (int pos = seg * 18; pos < seg * 18 + 18; ++pos) {
+      if (e < 400) {
+        const int rs = e >> 4, r = rs / 5, s = rs % 5;
+#pragma unroll
+        for (int pos = seg * 9; pos < seg * 9 + 9; ++pos) {
           const int q = arg_q(sa1[pos]);
           const int oy = 2 * (pos / 12) + (q >> 1), ox = 2 * (pos % 12) + (q & 1);
           a = fmaf(sdp1[pos], sx[(oy + r) * 28 + ox + s], a);
         }
       } else {
-        for (int pos = seg * 18; pos < seg * 18 + 18; ++pos) a += sdp1[pos];
+#pragma unroll
+        for (int pos = seg * 9; pos < seg * 9 + 9; ++pos) a += sdp1[pos];
       }
       sscr[e] = a;
     }
@@ -507,7 +542,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
     if (t < 26) {
       float a = 0.f;
 #pragma unroll
-      for (int seg = 0; seg < 8; ++seg) a += sscr[(t < 25 ? t * 8 : 200) + seg];
+      for (int seg = 0; seg < 16; ++seg) a += sscr[(t < 25 ? t * 16 : 400) + seg];
       const int i = t < 25 ? OFF_C1W + c * 25 + t : OFF_C1B + c;
       dst[i] = a;
       if (alone) {
