@@ -37,7 +37,7 @@
 //     window, q) add the input channels in pairs and pool (a quad of lanes a window); fc1 over the own 32
 //     inputs, a thread a unit (W1's columns swizzled: sc_w1)            | barrier
 //   3 h1 (thread u < 120: the ranks' partial sums in rank order); fc2 (a warp a class), the loss and dlogits
-//     (thread 0), dh1 (thread u); then two roles, each half of the block (Note [two roles]):
+//     (thread 0), dh1 (thread u); then two roles, each half of the block (Note [a step's two roles]):
 //       t < SC_ROLE: dp2 of the own inputs in 15 parts of 8 units, then added (thread j < 32); conv2's dW and
 //         db of the own channels (items (channel, weight)); conv2's output gradient laid out dense and
 //         padded, then dp1's part over the own channels (items (input channel, row, four columns))
@@ -47,11 +47,16 @@
 //   4 dp1 of the own conv1 channel (the ranks' parts in rank order); conv1's dW and db: items (weight,
 //     sixteenth of the positions), then (weight) adds the sixteenths   | barrier
 //
-// Note [two roles]: after dh1 a block has two chains of work: conv2's backward (four steps, each waiting for
+// Note [a step's two roles]: after dh1 a block has two chains of work: conv2's backward (four steps, each waiting for
 // the last) and the head's gradients with their update, 4,015 parameters a block whose stores (gradient,
 // value, momentum) are most of the step's memory traffic. One after the other they took 1.38 + 0.94 us of a
 // one-image step (the workbench's clock, an H200); side by side, each half of the block one of them and the
-// first half meeting at its own barrier (sc_sync_role), the step took 0.3-0.4 us less. Within the first
+// first half meeting at its own barrier (sc_sync_role), the step took 0.3-0.4 us less. The second half meets
+// at a barrier of its own as often as the first at its, though it needs no barrier: with the counts unequal,
+// compute-sanitizer's racecheck reported 1,468 hazards between the first role's writes to sdp1 in phase 4
+// and the second role's reads of them, which a block barrier (__syncthreads) orders (the step checked right
+// against the chain every time): it orders a thread's accesses by its count of barriers, and the first
+// role's threads had passed three more. Within the first
 // role, conv2's dW as a thread a weight (two weights a thread) beat a thread five weights of a filter row
 // (a[5] from one row load): 11.42-11.59 against 11.74-11.85 us a step; the loss in one warp (lane j class j,
 // shuffled sums) against sce_row in one thread: within 0.1 us, so the one definition of the loss stays.
@@ -103,8 +108,10 @@ __device__ __forceinline__ void sc_sync() {
 #endif
 }
 
-// The threads of phase 3's first role (t < SC_ROLE, whole warps) meet: barrier 1 (__syncthreads is 0).
-__device__ __forceinline__ void sc_sync_role() { asm volatile("bar.sync 1, %0;" ::"n"(SC_ROLE) : "memory"); }
+// The threads of one of phase 3's roles (whole warps) meet: barrier 1 for the first (t < SC_ROLE), 2 for the
+// second (__syncthreads is 0). Each role meets as often as the other (Note [a step's two roles]).
+template <int role>
+__device__ __forceinline__ void sc_sync_role() { asm volatile("bar.sync %0, %1;" ::"n"(1 + role), "n"(SC_ROLE) : "memory"); }
 
 // n bytes (4 or 16) from global memory into shared memory without registers (cp.async, sm_80 and later).
 template <int n>
@@ -410,7 +417,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       for (int m = 0; m < 8; ++m) a = fmaf(sW1[sc_w1(8 * s + m, j)], sdh[8 * s + m], a);
       sdp2s[e] = a;
     }
-    sc_sync_role();
+    sc_sync_role<0>();
     SC_MARK(9);
     if (t < 32) {
       float a = 0.f;
@@ -418,7 +425,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       for (int s = 0; s < 15; ++s) a += sdp2s[s * 32 + t];
       sdp2[t] = arg_g(sa2[t], a);
     }
-    sc_sync_role();
+    sc_sync_role<0>();
     SC_MARK(10);
 #pragma unroll
     for (int q = 0; q < SC_C2Q; ++q) {   // conv2's dW and db of the own channels
@@ -456,7 +463,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       }
       sdc[e] = v;
     }
-    sc_sync_role();
+    sc_sync_role<0>();
     SC_MARK(11);
     for (int e = t; e < 216; e += SC_ROLE) {   // (input channel, row, four columns): a row of 8 a load pair
       const int c = e / 36, yy = e % 36 / 3, x0 = 4 * (e % 3);
@@ -506,6 +513,8 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
         }
       }
     }
+#pragma unroll
+    for (int i = 0; i < 3; ++i) sc_sync_role<1>();   // as many as the first role's (Note [a step's two roles])
   }
   SC_MARK(12);
   sc_sync();
