@@ -26,7 +26,8 @@ UPDATE_THREADS = 256
 @functools.lru_cache(maxsize=None)
 def shape(module: str = MODULE) -> tuple[int, int, int]:
     """(threads a block, dynamic shared memory in bytes, images a cluster) of a module of step_cluster.cu or of
-    the workbench's: its declaration's smem= and define= (SC_THREADS, SC_MAXG; else the file's defaults)."""
+    the workbench's: its declaration's smem= and define= (SC_THREADS; SC_MAXG, images a cluster, in the form before
+    Note [four barriers], dev/step_cluster_v1.cu; else the files' defaults)."""
     from . import _declared
 
     m = _declared(module)

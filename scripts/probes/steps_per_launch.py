@@ -12,8 +12,9 @@ launch costs about 3 us: was the rest each launch's own? On an H200 (2026-11-28,
 K = 1 / 4 / 16 / 64 steps a launch: 1 image 20.13 / 18.95 / 18.47 / 18.40; 8 images 18.56 / 20.96 / 21.71 /
 21.82; 64 images 28.57 / 29.02 / 29.28 / 29.28; every K bit for bit the same as K launches. A launch costs
 about 1.7 us at one image and nothing at 64 (at 8 steps in one graph lose, not yet explained: the
-planner chose the step at 8 images timing one step a launch); the step itself is 18.4 us at one image on that GPU. A step of 12 us needs a
-shorter step, not fewer launches.
+planner chose the step at 8 images timing one step a launch); the step itself is 18.4 us at one image on that GPU. A step of 12 us needed a
+shorter step, not fewer launches: the whole step of four barriers (lenet/kernels/step_cluster.cu), K = 1 / 16: 1 image
+11.76 / 10.11, 8 images 13.02 / 13.64, 16 images 15.98 / 14.43 (the loss at 8 is still there).
 """
 
 from __future__ import annotations
