@@ -46,23 +46,25 @@
 //                                                                        | barrier
 //   4 dp1 of the own conv1 channel (the ranks' parts in rank order); conv1's dW and db: items (weight,
 //     sixteenth of the positions), then (weight) adds the sixteenths   | barrier
-//
-// Note [a step's two roles]: after dh1 a block has two chains of work: conv2's backward (four steps, each waiting for
-// the last) and the head's gradients with their update, 4,015 parameters a block whose stores (gradient,
-// value, momentum) are most of the step's memory traffic. One after the other they took 1.38 + 0.94 us of a
-// one-image step (the workbench's clock, an H200); side by side, each half of the block one of them and the
-// first half meeting at its own barrier (sc_sync_role), the step took 0.3-0.4 us less. The second half meets
-// at a barrier of its own as often as the first at its, though it needs no barrier: with the counts unequal,
-// compute-sanitizer's racecheck reported 1,468 hazards between the first role's writes to sdp1 in phase 4
-// and the second role's reads of them, which a block barrier (__syncthreads) orders (the step checked right
-// against the chain every time): it orders a thread's accesses by its count of barriers, and the first
-// role's threads had passed three more. Within the first
-// role, conv2's dW as a thread a weight (two weights a thread) beat a thread five weights of a filter row
-// (a[5] from one row load): 11.42-11.59 against 11.74-11.85 us a step; the loss in one warp (lane j class j,
-// shuffled sums) against sce_row in one thread: within 0.1 us, so the one definition of the loss stays.
 // Each gradient is written (one cluster: and its parameter updated) by the thread that sums it. Sums are in
 // fixed orders: no atomics, the same bits every run. The argmax and ReLU bits are stage_common.cu's (Note
 // [stage backward through the argmax], Note [the ReLU bit]).
+//
+// Note [a step's two roles]: after dh1 a block has two chains of work: conv2's backward (four steps, each
+// waiting for the last) and the head's gradients with their update, 4,015 parameters a block whose stores
+// (gradient, value, momentum) are most of the step's memory traffic. One after the other, the phases from
+// dh1 to the barrier took 3.53 us of a one-image step (the workbench's clock, an H200: dp2's parts with the
+// head's update 1.38, dp2 0.10, conv2's dW 0.74, dp1's part 0.86, the barrier 0.45); side by side, each half
+// of the block one chain and the first half meeting at its own barrier (sc_sync_role), 3.33 (0.48, 0.13,
+// 1.41, 0.86, 0.45). With conv1's dW in sixteenths (its phase 1.63 -> 1.47) the step went 11.68 -> 11.31 us.
+// The second half meets at a barrier of its own as often as the first at its, though it needs none: with
+// the counts unequal, compute-sanitizer's racecheck reported 1,468 hazards between the first role's writes
+// to sdp1 in phase 4 and the second role's reads of them, which a block barrier (__syncthreads) orders (the
+// step checked right against the chain every time), as if it ordered a thread's accesses by its count of
+// barriers (the first role's threads had passed three more); with the counts equal, none. Within the first
+// role, conv2's dW as a thread a weight (two weights a thread) beat a thread five weights of a filter row
+// (a[5] from one row load): 11.42-11.59 against 11.74-11.85 us a step; the loss in one warp (lane j class j,
+// shuffled sums) against sce_row in one thread: within 0.1 us, so the one definition of the loss stays.
 
 #define SC_RANKS 8      // blocks a cluster
 #ifndef SC_THREADS
