@@ -1,6 +1,7 @@
 """The whole training step as one launch of thread-block clusters (lenet/kernels/step_cluster.cu, sm_90 and
-newer), what ships and dev/step_cluster.cu's variants of it, against the chain of launches (LeNet, ``--engine
-auto``, its Steps made without the whole step), on one GPU, in one process.
+newer), what ships, dev/step_cluster.cu's variants of it and the form before it (dev/step_cluster_v1.cu),
+against the chain of launches (LeNet, ``--engine auto``, its Steps made without the whole step), on one GPU,
+in one process.
 
     python dev/step_cluster.py [--batch 1 8 64] [--variants ...] [--barriers] [--check-only] [--data DIR]
 
@@ -41,7 +42,7 @@ PROBES = {"step_cluster_syncs": "step_cluster_dev", "step_cluster_syncs_acqrel":
           "step_cluster_syncs_relaxed": "step_cluster_dev", "step_cluster_syncs_t256": "step_cluster_t256",
           "step_cluster_empty": None}   # empty: the launch floor
 # Each module's phases, between its clock's marks (SC_MARK): what ships and its variants, and the form before it.
-PHASES = {None: ("loads", "conv1", "conv2", "fc1", "h1", "fc2", "loss", "dh1", "dp2 parts fc1-dW", "dp2", "conv2-dW",
+PHASES = {None: ("loads", "conv1", "conv2", "fc1", "h1", "fc2", "loss", "dh1", "dp2 parts", "dp2", "conv2-dW",
                  "dp1 part", "barrier", "conv1-bwd"),
           "step_cluster_v1": ("loads", "conv1", "conv2", "fc1", "head", "dp2 conv2-bwd", "dp1 conv1-bwd", "update")}
 

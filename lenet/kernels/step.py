@@ -6,7 +6,7 @@ Note [the whole step's batch sizes]: one image a cluster of eight blocks. In its
 shared memory a block) it beat the chain from 1 to 12 images on an H100 and lost from 16, where its clusters no
 longer fit at once. In its form of four (43 KB: Note [four barriers] in step_cluster.cu), on an H200, us a step
 against the chain's: 1 image 11.3-11.9 / 20.2, 8: 12.6-13.0 / 25.5-30.8, 16: 15.7-16.2 / 25.8-27.7, 24:
-16.1-16.6 / 24.7-25.2, 32: 24.1-24.8 / 25.0-25.4, 48: 40.7 / 27.4 (docs/kernels.md, "The whole step"). Our engine
+16.1-16.7 / 24.7-25.3, 32: 24.1-24.8 / 25.0-25.5, 48: 40.7 / 27.4 (docs/kernels.md, "The whole step"). Our engine
 offers it up to LIMIT images, and the planner times it against the chain there.
 """
 

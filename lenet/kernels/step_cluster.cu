@@ -30,7 +30,7 @@
 // block's threads t, t + SC_THREADS, ...):
 //   loads   copies in flight (cp.async): the image and conv1's weights, then conv2's weights of the own
 //           channels, W1's own columns, fc1's biases, W2, fc2's biases; the momentum of each parameter this
-//           thread will update, the learning rate (registers, used last)
+//           thread will update, the head's other parameters' values, the learning rate (registers, used last)
 //   1 conv1 forward (own channel) -> p1, argmax bytes: a thread a pooling window, its four sums from one
 //     load of its 6 x 6 inputs (sc_window)                               | barrier | p1's other channels gathered
 //   2 conv2 forward (own channels): items (input channel, own channel, window), then items (own channel,
@@ -51,7 +51,7 @@
 // [stage backward through the argmax], Note [the ReLU bit]).
 //
 // Note [a step's two roles]: after dh1 a block has two chains of work: conv2's backward (four steps, each
-// waiting for the last) and the head's gradients with their update, 4,015 parameters a block whose stores
+// waiting for the last) and the head's gradients with their update, 4,005 parameters a block (rank 0: 4,015) whose stores
 // (gradient, value, momentum) are most of the step's memory traffic. One after the other, the phases from
 // dh1 to the barrier took 3.53 us of a one-image step (the workbench's clock, an H200: dp2's parts with the
 // head's update 1.38, dp2 0.10, conv2's dW 0.74, dp1's part 0.86, the barrier 0.45); side by side, each half
@@ -62,7 +62,7 @@
 // to sdp1 in phase 4 and the second role's reads of them, which a block barrier (__syncthreads) orders (the
 // step checked right against the chain every time), as if it ordered a thread's accesses by its count of
 // barriers (the first role's threads had passed three more); with the counts equal, none. Within the first
-// role, conv2's dW as a thread a weight (two weights a thread) beat a thread five weights of a filter row
+// role, conv2's dW as a thread a weight (one or two a thread) beat a thread five weights of a filter row
 // (a[5] from one row load): 11.42-11.59 against 11.74-11.85 us a step; the loss in one warp (lane j class j,
 // shuffled sums) against sce_row in one thread: within 0.1 us, so the one definition of the loss stays.
 
