@@ -6,11 +6,11 @@
 //   _syncs, _syncs_acqrel, _syncs_relaxed, _syncs_t256   ten more barriers in the first phase: a barrier's cost
 //   _empty                returns at once: the launch floor of this shape
 // The form before Note [four barriers], seven barriers a step, is dev/step_cluster_v1.cu (step_cluster_v1).
-// module step_cluster_dev: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE smem=11004
-// module step_cluster_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_THREADS=256 smem=11004
-// module step_cluster_acqrel: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_ACQREL smem=11004
-// module step_cluster_syncs: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 smem=11004
-// module step_cluster_syncs_acqrel: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_ACQREL smem=11004
-// module step_cluster_syncs_relaxed: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_RELAXED smem=11004
-// module step_cluster_syncs_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_THREADS=256 smem=11004
-// module step_cluster_empty: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_cluster define=SC_PROFILE define=SC_EMPTY smem=11004
+// module step_cluster_dev: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE smem=11004
+// module step_cluster_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_THREADS=256 smem=11004
+// module step_cluster_acqrel: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_ACQREL smem=11004
+// module step_cluster_syncs: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 smem=11004
+// module step_cluster_syncs_acqrel: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_ACQREL smem=11004
+// module step_cluster_syncs_relaxed: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_RELAXED smem=11004
+// module step_cluster_syncs_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_EXTRA_SYNCS=10 define=SC_THREADS=256 smem=11004
+// module step_cluster_empty: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_EMPTY smem=11004

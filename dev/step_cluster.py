@@ -31,7 +31,7 @@ from lenet.kernels.step import RANKS, shape  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OFFSETS = {"conv1.weight": 0, "conv1.bias": 192, "conv2.weight": 256, "conv2.bias": 2688, "fc1.weight": 2752,
-           "fc1.bias": 33472, "fc2.weight": 33600, "fc2.bias": 34816}   # step_cluster.cu's OFF_*
+           "fc1.bias": 33472, "fc2.weight": 33600, "fc2.bias": 34816}   # step_common.cu's OFF_*
 SETTINGS = {"momentum": 0.9, "weight_decay": 5e-4, "label_smoothing": 0.1}
 LR = 0.05
 # What ships (lenet/kernels/step_cluster.cu), then dev/step_cluster.cu's variants (its comment says what each is).
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
         print(f"step_cluster.py: {e}", file=sys.stderr)
         return 2
     if OFFSETS != P.OFFSETS:
-        raise SystemExit(f"step_cluster.cu's offsets are not lenet/params.py's: {P.OFFSETS}")
+        raise SystemExit(f"step_common.cu's offsets are not lenet/params.py's: {P.OFFSETS}")
     kernels.declare(HERE / "step_cluster.cu")
     kernels.declare(HERE / "step_cluster_v1.cu")
     if kernels.arch() < 90:

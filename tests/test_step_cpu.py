@@ -81,11 +81,11 @@ def test_the_whole_steps_module_declares_sm90_and_its_launch_shape():
     m = kernels.declared()["step_cluster"]
     assert m.arch == 90 and m.folder is None
     assert step.shape() == (512, 4 * 11004, 1) and m.smem == (11004, 0)
-    text = (ROOT / "lenet" / "kernels" / "step_cluster.cu").read_text()
+    text = (ROOT / "lenet" / "kernels" / "step_common.cu").read_text()   # the whole step's shared offsets
     for name, off in __import__("lenet.params", fromlist=["OFFSETS"]).OFFSETS.items():
         macro = {"conv1.weight": "OFF_C1W", "conv1.bias": "OFF_C1B", "conv2.weight": "OFF_C2W", "conv2.bias": "OFF_C2B",
                  "fc1.weight": "OFF_F1W", "fc1.bias": "OFF_F1B", "fc2.weight": "OFF_F2W", "fc2.bias": "OFF_F2B"}[name]
-        assert f"#define {macro} {off}\n" in text, f"step_cluster.cu's {macro} is not lenet/params.py's {off}"
+        assert f"#define {macro} {off}\n" in text, f"step_common.cu's {macro} is not lenet/params.py's {off}"
     assert f"#define PARAMS_TOTAL {__import__('lenet.params', fromlist=['TOTAL']).TOTAL}\n" in text
 
 
