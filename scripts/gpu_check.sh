@@ -42,11 +42,9 @@ test_rc=0 prog_rc=0 san_rc=0
 # 2,400 GPU-seconds in all, the longest under 300 s: about ten minutes on four GPUs, where one GPU needs 40.
 # (The queue has run on two stand-in GPUs without a GPU, tests/test_gpu_check_cpu.py; not yet on four.)
 # GPU_CHECK_SLOTS=N: N workers a GPU (default 1). Each part then runs on a GPU that other processes share, as a
-# user's may be: each stream's work waits its turn there, and a read on one stream of what another had not
-# finished shows (on two H200s at two workers each (2026-11-28): an epoch's order sent on CuPy's stream, tests
-# filling or reading arrays on another stream than cuDNN's, a first run's bytecode switch during an import; all
-# fixed). Timing-driven choices (the planner's) see each other's work; the checks judge results, never times.
-# Four parts (tests-stages, tests-model, tests-train, programs) ran so in 279 s of wall clock, each 141-278 s.
+# user's may be: each stream's work waits its turn there, so a read on one stream of what another has not
+# finished shows. Timing-driven choices (the planner's) see each other's work; the checks judge results, never
+# times. What it found: docs/probes.md, "The GPU check on a shared GPU".
 if [ "$part" = spread ]; then
     gpus=${GPU_CHECK_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
     out=$(cd "$out" && pwd)

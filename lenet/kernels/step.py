@@ -2,12 +2,10 @@
 above one cluster's images: its launcher, as our engine binds it (lenet/engines/ours_step.py) and the
 workbench times its variants (dev/step_cluster.py).
 
-Note [the whole step's batch sizes]: one image a cluster of eight blocks. In its form of seven barriers (97 KB of
-shared memory a block) it beat the chain from 1 to 12 images on an H100 and lost from 16, where its clusters no
-longer fit at once. In its form of four (43 KB: Note [four barriers] in step_cluster.cu), on an H200, us a step
-against the chain's: 1 image 11.3-11.9 / 20.2, 8: 12.6-13.0 / 25.5-30.8, 16: 15.7-16.2 / 25.8-27.7, 24:
-16.1-16.7 / 24.7-25.3, 32: 24.1-24.8 / 25.0-25.5, 48: 40.7 / 27.4 (docs/kernels.md, "The whole step"). Our engine
-offers it up to LIMIT images, and the planner times it against the chain there.
+Note [the whole step's batch sizes]: one image a cluster of eight blocks, 43 KB of shared memory a block. It
+beats the chain from one image to about 24 and is level with it at 32, where its clusters begin to outnumber
+what fits beside each other; past that it loses (docs/kernels.md, "The whole step"). Our engine offers it up
+to LIMIT images, and the planner times it against the chain there.
 """
 
 from __future__ import annotations

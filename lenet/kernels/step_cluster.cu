@@ -23,8 +23,7 @@
 // needs for its own inputs (dh1 over every unit, its columns of W1): dp2 of its own channels, and the
 // gradients of its columns, with no exchange. Four barriers a step: p1's channels, fc1's partial sums, dp1's
 // parts (each rank's conv2 channels give a part of every conv1 channel's), and the last, before which no
-// block leaves (another may still read its shared memory). The form before it (dev/step_cluster_v1.cu)
-// split the head by hidden units and met at seven.
+// block leaves (another may still read its shared memory).
 //
 // What a thread owns, phase by phase (t: the thread, 0 .. SC_THREADS - 1; "items" are spread over the
 // block's threads t, t + SC_THREADS, ...):
@@ -51,20 +50,12 @@
 // [stage backward through the argmax], Note [the ReLU bit]).
 //
 // Note [a step's two roles]: after dh1 a block has two chains of work: conv2's backward (four steps, each
-// waiting for the last) and the head's gradients with their update, 4,005 parameters a block (rank 0: 4,015) whose stores
-// (gradient, value, momentum) are most of the step's memory traffic. One after the other, the phases from
-// dh1 to the barrier took 3.53 us of a one-image step (the workbench's clock, an H200: dp2's parts with the
-// head's update 1.38, dp2 0.10, conv2's dW 0.74, dp1's part 0.86, the barrier 0.45); side by side, each half
-// of the block one chain and the first half meeting at its own barrier (sc_sync_role), 3.33 (0.48, 0.13,
-// 1.41, 0.86, 0.45). With conv1's dW in sixteenths (its phase 1.63 -> 1.47) the step went 11.68 -> 11.31 us.
-// The second half meets at a barrier of its own as often as the first at its, though it needs none: with
-// the counts unequal, compute-sanitizer's racecheck reported 1,468 hazards between the first role's writes
-// to sdp1 in phase 4 and the second role's reads of them, which a block barrier (__syncthreads) orders (the
-// step checked right against the chain every time), as if it ordered a thread's accesses by its count of
-// barriers (the first role's threads had passed three more); with the counts equal, none. Within the first
-// role, conv2's dW as a thread a weight (one or two a thread) beat a thread five weights of a filter row
-// (a[5] from one row load): 11.42-11.59 against 11.74-11.85 us a step; the loss in one warp (lane j class j,
-// shuffled sums) against sce_row in one thread: within 0.1 us, so the one definition of the loss stays.
+// waiting for the last) and the head's gradients with their update, about 4,000 parameters a block whose
+// stores (gradient, value, momentum) are most of the step's memory traffic. Each half of the block runs one
+// chain, so the stores go out while conv2's backward computes; the first half meets at a barrier of its own
+// (sc_sync_role). The second half meets at one of its own as often, though it needs none: with the counts
+// unequal, compute-sanitizer's racecheck reported the later phase's reads across the halves as unordered
+// although a block barrier orders them. The measurements: docs/kernels.md, "The whole step".
 
 #ifndef SC_THREADS
 #define SC_THREADS 512
