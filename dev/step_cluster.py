@@ -1,5 +1,5 @@
 """The whole training step as one launch of thread-block clusters (lenet/kernels/step_cluster.cu, sm_90 and
-newer), what ships, dev/step_cluster.cu's variants of it and the form before it (dev/step_cluster_v1.cu),
+newer), its forms that ship, dev/step_cluster.cu's variants of it and the form before it (dev/step_cluster_v1.cu),
 against the chain of launches (LeNet, ``--engine auto``, its Steps made without the whole step), on one GPU,
 in one process.
 
@@ -27,19 +27,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lenet.kernels.step import RANKS, shape  # noqa: E402
+from lenet.kernels.step import FORMS, RANKS, shape  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OFFSETS = {"conv1.weight": 0, "conv1.bias": 192, "conv2.weight": 256, "conv2.bias": 2688, "fc1.weight": 2752,
            "fc1.bias": 33472, "fc2.weight": 33600, "fc2.bias": 34816}   # step_common.cu's OFF_*
 SETTINGS = {"momentum": 0.9, "weight_decay": 5e-4, "label_smoothing": 0.1}
 LR = 0.05
-# What ships (lenet/kernels/step_cluster.cu), then dev/step_cluster.cu's variants (its comment says what each is).
-VARIANTS = ("step_cluster", "step_cluster_dev", "step_cluster_t256", "step_cluster_acqrel", "step_cluster_v1")
+# What ships (lenet/kernels/step_cluster.cu's forms), then dev/step_cluster.cu's variants (its comment says what
+# each is).
+SHIPPED = tuple(f.module for f in FORMS)
+VARIANTS = SHIPPED + ("step_cluster_dev", "step_cluster_t256_dev", "step_cluster_g4", "step_cluster_g8",
+                      "step_cluster_g4_t256", "step_cluster_acqrel", "step_cluster_v1")
 # The same step with ten more cluster barriers in its first phase (a barrier's cost: the difference / 10): the
 # shipped barrier, the one with release/acquire in every thread, a relaxed one, and the shipped one at 256 threads.
 PROBES = {"step_cluster_syncs": "step_cluster_dev", "step_cluster_syncs_acqrel": "step_cluster_dev",
-          "step_cluster_syncs_relaxed": "step_cluster_dev", "step_cluster_syncs_t256": "step_cluster_t256",
+          "step_cluster_syncs_relaxed": "step_cluster_dev", "step_cluster_syncs_t256": "step_cluster_t256_dev",
           "step_cluster_empty": None}   # empty: the launch floor
 # Each module's phases, between its clock's marks (SC_MARK): what ships and its variants, and the form before it.
 PHASES = {None: ("loads", "conv1", "conv2", "fc1", "h1", "fc2", "loss", "dh1", "dp2 parts", "dp2", "conv2-dW",
@@ -207,7 +210,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--variants", nargs="+", default=["step_cluster", "step_cluster_v1"],
+    ap.add_argument("--variants", nargs="+", default=[*SHIPPED, "step_cluster_v1"],
                     choices=VARIANTS + tuple(PROBES))
     ap.add_argument("--barriers", action="store_true", help="also time the barrier probes (PROBES)")
     args = ap.parse_args(argv)

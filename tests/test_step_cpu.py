@@ -3,6 +3,7 @@ its module for sm_90 and its workbench's variants over it, compiled by NVRTC."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -38,8 +39,15 @@ def test_our_engine_offers_the_whole_step_to_one_model_on_sm90_up_to_its_limit(s
     for engine in ("auto", "ours"):
         ok, why_not = registry.serving(op, Policy.parse("heuristic", engine=engine))
         assert [e.name for e in ok] == ["ours"], why_not
-    assert [c.name for c in ours.candidates(op, LIMIT, None)] == ["cluster step"]
-    assert ours.candidates(op, LIMIT + 1, None) == []
+    offered = {n: [c.name for c in ours.candidates(op, n, None)] for n in range(1, LIMIT + 2)}
+    assert offered[1] == offered[16] == ["cluster step"]
+    assert offered[32] == ["cluster step", "cluster step, 256 threads"]
+    assert offered[40] == ["cluster step, 256 threads", "cluster step, 2 images a cluster"]
+    assert offered[LIMIT] == ["cluster step, 2 images a cluster"] and offered[LIMIT + 1] == []
+    assert all(offered[n] for n in range(1, LIMIT + 1)), "a batch size up to LIMIT without a form"
+    # a stored choice is recalled by its name, where that form is offered at that batch size
+    assert ours.recall(op, 32, {"engine": "ours", "name": "cluster step, 256 threads"}, None).name == offered[32][1]
+    assert ours.recall(op, 32, {"engine": "ours", "name": "cluster step, 2 images a cluster"}, None) is None
     assert ours.recall(op, LIMIT + 1, {"engine": "ours", "name": "cluster step"}, None) is None
 
 
@@ -81,6 +89,9 @@ def test_the_whole_steps_module_declares_sm90_and_its_launch_shape():
     m = kernels.declared()["step_cluster"]
     assert m.arch == 90 and m.folder is None
     assert step.shape() == (512, 4 * 11004, 1) and m.smem == (11004, 0)
+    assert [step.shape(f.module) for f in step.FORMS] == [(512, 4 * 11004, 1), (256, 4 * 11004, 1), (512, 4 * 15944, 2)]
+    assert all(kernels.declared()[f.module].arch == 90 and kernels.declared()[f.module].file == "step_cluster"
+               for f in step.FORMS)
     text = (ROOT / "lenet" / "kernels" / "step_common.cu").read_text()   # the whole step's shared offsets
     for name, off in __import__("lenet.params", fromlist=["OFFSETS"]).OFFSETS.items():
         macro = {"conv1.weight": "OFF_C1W", "conv1.bias": "OFF_C1B", "conv2.weight": "OFF_C2W", "conv2.bias": "OFF_C2B",
@@ -103,11 +114,17 @@ def test_the_workbench_variants_are_the_shipped_file_under_other_macros(tmp_path
     try:
         mods = kernels.declare(ROOT / "dev" / "step_cluster.cu")
         assert len(mods) >= 8 and all(m.uses[-1] == "step_cluster" and "SC_PROFILE" in m.defines for m in mods)
-        assert all(step.shape(m.name)[1] == step.shape()[1] for m in mods)
+        text = (ROOT / "lenet" / "kernels" / "step_cluster.cu").read_text()   # its layout's size at G images
+        base, extra = map(int, re.search(r"#define SC_SMEM \((\d+) \+ SC_MAXG \* \(SC_IMAGE \+ (\d+)\)\)", text).groups())
+        image = int(re.search(r"#define SC_IMAGE (\d+)", text).group(1))
+        for m in [*(kernels.declared()[f.module] for f in step.FORMS), *mods]:
+            threads, smem, images = step.shape(m.name)
+            assert smem == 4 * (base + images * (image + extra)), m.name
+        assert step.shape("step_cluster_g4")[2] == 4 and step.shape("step_cluster_g8")[2] == 8
         v1 = kernels.declare(ROOT / "dev" / "step_cluster_v1.cu")
         assert [m.name for m in v1] == ["step_cluster_v1"] and "step_cluster" not in v1[0].uses
-        assert step.shape("step_cluster_t256")[0] == 256 and step.shape("step_cluster_v1") == (512, 4 * 24880, 1)
-        for name in ("step_cluster_dev", "step_cluster_t256", "step_cluster_v1"):
+        assert step.shape("step_cluster_t256_dev")[0] == 256 and step.shape("step_cluster_v1") == (512, 4 * 24880, 1)
+        for name in ("step_cluster_dev", "step_cluster_g4", "step_cluster_v1"):
             nvrtc.binary(f"dev.{name}", kernels.source(name), kernels.options(name), 90)
     finally:
         kernels.declared().clear()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lenet.kernels.step import LIMIT
+from lenet.kernels.step import FORMS, LIMIT
 
 pytestmark = pytest.mark.gpu
 
@@ -75,20 +75,26 @@ def _padding():
     return pad
 
 
-def _whole(model, n):
-    """The whole step bound by our engine for the model's batch n (whatever the planner's timing chose)."""
+def _whole(model, n, form="cluster step"):
+    """The whole step of one form bound by our engine for the model's batch n (whatever the planner's timing
+    chose)."""
     from lenet.engines.base import Named
     from lenet.engines.ours import Ours
 
-    return Ours().bind(model.operations.step, n, Named("ours", "cluster step"), model.planner)
+    return Ours().bind(model.operations.step, n, Named("ours", form), model.planner)
+
+
+# Each form at the ends of its batch sizes and between (an odd batch: the two-image form's last cluster half full)
+SIZES = {"cluster step": (1, 5, 32), "cluster step, 256 threads": (24, 40), "cluster step, 2 images a cluster": (33, 56)}
 
 
 @pytest.mark.parametrize("rule", list(RULES))
-@pytest.mark.parametrize("n", [1, 5, LIMIT])
-def test_the_whole_step_is_the_chains_step(n, rule):
+@pytest.mark.parametrize("form, n", [(f.name, n) for f in FORMS for n in SIZES[f.name]])
+def test_the_whole_step_is_the_chains_step(form, n, rule):
     """From one state (two steps in, so the momentum and the average are not zero), one step by the chain and
-    one by the whole step: every gradient, parameter, momentum and average within 1e-5 of the chain's (relative
-    L2 a parameter), the loss, its running sum and the logits too, on random, picture-like and real images."""
+    one by the whole step (each form): every gradient, parameter, momentum and average within 1e-5 of the
+    chain's (relative L2 a parameter), the loss, its running sum and the logits too, on random, picture-like
+    and real images."""
     from lenet import params as P
 
     _clusters()
@@ -109,9 +115,9 @@ def test_the_whole_step_is_the_chains_step(n, rule):
                 if a is not None:
                     a[...] = before[k]
             model.grads.fill(0)
-        _whole(model, n).train()
+        _whole(model, n, form).train()
         mine = _state(model)
-        what = f"batch {n} {rule} {name}"
+        what = f"{form}, batch {n} {rule} {name}"
         assert mine["correct"] == ref["correct"], what
         for k in ("loss", "running"):
             assert abs(mine[k] - ref[k]) <= 1e-5 * abs(ref[k]), f"{what}: {k} {mine[k]} vs {ref[k]}"
@@ -196,7 +202,7 @@ def test_planning_the_whole_step_leaves_the_models_state_as_it_was():
 
 def test_the_planner_weighs_the_whole_step_only_where_it_may(monkeypatch):
     """--engine ours at batch 4: the decision's table times the chain and the whole step (each checked first);
-    above LIMIT, and under --engine legacy, the whole step is not a candidate and the chain runs; under a
+    at 40, the chain and the two forms offered there; above LIMIT, and under --engine legacy, the whole step is not a candidate and the chain runs; under a
     reproducible policy the chain runs (it is first)."""
     from lenet.engines import Policy
     from lenet.model import LeNet
@@ -211,8 +217,12 @@ def test_the_planner_weighs_the_whole_step_only_where_it_may(monkeypatch):
     fastest = table.table[0].candidate.engine
     assert (step.whole is not None) == (fastest == "ours"), (fastest, step.whole)
     if step.whole is not None:
-        assert step.describe()[0]["algo"] == "step_cluster_kernel"
+        assert step.describe()[0]["algo"] == "step_cluster"
     assert model.plan(LIMIT + 1).whole is None
+    model.plan(40)   # two forms offered there
+    table = next(d for k, d in model.planner.decisions.items() if '"op": "step train step"' in k and '"n": 40' in k)
+    assert {t.candidate.engine + ":" + t.candidate.name for t in table.table} == {
+        "chain:planned operations", "ours:cluster step, 256 threads", "ours:cluster step, 2 images a cluster"}, table
     model.close()
     m = LeNet(max_batch=4, policy=Policy.parse("heuristic", engine="legacy"), seed=0)
     assert m.plan(4).whole is None
@@ -240,4 +250,4 @@ def test_the_workbench_checks_the_whole_step_and_its_variants_against_the_chain(
                           "9"], capture_output=True, text=True, timeout=600, cwd=root)
     out = run.stdout + run.stderr
     assert run.returncode == 0 and "FAIL" not in out, out[-3000:]
-    assert out.count("OK  ") >= 2 * 3 * 2, out[-3000:]   # variants x batches x input sets
+    assert out.count("OK  ") >= (len(FORMS) + 1) * 3 * 2, out[-3000:]   # variants x batches x input sets

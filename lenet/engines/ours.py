@@ -154,6 +154,8 @@ class Ours(OurStages, OurHead, OurStep, Engine):
         if op.kind == "head":
             shape = HeadShape.decode(stored)
             return next((c for c in self.candidates(op, n, planner) if c == shape), None)
+        if op.kind == "step":
+            return next((c for c in self.candidates(op, n, planner) if c.name == stored.get("name")), None)
         return next(iter(self.candidates(op, n, planner)), None)
 
     def bind(self, op, n: int, candidate, planner) -> PlannedOp:
@@ -162,7 +164,7 @@ class Ours(OurStages, OurHead, OurStep, Engine):
         if op.kind == "head":
             return self._head(op, n, candidate, planner)
         if op.kind == "step":
-            return self._step_bind(op, n, planner)
+            return self._step_bind(op, n, candidate, planner)
         if op.kind == "loss":
             K = op.models
             sce = self._scratch(planner, ("sce", K), lambda: SoftmaxCE(models=K))

@@ -28,12 +28,17 @@ class OurStep:
         return None
 
     def _step_candidates(self, op, n: int) -> list:
-        return [Named(self.name, "cluster step")] if n <= step_kernels.LIMIT else []
+        """The forms offered at batch n (Note [the whole step's batch sizes] in lenet/kernels/step.py)."""
+        return [Named(self.name, f.name) for f in step_kernels.forms(n)]
 
-    def _step_bind(self, op, n: int, planner) -> PlannedOp:
+    def _step_bind(self, op, n: int, candidate, planner) -> PlannedOp:
+        form = next((f for f in step_kernels.FORMS if f.name == candidate.name), None)
+        if form is None:
+            raise ValueError(f"{candidate.name!r} is not a form of the whole step: "
+                             f"{', '.join(f.name for f in step_kernels.FORMS)}")
         x, labels = op.stages[0].tensors.x, op.loss.labels
         return PlannedStep(self.name, step_kernels.ClusterStep(x[:n], labels[:n], op.loss, op.update, n,
-                                                               planner.ctx.stream))
+                                                               planner.ctx.stream, form.module))
 
 
 class PlannedStep(PlannedOp):
@@ -48,6 +53,7 @@ class PlannedStep(PlannedOp):
 
     def describe(self, ms: float | None = None) -> list[dict]:
         parts = "one launch" if len(self.launch.launches) == 1 else f"{self.launch.clusters} clusters, then the update"
-        return [{"layer": "step", "op": f"whole step ({parts})", "engine": self.engine, "algo": "step_cluster_kernel",
+        return [{"layer": "step", "op": f"whole step ({parts})", "engine": self.engine,
+                 "algo": self.launch.module,
                  "fused": True, "chunk": self.launch.n, "chunks": 1, "time_ms": ms, "workspace_bytes": 0,
                  "deterministic": True}]

@@ -1,31 +1,55 @@
 """The whole training step in one launch of thread-block clusters (step_cluster.cu, sm_90 and newer), or two
-above one cluster's images: its launcher, as our engine binds it (lenet/engines/ours_step.py) and the
-workbench times its variants (dev/step_cluster.py).
+above one cluster's images: its forms and its launcher, as our engine binds it (lenet/engines/ours_step.py) and
+the workbench times its variants (dev/step_cluster.py).
 
-Note [the whole step's batch sizes]: one image a cluster of eight blocks, 43 KB of shared memory a block. It
-beats the chain from one image to about 24 and is level with it at 32, where its clusters begin to outnumber
-what fits beside each other; past that it loses (docs/kernels.md, "The whole step"). Our engine offers it up
-to LIMIT images, and the planner times it against the chain there.
+Note [the whole step's batch sizes]: a cluster of eight blocks takes one image (step_cluster, 43 KB of shared
+memory a block, 512 threads), or one image at 256 threads a block (step_cluster_t256), or two images
+(step_cluster_g2, 62 KB). One image a cluster beats the chain from one image to about 24 and is level with it
+at 32, where its clusters begin to outnumber what fits beside each other; at 32 the 256-thread form and at 48
+the two-image form still beat it by a fifth; at 64 the chain wins (docs/kernels.md, "The whole step"). Our
+engine offers each form over the batch sizes of FORMS, and the planner times those offered against the chain.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import numpy as np
 
 MODULE = "step_cluster"
 RANKS = 8              # blocks a cluster (SC_RANKS)
-LIMIT = 32             # the largest batch our engine offers the whole step at (Note [the whole step's batch sizes])
 ARCH = 90              # thread-block clusters
 UPDATE_THREADS = 256
+
+
+@dataclass(frozen=True)
+class Form:
+    """A form of the whole step our engine offers: its module, its candidate's name, and the batch sizes it is
+    offered at (Note [the whole step's batch sizes])."""
+
+    module: str
+    name: str
+    smallest: int
+    largest: int
+
+
+FORMS = (Form(MODULE, "cluster step", 1, 32),
+         Form("step_cluster_t256", "cluster step, 256 threads", 24, 40),
+         Form("step_cluster_g2", "cluster step, 2 images a cluster", 33, 56))
+LIMIT = max(f.largest for f in FORMS)   # the largest batch our engine offers the whole step at
+
+
+def forms(n: int) -> list[Form]:
+    """The forms offered at batch n."""
+    return [f for f in FORMS if f.smallest <= n <= f.largest]
 
 
 @functools.lru_cache(maxsize=None)
 def shape(module: str = MODULE) -> tuple[int, int, int]:
     """(threads a block, dynamic shared memory in bytes, images a cluster) of a module of step_cluster.cu or of
-    the workbench's: its declaration's smem= and define= (SC_THREADS; SC_MAXG, images a cluster, in the form before
-    Note [four barriers], dev/step_cluster_v1.cu; else the files' defaults)."""
+    the workbench's: its declaration's smem= and define= (SC_THREADS; SC_MAXG, images a cluster;
+    else the files' defaults)."""
     from . import _declared
 
     m = _declared(module)
@@ -49,7 +73,7 @@ class ClusterStep:
             raise ValueError("the whole step runs one model, not a pack")
         f32, i32, null = np.float32, np.int32, np.uint64(0)
         threads, smem, maxg = shape(module)
-        self.n, self.clusters = int(n), -(-int(n) // maxg)
+        self.module, self.n, self.clusters = module, int(n), -(-int(n) // maxg)
         c, u = self.clusters, update
         total = int(u.params.size)
         with stream:   # zeroed on the step's stream, before its first launch (a non-blocking stream: CuPy's

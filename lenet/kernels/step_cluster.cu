@@ -1,4 +1,6 @@
 // module step_cluster: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common smem=11004
+// module step_cluster_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common define=SC_THREADS=256 smem=11004
+// module step_cluster_g2: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common define=SC_MAXG=2 smem=15944
 // A whole training step of one LeNet (forward, softmax cross-entropy, backward, SGD) at small batches as
 // one launch of thread-block clusters (sm_90 and newer), or two above one image: our engine's candidate for
 // the step (lenet/engines/ours_step.py, launcher lenet/kernels/step.py), timed by the planner against the
@@ -56,6 +58,28 @@
 // (sc_sync_role). The second half meets at one of its own as often, though it needs none: with the counts
 // unequal, compute-sanitizer's racecheck reported the later phase's reads across the halves as unordered
 // although a block barrier orders them. The measurements: docs/kernels.md, "The whole step".
+
+#ifndef SC_MAXG
+#define SC_MAXG 1   // images a cluster
+#endif
+// Shared memory: 6064 floats every image uses (weights, conv1's gradients' scratch), then SC_IMAGE floats an image
+// at these offsets, then the argmax bytes (176 an image): SC_SMEM floats in all, the module's smem=.
+#define SC_IMAGE 4896
+#define SI_X 0        // 784: the image
+#define SI_P1 784     // 864: p1 (own channel, then all)
+#define SI_P2 1648    // 32: p2 of the own channels (own input j = channel j / 16's position j % 16)
+#define SI_C2C 1680   // 6 x 128: conv2's sums over one input channel each
+#define SI_HP 2448    // 128: fc1 over the own inputs, every unit
+#define SI_H1 2576    // 128: h1
+#define SI_L 2704     // 16: logits; the loss at 10, the hit at 11
+#define SI_DL 2720    // 16: dlogits
+#define SI_DH 2736    // 128: dh1
+#define SI_DP2S 2864  // 15 x 32: dp2 of the own inputs in parts of 8 units
+#define SI_DP2 3344   // 32: dp2 of the own inputs, masked
+#define SI_DC 3376    // 2 x 16 x 16: conv2's output gradient at (oy + 4, ox + 4), else 0
+#define SI_DP1P 3888  // 864: dp1's part over the own conv2 channels
+#define SI_DP1 4752   // 144: dp1 of the own conv1 channel, masked
+#define SC_SMEM (6064 + SC_MAXG * (SC_IMAGE + 44))
 
 #ifndef SC_THREADS
 #define SC_THREADS 512
@@ -130,34 +154,26 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
   return;
 #endif
   extern __shared__ float4 sm4[];
-  float* const sm = reinterpret_cast<float*>(sm4);   // 11004 floats (the module's smem=)
-  float* const sx = sm;                  // 784: the image
-  float* const sp1 = sx + 784;           // 864: p1 (own channel, then all)
-  float* const swc1 = sp1 + 864;         // 160: conv1's 150 weights, 6 biases
+  float* const sm = reinterpret_cast<float*>(sm4);   // SC_SMEM floats (the module's smem=)
+  // What every image of the cluster uses: 6064 floats
+  float* const swc1 = sm;                // 160: conv1's 150 weights, 6 biases
   float* const swc2 = swc1 + 160;        // 304: conv2's weights of the own channels (2 x 150), their 2 biases
   float* const sW1 = swc2 + 304;         // 3840: W1's own columns, (unit, own input j), at sc_w1(u, j)
   float* const sb1 = sW1 + 3840;         // 128: fc1's 120 biases
   float* const sW2 = sb1 + 128;          // 1200
   float* const sb2 = sW2 + 1200;         // 16: fc2's 10 biases
-  float* const sp2 = sb2 + 16;           // 32: p2 of the own channels (own input j = channel j / 16's position j % 16)
-  float* const sc2c = sp2 + 32;          // 6 x 128: conv2's sums over one input channel each
-  float* const shp = sc2c + 768;         // 128: fc1 over the own inputs, every unit
-  float* const sh1 = shp + 128;          // 128: h1
-  float* const sl = sh1 + 128;           // 16: logits
-  float* const sdl = sl + 16;            // 16: dlogits
-  float* const sdh = sdl + 16;           // 128: dh1
-  float* const sdp2s = sdh + 128;        // 15 x 32: dp2 of the own inputs in parts of 8 units
-  float* const sdp2 = sdp2s + 480;       // 32: dp2 of the own inputs, masked
-  float* const sdc = sdp2 + 32;          // 2 x 16 x 16: conv2's output gradient at (oy + 4, ox + 4), else 0
-  float* const sdp1p = sdc + 512;        // 864: dp1's part over the own conv2 channels
-  float* const sdp1 = sdp1p + 864;       // 144: dp1 of the own conv1 channel, masked
-  float* const sscr = sdp1 + 144;        // 416: conv1's gradients in sixteenths
-  unsigned char* const sa1 = reinterpret_cast<unsigned char*>(sscr + 416);   // 144: conv1's argmax bytes (own channel)
-  unsigned char* const sa2 = sa1 + 144;                                       // 32: conv2's (own channels)
+  float* const sscr = sb2 + 16;          // 416: conv1's gradients in sixteenths
+  // Image m's own (SC_IMAGE floats from SC_AT(m)): the offsets SI_* above
+  float* const simg = sscr + 416;
+#define SC_AT(m) (simg + (m) * SC_IMAGE)
+  unsigned char* const sa1 = reinterpret_cast<unsigned char*>(simg + SC_MAXG * SC_IMAGE);   // G x 144: conv1's
+  unsigned char* const sa2 = sa1 + SC_MAXG * 144;                                           // G x 32: conv2's argmax bytes
 
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const unsigned rank = sc_rank();
   const int cl = blockIdx.x / SC_RANKS, clusters = gridDim.x / SC_RANKS;
+  const int img0 = cl * SC_MAXG;        // the cluster's first image; images img0 + m >= N are zeros, their loss's
+                                        // gradient zero: they add nothing
   const bool c1 = rank < 6;             // owns conv1's channel rank
   const bool alone = clusters == 1;
   SC_MARK(0);
@@ -165,7 +181,12 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
 
   // ---- loads: what conv1 reads, then the rest, waited for before conv2 (copies in flight); the momentum of
   // the parameters this thread will update (registers, used last)
-  if (c1 && t < 196) sc_copy<16>(sx + 4 * t, x + (size_t)cl * 784 + 4 * t);
+  if (c1)
+    for (int i = t; i < SC_MAXG * 196; i += SC_THREADS) {
+      const int m = i / 196, k = i % 196;
+      if (img0 + m < N) sc_copy<16>(SC_AT(m) + SI_X + 4 * k, x + (size_t)(img0 + m) * 784 + 4 * k);
+      else *reinterpret_cast<float4*>(SC_AT(m) + SI_X + 4 * k) = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   for (int i = t; i < 156; i += SC_THREADS) sc_copy<4>(swc1 + i, params + (i < 150 ? OFF_C1W + i : OFF_C1B + i - 150));
   sc_copies_sent();
   for (int i = t; i < 302; i += SC_THREADS)
@@ -178,7 +199,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
   for (int i = t; i < 300; i += SC_THREADS) sc_copy<16>(sW2 + 4 * i, params + OFF_F2W + 4 * i);
   if (t < 10) sc_copy<4>(sb2 + t, params + OFF_F2B + t);
   sc_copies_sent();
-  const int label = t == 0 ? labels[cl] : 0;
+  const int label = t < SC_MAXG && img0 + t < N ? labels[img0 + t] : 0;   // thread m: image m's
   // Phase 3's roles: t < SC_ROLE conv2's backward (conv2's own parameters e = t, t + SC_ROLE, ... < 302),
   // tb = t - SC_ROLE >= 0 the head's update (W1's own entries, the head's other parameters h = tb, tb +
   // SC_ROLE, ... < 175).
@@ -214,7 +235,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
     if (mom && c1 && t < 26) v1 = velocity[t < 25 ? OFF_C1W + rank * 25 + t : OFF_C1B + rank];
   }
   const float rate = alone ? lr[0] : 0.f;   // loaded early: its first use is late
-  sc_copies_wait<1>();   // the image and conv1's weights
+  sc_copies_wait<1>();   // the images and conv1's weights
   __syncthreads();
 #ifdef SC_EXTRA_SYNCS   // the workbench's measure of a cluster barrier: the loads' phase with this many more
   for (int i = 0; i < SC_EXTRA_SYNCS; ++i) {
@@ -227,114 +248,136 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
 #endif
   SC_MARK(1);
 
-  // ---- 1: conv1's forward, own channel: a thread a pooling window, its four positions' sums
+  // ---- 1: conv1's forward, own channel: a thread a pooling window of an image, its four positions' sums
   if (c1) {
     const int c = rank;
-    for (int pos = t; pos < 144; pos += SC_THREADS) {
-      const float* xa = sx + 2 * (pos / 12) * 28 + 2 * (pos % 12);
+    for (int i = t; i < SC_MAXG * 144; i += SC_THREADS) {
+      const int m = i / 144, pos = i % 144;
+      const float* xa = SC_AT(m) + SI_X + 2 * (pos / 12) * 28 + 2 * (pos % 12);
       float a[4];
       sc_window(xa, 28, swc1 + c * 25, swc1[150 + c], a);
       int arg;
       const float best = sc_window_max(a, arg);
-      sp1[c * 144 + pos] = relu_keep_nan(best);
-      sa1[pos] = arg_byte(arg, best);
+      SC_AT(m)[SI_P1 + c * 144 + pos] = relu_keep_nan(best);
+      sa1[m * 144 + pos] = arg_byte(arg, best);
     }
   }
   sc_copies_wait<0>();   // every weight (each thread its own copies; the barrier makes them everyone's)
   sc_sync();
-  for (int i = t; i < 864; i += SC_THREADS) {
-    const int c = i / 144;
-    if (c != (int)rank) sp1[i] = sc_at(sp1, c)[i];
+  for (int i = t; i < SC_MAXG * 864; i += SC_THREADS) {
+    const int m = i / 864, k = i % 864, c = k / 144;
+    float* const p1 = SC_AT(m) + SI_P1;   // rank c's channel c of image m
+    if (c != (int)rank) p1[k] = sc_at(simg, c)[m * SC_IMAGE + SI_P1 + k];
   }
   __syncthreads();
   SC_MARK(2);
 
-  // ---- 2: conv2's forward, own channels: items (input channel, own channel, window), a window's four
-  // positions' sums over one input channel; then items (own channel, window, q) add the input channels in
-  // pairs and pool
-  for (int e = t; e < 192; e += SC_THREADS) {
-    const int c = e >> 5, ki = (e >> 4) & 1, pos = e & 15;
+  // ---- 2: conv2's forward, own channels: items (image, input channel, own channel, window), a window's four
+  // positions' sums over one input channel; then items (image, own channel, window, q) add the input channels
+  // in pairs and pool
+  for (int e = t; e < SC_MAXG * 192; e += SC_THREADS) {
+    const int m = e / 192, c = (e % 192) >> 5, ki = (e >> 4) & 1, pos = e & 15;
     float a[4];
-    sc_window(sp1 + c * 144 + 2 * (pos >> 2) * 12 + 2 * (pos & 3), 12, swc2 + ki * 150 + c * 25, 0.f, a);
-    *reinterpret_cast<float4*>(sc2c + c * 128 + ki * 64 + pos * 4) = make_float4(a[0], a[1], a[2], a[3]);
+    sc_window(SC_AT(m) + SI_P1 + c * 144 + 2 * (pos >> 2) * 12 + 2 * (pos & 3), 12, swc2 + ki * 150 + c * 25, 0.f, a);
+    *reinterpret_cast<float4*>(SC_AT(m) + SI_C2C + c * 128 + ki * 64 + pos * 4) = make_float4(a[0], a[1], a[2], a[3]);
   }
   __syncthreads();
-  if (t < 128) {   // whole warps: the quad max's shuffles
-    const int ki = t >> 6, pos = (t >> 2) & 15;
-    const float a = swc2[300 + ki] + (sc2c[t] + sc2c[128 + t]) + (sc2c[256 + t] + sc2c[384 + t]) +
-                    (sc2c[512 + t] + sc2c[640 + t]);
+  for (int e = t; e < SC_MAXG * 128; e += SC_THREADS) {   // whole warps: the quad max's shuffles
+    const int m = e >> 7, k = e & 127, ki = k >> 6, pos = (k >> 2) & 15;
+    const float* c2c = SC_AT(m) + SI_C2C;
+    const float a = swc2[300 + ki] + (c2c[k] + c2c[128 + k]) + (c2c[256 + k] + c2c[384 + k]) +
+                    (c2c[512 + k] + c2c[640 + k]);
     int arg;
     const float best = sc_quad_max(a, arg);
-    if ((t & 3) == 0) {
-      sp2[ki * 16 + pos] = relu_keep_nan(best);
-      sa2[ki * 16 + pos] = arg_byte(arg, best);
+    if ((k & 3) == 0) {
+      SC_AT(m)[SI_P2 + ki * 16 + pos] = relu_keep_nan(best);
+      sa2[m * 32 + ki * 16 + pos] = arg_byte(arg, best);
     }
   }
   __syncthreads();
   SC_MARK(3);
-  for (int u = t; u < 120; u += SC_THREADS) {   // fc1 over the own inputs: a thread a unit, 16 bytes a load
+  for (int e = t; e < SC_MAXG * 120; e += SC_THREADS) {   // fc1 over the own inputs: a thread a (image, unit)
+    const int m = e / 120, u = e % 120;
+    const float* p2 = SC_AT(m) + SI_P2;
     float a = 0.f;
 #pragma unroll
     for (int j = 0; j < 32; j += 4)
-      a = dot4(*reinterpret_cast<const float4*>(sW1 + sc_w1(u, j)), *reinterpret_cast<const float4*>(sp2 + j), a);
-    shp[u] = a;
+      a = dot4(*reinterpret_cast<const float4*>(sW1 + sc_w1(u, j)), *reinterpret_cast<const float4*>(p2 + j), a);
+    SC_AT(m)[SI_HP + u] = a;
   }
   sc_sync();
   SC_MARK(4);
 
   // ---- 3: h1, fc2, the loss; dh1; the head's gradients of the own inputs and units; conv2's backward
-  if (t < 120) {
+  for (int e = t; e < SC_MAXG * 120; e += SC_THREADS) {
+    const int m = e / 120, u = e % 120;
     float a = 0.f;
 #pragma unroll
-    for (int r = 0; r < SC_RANKS; ++r) a += sc_at(shp, r)[t];
-    sh1[t] = head_relu(a + sb1[t]);
+    for (int r = 0; r < SC_RANKS; ++r) a += sc_at(simg, r)[m * SC_IMAGE + SI_HP + u];
+    SC_AT(m)[SI_H1 + u] = head_relu(a + sb1[u]);
   }
   __syncthreads();
   SC_MARK(5);
-  for (int c = warp; c < 10; c += SC_THREADS / 32) {
+  for (int e = warp; e < SC_MAXG * 10; e += SC_THREADS / 32) {   // a warp an (image, class)
+    const int m = e / 10, c = e % 10;
+    const float* h1 = SC_AT(m) + SI_H1;
     float a = 0.f;
-    for (int j = lane; j < 120; j += 32) a = fmaf(sW2[c * 120 + j], sh1[j], a);
+    for (int j = lane; j < 120; j += 32) a = fmaf(sW2[c * 120 + j], h1[j], a);
     a = warp_sum(a);
     if (lane == 0) {
-      sl[c] = a + sb2[c];
-      if (rank == 0) logits[(size_t)cl * 10 + c] = a + sb2[c];
+      SC_AT(m)[SI_L + c] = a + sb2[c];
+      if (rank == 0 && img0 + m < N) logits[(size_t)(img0 + m) * 10 + c] = a + sb2[c];
     }
   }
   __syncthreads();
   SC_MARK(6);
-  float loss = 0.f;
-  int hit = 0;
-  if (t == 0) loss = sce_row(sl, nullptr, label, 10, eps, sdl, grad_scale, hit);
+  if (t < SC_MAXG) {   // thread m: image m's loss and dlogits; its loss and hit beside its logits (SI_L + 10, 11)
+    float* const l = SC_AT(t) + SI_L;
+    if (img0 + t < N) {
+      int hit = 0;
+      l[10] = sce_row(l, nullptr, label, 10, eps, SC_AT(t) + SI_DL, grad_scale, hit);
+      l[11] = (float)hit;
+    } else {
+#pragma unroll
+      for (int c = 0; c < 10; ++c) SC_AT(t)[SI_DL + c] = 0.f;
+      l[10] = l[11] = 0.f;
+    }
+  }
   __syncthreads();
   SC_MARK(7);
-  if (t < 120) {
+  for (int e = t; e < SC_MAXG * 120; e += SC_THREADS) {
+    const int m = e / 120, u = e % 120;
+    const float* dl = SC_AT(m) + SI_DL;
     float a = 0.f;
 #pragma unroll
-    for (int c = 0; c < 10; ++c) a = fmaf(sW2[c * 120 + t], sdl[c], a);
-    sdh[t] = sh1[t] > 0.f ? a : 0.f;
+    for (int c = 0; c < 10; ++c) a = fmaf(sW2[c * 120 + u], dl[c], a);
+    SC_AT(m)[SI_DH + u] = SC_AT(m)[SI_H1 + u] > 0.f ? a : 0.f;
   }
   __syncthreads();
   SC_MARK(8);
   if (tb < 0) {   // conv2's backward: dp2, conv2's gradients (and update), dp1's part; its own barriers (id 1)
-    for (int e = t; e < 480; e += SC_ROLE) {   // dp2's parts: (eighth of the units, own input)
-      const int j = e & 31, s = e >> 5;
+    for (int e = t; e < SC_MAXG * 480; e += SC_ROLE) {   // dp2's parts: (image, eighth of the units, own input)
+      const int m = e / 480, j = e & 31, s = (e % 480) >> 5;
+      const float* dh = SC_AT(m) + SI_DH;
       float a = 0.f;
 #pragma unroll
-      for (int m = 0; m < 8; ++m) a = fmaf(sW1[sc_w1(8 * s + m, j)], sdh[8 * s + m], a);
-      sdp2s[e] = a;
+      for (int k = 0; k < 8; ++k) a = fmaf(sW1[sc_w1(8 * s + k, j)], dh[8 * s + k], a);
+      SC_AT(m)[SI_DP2S + (e % 480)] = a;
     }
     sc_sync_role<0>();
     SC_MARK(9);
-    if (t < 32) {
+    for (int e = t; e < SC_MAXG * 32; e += SC_ROLE) {
+      const int m = e >> 5, j = e & 31;
+      const float* dp2s = SC_AT(m) + SI_DP2S;
       float a = 0.f;
 #pragma unroll
-      for (int s = 0; s < 15; ++s) a += sdp2s[s * 32 + t];
-      sdp2[t] = arg_g(sa2[t], a);
+      for (int s = 0; s < 15; ++s) a += dp2s[s * 32 + j];
+      SC_AT(m)[SI_DP2 + j] = arg_g(sa2[e], a);
     }
     sc_sync_role<0>();
     SC_MARK(10);
 #pragma unroll
-    for (int q = 0; q < SC_C2Q; ++q) {   // conv2's dW and db of the own channels
+    for (int q = 0; q < SC_C2Q; ++q) {   // conv2's dW and db of the own channels, over the images in order
       const int e = t + SC_ROLE * q;
       if (e >= 302) continue;
       float a = 0.f;
@@ -342,15 +385,22 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       if (e < 300) {
         const int ki = e / 150, rem = e % 150, c = rem / 25, r = rem % 25 / 5, s = rem % 5;
 #pragma unroll
-        for (int pos = 0; pos < 16; ++pos) {
-          const int qq = arg_q(sa2[ki * 16 + pos]);
-          const int oy = 2 * (pos >> 2) + (qq >> 1), ox = 2 * (pos & 3) + (qq & 1);
-          a = fmaf(sdp2[ki * 16 + pos], sp1[c * 144 + (oy + r) * 12 + ox + s], a);
+        for (int m = 0; m < SC_MAXG; ++m) {
+          const float* dp2 = SC_AT(m) + SI_DP2 + ki * 16;
+          const float* p1 = SC_AT(m) + SI_P1 + c * 144 + r * 12 + s;
+#pragma unroll
+          for (int pos = 0; pos < 16; ++pos) {
+            const int qq = arg_q(sa2[m * 32 + ki * 16 + pos]);
+            const int oy = 2 * (pos >> 2) + (qq >> 1), ox = 2 * (pos & 3) + (qq & 1);
+            a = fmaf(dp2[pos], p1[oy * 12 + ox], a);
+          }
         }
         i = OFF_C2W + (rank + 8 * ki) * 150 + rem;
       } else {
 #pragma unroll
-        for (int pos = 0; pos < 16; ++pos) a += sdp2[(e - 300) * 16 + pos];
+        for (int m = 0; m < SC_MAXG; ++m)
+#pragma unroll
+          for (int pos = 0; pos < 16; ++pos) a += SC_AT(m)[SI_DP2 + (e - 300) * 16 + pos];
         i = OFF_C2B + rank + 8 * (e - 300);
       }
       dst[i] = a;
@@ -360,43 +410,46 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
                  momentum, ema_weight);
       }
     }
-    for (int e = t; e < 512; e += SC_ROLE) {   // (own channel, padded row, padded column)
-      const int ki = e >> 8, oy = ((e >> 4) & 15) - 4, ox = (e & 15) - 4;
+    for (int e = t; e < SC_MAXG * 512; e += SC_ROLE) {   // (image, own channel, padded row, padded column)
+      const int m = e >> 9, ki = (e >> 8) & 1, oy = ((e >> 4) & 15) - 4, ox = (e & 15) - 4;
       float v = 0.f;
       if (oy >= 0 && oy < 8 && ox >= 0 && ox < 8) {
         const int j = ki * 16 + (oy >> 1) * 4 + (ox >> 1);
-        if (arg_q(sa2[j]) == (oy & 1) * 2 + (ox & 1)) v = sdp2[j];
+        if (arg_q(sa2[m * 32 + j]) == (oy & 1) * 2 + (ox & 1)) v = SC_AT(m)[SI_DP2 + j];
       }
-      sdc[e] = v;
+      SC_AT(m)[SI_DC + (e & 511)] = v;
     }
     sc_sync_role<0>();
     SC_MARK(11);
-    for (int e = t; e < 216; e += SC_ROLE) {   // (input channel, row, four columns): a row of 8 a load pair
-      const int c = e / 36, yy = e % 36 / 3, x0 = 4 * (e % 3);
+    for (int e = t; e < SC_MAXG * 216; e += SC_ROLE) {   // (image, input channel, row, four columns)
+      const int m = e / 216, k = e % 216, c = k / 36, yy = k % 36 / 3, x0 = 4 * (k % 3);
       float a[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
       for (int ki = 0; ki < 2; ++ki) {
         const float* w = swc2 + ki * 150 + c * 25;
 #pragma unroll
-        for (int r = 0; r < 5; ++r) {
-          const float* row = sdc + ki * 256 + (yy + 4 - r) * 16 + x0;   // columns x0 .. x0 + 7: (x0 + m + 4 - s)
+        for (int r = 0; r < 5; ++r) {   // columns x0 .. x0 + 7: (x0 + n + 4 - s); a row of 8 a load pair
+          const float* row = SC_AT(m) + SI_DC + ki * 256 + (yy + 4 - r) * 16 + x0;
           const float4 lo = *reinterpret_cast<const float4*>(row), hi = *reinterpret_cast<const float4*>(row + 4);
           const float d[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
           for (int s = 0; s < 5; ++s)
 #pragma unroll
-            for (int m = 0; m < 4; ++m) a[m] = fmaf(d[m + 4 - s], w[r * 5 + s], a[m]);
+            for (int n = 0; n < 4; ++n) a[n] = fmaf(d[n + 4 - s], w[r * 5 + s], a[n]);
         }
       }
-      *reinterpret_cast<float4*>(sdp1p + c * 144 + yy * 12 + x0) = make_float4(a[0], a[1], a[2], a[3]);
+      *reinterpret_cast<float4*>(SC_AT(m) + SI_DP1P + c * 144 + yy * 12 + x0) = make_float4(a[0], a[1], a[2], a[3]);
     }
-  } else {   // the head's gradients of the own inputs and units, and their update: stores beside the above
+  } else {   // the head's gradients of the own inputs and units over the images in order, and their update:
+             // stores beside the above
 #pragma unroll
     for (int q = 0; q < SC_W1Q; ++q) {   // fc1's weight gradients of the own columns
       const int e = tb + SC_ROLE * q;
       if (e < 3840) {
         const int i = OFF_F1W + (e >> 5) * 256 + (rank + 8 * ((e & 31) >> 4)) * 16 + (e & 15);
-        const float g = sdh[e >> 5] * sp2[e & 31];
+        float g = 0.f;
+#pragma unroll
+        for (int m = 0; m < SC_MAXG; ++m) g = fmaf(SC_AT(m)[SI_DH + (e >> 5)], SC_AT(m)[SI_P2 + (e & 31)], g);
         dst[i] = g;
         if (alone) {
           float v = vw1[q];
@@ -409,8 +462,13 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
     for (int q = 0; q < SC_HQ; ++q) {   // fc2's column entries, fc1's biases, fc2's biases
       const int h = tb + SC_ROLE * q, i = sc_head_param(h, rank);
       if (i >= 0) {
-        const float gh = h < 150 ? sdl[h / 15] * sh1[15 * rank + h % 15] : h < 165 ? sdh[15 * rank + h - 150]
-                                                                                   : sdl[h - 165];
+        float gh = 0.f;
+#pragma unroll
+        for (int m = 0; m < SC_MAXG; ++m) {
+          const float* im = SC_AT(m);
+          gh = h < 150 ? fmaf(im[SI_DL + h / 15], im[SI_H1 + 15 * rank + h % 15], gh)
+                       : gh + (h < 165 ? im[SI_DH + 15 * rank + h - 150] : im[SI_DL + h - 165]);
+        }
         dst[i] = gh;
         if (alone) {
           float v = vh[q];
@@ -429,11 +487,12 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
   // ---- 4: dp1 of the own conv1 channel (the ranks' parts in rank order, masked); conv1's gradients
   if (c1) {
     const int c = rank;
-    for (int e = t; e < 144; e += SC_THREADS) {
+    for (int e = t; e < SC_MAXG * 144; e += SC_THREADS) {
+      const int m = e / 144, pos = e % 144;
       float a = 0.f;
 #pragma unroll
-      for (int m = 0; m < SC_RANKS; ++m) a += sc_at(sdp1p, m)[c * 144 + e];
-      sdp1[e] = arg_g(sa1[e], a);
+      for (int r = 0; r < SC_RANKS; ++r) a += sc_at(simg, r)[m * SC_IMAGE + SI_DP1P + c * 144 + pos];
+      SC_AT(m)[SI_DP1 + pos] = arg_g(sa1[e], a);
     }
     __syncthreads();
     for (int e = t; e < 416; e += SC_THREADS) {   // (weight, sixteenth of the positions), then the bias's
@@ -442,14 +501,18 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       if (e < 400) {
         const int rs = e >> 4, r = rs / 5, s = rs % 5;
 #pragma unroll
-        for (int pos = seg * 9; pos < seg * 9 + 9; ++pos) {
-          const int q = arg_q(sa1[pos]);
-          const int oy = 2 * (pos / 12) + (q >> 1), ox = 2 * (pos % 12) + (q & 1);
-          a = fmaf(sdp1[pos], sx[(oy + r) * 28 + ox + s], a);
-        }
+        for (int m = 0; m < SC_MAXG; ++m)
+#pragma unroll
+          for (int pos = seg * 9; pos < seg * 9 + 9; ++pos) {
+            const int q = arg_q(sa1[m * 144 + pos]);
+            const int oy = 2 * (pos / 12) + (q >> 1), ox = 2 * (pos % 12) + (q & 1);
+            a = fmaf(SC_AT(m)[SI_DP1 + pos], SC_AT(m)[SI_X + (oy + r) * 28 + ox + s], a);
+          }
       } else {
 #pragma unroll
-        for (int pos = seg * 9; pos < seg * 9 + 9; ++pos) a += sdp1[pos];
+        for (int m = 0; m < SC_MAXG; ++m)
+#pragma unroll
+          for (int pos = seg * 9; pos < seg * 9 + 9; ++pos) a += SC_AT(m)[SI_DP1 + pos];
       }
       sscr[e] = a;
     }
@@ -467,7 +530,14 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       }
     }
   }
-  if (rank == 0 && t == 0) {
+  if (rank == 0 && t == 0) {   // the images' losses and hits in order
+    float loss = 0.f;
+    int hit = 0;
+#pragma unroll
+    for (int m = 0; m < SC_MAXG; ++m) {
+      loss += SC_AT(m)[SI_L + 10];
+      hit += (int)SC_AT(m)[SI_L + 11];
+    }
     if (alone) {
       out[0] = loss * loss_scale;
       correct[0] = hit;
@@ -477,6 +547,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
       part_correct[cl] = hit;
     }
   }
+#undef SC_AT
   SC_MARK(14);
   sc_sync();   // no block leaves while another may still read its shared memory
 }
