@@ -37,8 +37,9 @@ LR = 0.05
 # What ships (lenet/kernels/step_cluster.cu's forms), then dev/step_cluster.cu's variants (its comment says what
 # each is).
 SHIPPED = tuple(f.module for f in FORMS)
-VARIANTS = SHIPPED + ("step_cluster_dev", "step_cluster_t256_dev", "step_cluster_g4", "step_cluster_g8",
-                      "step_cluster_g4_t256", "step_cluster_acqrel", "step_cluster_v1")
+VARIANTS = SHIPPED + ("step_cluster_dev", "step_cluster_t256_dev", "step_cluster_g3",
+                      "step_cluster_g3_t256", "step_cluster_g4", "step_cluster_g8", "step_cluster_g4_t256",
+                      "step_cluster_acqrel", "step_cluster_v1")
 # The same step with ten more cluster barriers in its first phase (a barrier's cost: the difference / 10): the
 # shipped barrier, the one with release/acquire in every thread, a relaxed one, and the shipped one at 256 threads.
 PROBES = {"step_cluster_syncs": "step_cluster_dev", "step_cluster_syncs_acqrel": "step_cluster_dev",

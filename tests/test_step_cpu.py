@@ -43,7 +43,8 @@ def test_our_engine_offers_the_whole_step_to_one_model_on_sm90_up_to_its_limit(s
     assert offered[1] == offered[16] == ["cluster step"]
     assert offered[32] == ["cluster step", "cluster step, 256 threads"]
     assert offered[40] == ["cluster step, 256 threads", "cluster step, 2 images a cluster"]
-    assert offered[LIMIT] == ["cluster step, 2 images a cluster"] and offered[LIMIT + 1] == []
+    assert offered[64] == ["cluster step, 2 images a cluster", "cluster step, 2 images a cluster, 256 threads"]
+    assert offered[LIMIT] == ["cluster step, 2 images a cluster, 256 threads"] and offered[LIMIT + 1] == []
     assert all(offered[n] for n in range(1, LIMIT + 1)), "a batch size up to LIMIT without a form"
     # a stored choice is recalled by its name, where that form is offered at that batch size
     assert ours.recall(op, 32, {"engine": "ours", "name": "cluster step, 256 threads"}, None).name == offered[32][1]
@@ -89,7 +90,8 @@ def test_the_whole_steps_module_declares_sm90_and_its_launch_shape():
     m = kernels.declared()["step_cluster"]
     assert m.arch == 90 and m.folder is None
     assert step.shape() == (512, 4 * 11004, 1) and m.smem == (11004, 0)
-    assert [step.shape(f.module) for f in step.FORMS] == [(512, 4 * 11004, 1), (256, 4 * 11004, 1), (512, 4 * 15944, 2)]
+    assert [step.shape(f.module) for f in step.FORMS] == [(512, 4 * 11004, 1), (256, 4 * 11004, 1), (512, 4 * 15944, 2),
+                                                         (256, 4 * 15944, 2)]
     assert all(kernels.declared()[f.module].arch == 90 and kernels.declared()[f.module].file == "step_cluster"
                for f in step.FORMS)
     text = (ROOT / "lenet" / "kernels" / "step_common.cu").read_text()   # the whole step's shared offsets

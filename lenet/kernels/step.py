@@ -2,12 +2,16 @@
 above one cluster's images: its forms and its launcher, as our engine binds it (lenet/engines/ours_step.py) and
 the workbench times its variants (dev/step_cluster.py).
 
-Note [the whole step's batch sizes]: a cluster of eight blocks takes one image (step_cluster, 43 KB of shared
-memory a block, 512 threads), or one image at 256 threads a block (step_cluster_t256), or two images
-(step_cluster_g2, 62 KB). One image a cluster beats the chain from one image to about 24 and is level with it
-at 32, where its clusters begin to outnumber what fits beside each other; at 32 the 256-thread form and at 48
-the two-image form still beat it by a fifth; at 64 the chain wins (docs/kernels.md, "The whole step"). Our
-engine offers each form over the batch sizes of FORMS, and the planner times those offered against the chain.
+Note [the whole step's batch sizes]: a cluster of eight blocks takes one image or two (SC_MAXG), at 512 or 256
+threads a block: step_cluster (one image, 43 KB of shared memory a block), step_cluster_t256, step_cluster_g2
+(62 KB) and step_cluster_g2_t256. On an H200 one image a cluster beats the chain from one image to about 24
+(8 images: 13.3 us a step against 30.5) and is level with it at 32, where its clusters begin to outnumber what
+fits beside each other; at 256 threads a block (more blocks an SM) it still wins at 32-40 (19.7-21.0 us against
+25.0-25.7), two images a cluster at 48-56 (22.2-22.6 against 27.6-29.2), two at 256 threads at 64-80 (27.9-28.4
+against 28.7-33.7); at 96 the chain wins (35.8 against 39.9 and more). Three and four images a cluster lost to
+these (dev/step_cluster.cu's _g3, _g4: each phase's work grows with the images, its block's threads do not).
+Our engine offers each form over the batch sizes of FORMS, a little past where it won, and the planner times
+those offered against the chain (docs/kernels.md, "The whole step").
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ class Form:
 
 FORMS = (Form(MODULE, "cluster step", 1, 32),
          Form("step_cluster_t256", "cluster step, 256 threads", 24, 40),
-         Form("step_cluster_g2", "cluster step, 2 images a cluster", 33, 56))
+         Form("step_cluster_g2", "cluster step, 2 images a cluster", 33, 64),
+         Form("step_cluster_g2_t256", "cluster step, 2 images a cluster, 256 threads", 57, 80))
 LIMIT = max(f.largest for f in FORMS)   # the largest batch our engine offers the whole step at
 
 

@@ -1,20 +1,24 @@
 // module step_cluster: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common smem=11004
 // module step_cluster_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common define=SC_THREADS=256 smem=11004
 // module step_cluster_g2: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common define=SC_MAXG=2 smem=15944
+// module step_cluster_g2_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common define=SC_MAXG=2 define=SC_THREADS=256 smem=15944
 // A whole training step of one LeNet (forward, softmax cross-entropy, backward, SGD) at small batches as
-// one launch of thread-block clusters (sm_90 and newer), or two above one image: our engine's candidate for
-// the step (lenet/engines/ours_step.py, launcher lenet/kernels/step.py), timed by the planner against the
+// one launch of thread-block clusters (sm_90 and newer), or two above one cluster: our engine's candidates for
+// the step, four forms declared above (lenet/engines/ours_step.py; launcher and the batch sizes each is offered
+// at: lenet/kernels/step.py, Note [the whole step's batch sizes]), timed by the planner against the
 // chain of launches and checked against its result (Note [a whole step] in lenet/steps.py). dev/step_cluster.cu
 // declares the variants the workbench times (dev/step_cluster.py; docs/kernels.md, "The whole step").
 //
 // Note [a step in one cluster]: at 1 to a few dozen images the chain's kernels are short and its time is their
 // latencies: each waits for the last's writes through L2 and loads its weights from there again
-// (docs/performance.md, "Where a step's time goes"). Here a cluster of SC_RANKS blocks holds one image; the
-// weights a block reads are copied once, at the start, into its shared memory, and the blocks exchange
-// partial results through distributed shared memory and meet at cluster barriers, which stay on the chip.
-// A batch of several images runs as one cluster an image, each writing its gradients to a row of its own
-// (`part`); step_cluster_update_kernel adds the rows in cluster order and runs the update. One cluster runs
-// the update itself: one launch a step.
+// (docs/performance.md, "Where a step's time goes"). Here a cluster of SC_RANKS blocks holds SC_MAXG images
+// (1 or 2 in the forms that ship); the weights a block reads are copied once, at the start, into its shared
+// memory, and the blocks exchange partial results through distributed shared memory and meet at cluster
+// barriers, which stay on the chip. A block's phases below run over its images' items, and each gradient is
+// summed over the images in image order. A larger batch runs as several clusters, each writing its gradients
+// to a row of its own (`part`); step_cluster_update_kernel adds the rows in cluster order and runs the update.
+// One cluster runs the update itself: one launch a step. A cluster's last images past the batch are zeros
+// whose loss's gradient is zero: they add nothing.
 //
 // Note [four barriers]: a cluster barrier with the gather after it costs about 1 us before any arithmetic
 // (docs/kernels.md, "The whole step"), so a block owns its part of the network along the input channels of
@@ -28,7 +32,7 @@
 // block leaves (another may still read its shared memory).
 //
 // What a thread owns, phase by phase (t: the thread, 0 .. SC_THREADS - 1; "items" are spread over the
-// block's threads t, t + SC_THREADS, ...):
+// block's threads t, t + SC_THREADS, ..., each item of one image where the phase runs over images):
 //   loads   copies in flight (cp.async): the image and conv1's weights, then conv2's weights of the own
 //           channels, W1's own columns, fc1's biases, W2, fc2's biases; the momentum of each parameter this
 //           thread will update, the head's other parameters' values, the learning rate (registers, used last)
@@ -37,9 +41,9 @@
 //   2 conv2 forward (own channels): items (input channel, own channel, window), then items (own channel,
 //     window, q) add the input channels in pairs and pool (a quad of lanes a window); fc1 over the own 32
 //     inputs, a thread a unit (W1's columns swizzled: sc_w1)            | barrier
-//   3 h1 (thread u < 120: the ranks' partial sums in rank order); fc2 (a warp a class), the loss and dlogits
-//     (thread 0), dh1 (thread u); then two roles, each half of the block (Note [a step's two roles]):
-//       t < SC_ROLE: dp2 of the own inputs in 15 parts of 8 units, then added (thread j < 32); conv2's dW and
+//   3 h1 (items (unit): the ranks' partial sums in rank order); fc2 (a warp a class), the loss and dlogits
+//     (thread m: image m), dh1 (items (unit)); then two roles, each half of the block (Note [a step's two roles]):
+//       t < SC_ROLE: dp2 of the own inputs in 15 parts of 8 units, then added (items (input)); conv2's dW and
 //         db of the own channels (items (channel, weight)); conv2's output gradient laid out dense and
 //         padded, then dp1's part over the own channels (items (input channel, row, four columns))
 //       t >= SC_ROLE: fc1's weight gradients of the own columns (items (unit, input)), the head's other
