@@ -43,7 +43,8 @@ def test_our_engine_offers_the_whole_step_to_one_model_on_sm90_up_to_its_limit(s
     assert offered[1] == offered[16] == ["cluster step"]
     assert offered[32] == ["cluster step", "cluster step, 256 threads"]
     assert offered[40] == ["cluster step, 256 threads", "cluster step, 2 images a cluster"]
-    assert offered[64] == ["cluster step, 2 images a cluster", "cluster step, 2 images a cluster, 256 threads"]
+    assert offered[56] == ["cluster step, 2 images a cluster"]
+    assert offered[64] == ["cluster step, 2 images a cluster, 256 threads"]
     assert offered[LIMIT] == ["cluster step, 2 images a cluster, 256 threads"] and offered[LIMIT + 1] == []
     assert all(offered[n] for n in range(1, LIMIT + 1)), "a batch size up to LIMIT without a form"
     # a stored choice is recalled by its name, where that form is offered at that batch size
@@ -204,3 +205,27 @@ def test_without_momentum_or_an_average_the_check_compares_neither():
     before, ref, tensors = _states(momentum=False, ema=False)
     mine = dict(ref, velocity=None, ema=None)
     assert compare(before, mine, ref, tensors)[1] is None
+
+
+def test_our_engine_starts_compiling_the_forms_offered_at_the_programs_batch_sizes(monkeypatch):
+    """Ours.warm (at start-up, once the flags give the batch sizes) prefetches the whole step's forms offered at
+    them beside the stage kernels, on sm_90 and newer only."""
+    import lenet.kernels as kernels
+    from lenet.engines import ours
+    from lenet.kernels import stages
+
+    got = []
+    monkeypatch.setattr(ours, "prefetch", lambda names: got.extend(names))
+    monkeypatch.setattr(stages, "sm_count", lambda: 132)
+    monkeypatch.setattr(kernels, "arch", lambda: 90)
+    for batches, want in (((64, 1000), ["step_cluster_g2_t256"]),
+                          ((32, 40), ["step_cluster", "step_cluster_t256", "step_cluster_g2"]),
+                          ((128, 1000), [])):
+        got.clear()
+        ours.Ours().warm(batches)
+        assert [n for n in got if n.startswith("step_")] == want, batches
+        assert "stage_reduce" in got
+    monkeypatch.setattr(kernels, "arch", lambda: 80)
+    got.clear()
+    ours.Ours().warm((8, 1000))
+    assert got and not [n for n in got if n.startswith("step_")]

@@ -130,7 +130,7 @@ def _whole(model, n, form="cluster step"):
 
 
 # Each form at the ends of its batch sizes and between (an odd batch: the two-image form's last cluster half full)
-SIZES = {"cluster step": (1, 5, 32), "cluster step, 256 threads": (24, 40), "cluster step, 2 images a cluster": (33, 64),
+SIZES = {"cluster step": (1, 5, 32), "cluster step, 256 threads": (24, 40), "cluster step, 2 images a cluster": (33, 56),
          "cluster step, 2 images a cluster, 256 threads": (57, 80)}
 
 

@@ -10,8 +10,10 @@ fits beside each other; at 256 threads a block (more blocks an SM) it still wins
 25.0-25.7), two images a cluster at 48-56 (22.2-22.6 against 27.6-29.2), two at 256 threads at 64-80 (27.9-28.4
 against 28.7-33.7); at 96 the chain wins (35.8 against 39.9 and more). Three and four images a cluster lost to
 these (dev/step_cluster.cu's _g3, _g4: each phase's work grows with the images, its block's threads do not).
-Our engine offers each form over the batch sizes of FORMS, a little past where it won, and the planner times
-those offered against the chain (docs/kernels.md, "The whole step").
+Our engine offers each form over the batch sizes of FORMS, about where it won, and the planner times those
+offered against the chain (docs/kernels.md, "The whole step"). Each form offered is a module a first run
+compiles (0.7-2.4 s of a CPU, started at start-up: Ours.warm), so the ranges overlap little: at the default
+batch size (64) one form is offered.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class Form:
 
 FORMS = (Form(MODULE, "cluster step", 1, 32),
          Form("step_cluster_t256", "cluster step, 256 threads", 24, 40),
-         Form("step_cluster_g2", "cluster step, 2 images a cluster", 33, 64),
+         Form("step_cluster_g2", "cluster step, 2 images a cluster", 33, 56),
          Form("step_cluster_g2_t256", "cluster step, 2 images a cluster, 256 threads", 57, 80))
 LIMIT = max(f.largest for f in FORMS)   # the largest batch our engine offers the whole step at
 
