@@ -15,7 +15,9 @@ check  for each batch size and input set, one step from the same state (weights 
 time   each step replayed from a CUDA graph (the chain's as the package captures it, the cluster's one or
        two launches captured the same way), CUDA events around --steps replays, the best of --repeats; and
        each variant's phases from its clock (SC_PROFILE: rank 0's globaltimer between the phases'
-       barriers); with --barriers, the cost of one cluster barrier (ten more of them in the first phase).
+       barriers); its parts: each of its launches replayed alone, and across its clusters the spread of
+       their starts and the last one's end (the clock's first and last marks of every cluster); with
+       --barriers, the cost of one cluster barrier (ten more of them in the first phase).
 Exits 1 when a check fails, 2 where the GPU cannot run clusters (compute capability below 9.0).
 """
 
@@ -178,8 +180,11 @@ def _us(step, stream, steps: int, repeats: int) -> float:
     return time_launcher(step, stream, budget_ms=1e12, max_calls=steps, repeats=repeats, graph=False) * 1e3
 
 
-def time_both(n: int, steps: int, repeats: int, modules) -> tuple[float, dict, dict]:
-    """(the chain's us a step, each variant's, each variant's phases in us from one profiled step)."""
+def time_both(n: int, steps: int, repeats: int, modules) -> tuple[float, dict, dict, dict]:
+    """(the chain's us a step, each variant's, each variant's phases in us from one profiled step, each variant's
+    parts: {"clusters": its clusters' launch alone, "update": the update's alone (us; absent with one cluster),
+    "starts": the spread of its clusters' first marks, "ends": its last cluster's last mark after the first
+    cluster's first (us; from a profiled step, where the variant has the clock)})."""
     import cupy
     import numpy as np
 
@@ -188,19 +193,28 @@ def time_both(n: int, steps: int, repeats: int, modules) -> tuple[float, dict, d
     model.load_batch(x, y)
     model.set_lr(np.float32(LR))
     chain = _us(lambda: model.step(n), model.stream, steps, repeats)
-    mine, phases = {}, {}
+    mine, phases, parts = {}, {}, {}
     for module in modules:
-        mine[module] = _us(replayed(cluster_step(model, n, module), model.stream), model.stream, steps, repeats)
+        step = cluster_step(model, n, module)
+        mine[module] = _us(replayed(step, model.stream), model.stream, steps, repeats)
+        part = parts[module] = {}
+        for name, launch in zip(("clusters", "update"), step.launches):
+            part[name] = _us(replayed(launch, model.stream), model.stream, steps, repeats)
         prof = cupy.zeros(16 * n, cupy.uint64)
         profiled = cluster_step(model, n, module, prof)
         for _ in range(3):
             profiled()
         model.stream.synchronize()
-        marks = prof.get()[:len(phases_of(module)) + 1].astype(np.int64)
+        last = len(phases_of(module))
+        rows = prof.get().reshape(-1, 16)[:profiled.clusters].astype(np.int64)
+        marks = rows[0, :last + 1]
         phases[module] = [(b - a) / 1000 for a, b in zip(marks[:-1], marks[1:])] if marks.all() else []
+        if rows[:, [0, last]].all():
+            first = rows[:, 0].min()
+            part["starts"], part["ends"] = (rows[:, 0].max() - first) / 1000, (rows[:, last].max() - first) / 1000
     chain2 = _us(lambda: model.step(n), model.stream, steps, repeats)   # interleaved: the machine's drift
     model.close()
-    return min(chain, chain2), mine, phases
+    return min(chain, chain2), mine, phases, parts
 
 
 def main(argv=None) -> int:
@@ -243,10 +257,13 @@ def main(argv=None) -> int:
     if not args.check_only:
         print(f"{'batch':>6} {'chain':>7} " + " ".join(f"{m[13:] or 'shipped':>10}" for m in args.variants) + "   (us a step)")
         for n in args.batch:
-            chain, mine, phases = time_both(n, args.steps, args.repeats, args.variants)
+            chain, mine, phases, parts = time_both(n, args.steps, args.repeats, args.variants)
             print(f"{n:6d} {chain:7.2f} " + " ".join(f"{mine[m]:10.2f}" for m in args.variants))
             for m in args.variants:
                 print(f"         {m:24s} phases (us): " + ", ".join(f"{p} {v:.2f}" for p, v in zip(phases_of(m), phases[m])))
+                print(f"         {m:24s} parts (us): " + ", ".join(
+                    f"{k} {v:.2f}" for k, v in parts[m].items()) + "  (each launch alone; the clusters' first marks' "
+                    "spread, the last cluster's end after the first's start)")
                 if m in PROBES and PROBES[m] in phases:
                     print(f"         {m:24s} a cluster barrier: {(phases[m][0] - phases[PROBES[m]][0]) / 10:.3f} us "
                           f"({shape(m)[0]} threads a block, {RANKS} blocks)")
