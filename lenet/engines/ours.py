@@ -129,13 +129,16 @@ class Ours(OurStages, OurHead, OurStep, Engine):
         kernel cache) on threads of their own (Note [first run] in lenet/kernels/nvrtc.py), and the whole
         step's forms offered at them, which the planner checks and times at its first plan of each size
         (Note [the whole step's batch sizes] in lenet/kernels/step.py): compiled there, one after the other,
-        they held a first plan 0.7-0.9 s each. The rest compile when a plan asks for them: versions only a
-        search times would share the CPU with the compiles a first step waits for."""
+        two forms held a first plan at 64 images 1.3 and 1.8 s (docs/performance.md, "Time to accuracy").
+        The rest compile when a plan asks for them: versions only a search times would share the CPU with
+        the compiles a first step waits for. (A program that never runs the whole step, a pack's or one
+        whose policy refuses it, still compiles its forms: warm knows the batch sizes only.)"""
         from ..kernels import arch, step as step_kernels
 
         large = not batches or max(batches) >= head_kernels.TAIL_HEURISTIC_MIN   # the tail form's kernels
-        whole = [f.module for n in batches or () for f in step_kernels.forms(n)] if arch() >= step_kernels.ARCH else []
-        prefetch(stages.heuristic_modules(batches) + (("head_tail",) if large else ()) + tuple(dict.fromkeys(whole)))
+        prefetch(stages.heuristic_modules(batches) + (("head_tail",) if large else ()))
+        if batches and arch() >= step_kernels.ARCH:
+            prefetch(dict.fromkeys(f.module for n in batches for f in step_kernels.forms(n)))
 
     # ---------------------------------------------------------------- the protocol
 

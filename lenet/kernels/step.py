@@ -7,8 +7,8 @@ threads a block: step_cluster (one image, 43 KB of shared memory a block), step_
 (62 KB) and step_cluster_g2_t256. On an H200 one image a cluster beats the chain from one image to about 24
 (8 images: 13.3 us a step against 30.5) and is level with it at 32, where its clusters begin to outnumber what
 fits beside each other; at 256 threads a block (more blocks an SM) it still wins at 32-40 (19.7-21.0 us against
-25.0-25.7), two images a cluster at 48-56 (22.2-22.6 against 27.6-29.2), two at 256 threads at 64-80 (27.9-28.4
-against 28.7-33.7); at 96 the chain wins (35.8 against 39.9 and more). Three and four images a cluster lost to
+25.0-25.9), two images a cluster at 48-56 (22.1-22.6 against 27.1-29.6), two at 256 threads at 64-80 (27.7-28.5
+against 28.6-33.8); at 96 the chain wins against these (35.8-36.4 against 39.8 and more). Three and four images a cluster lost to
 these (dev/step_cluster.cu's _g3, _g4: each phase's work grows with the images, its block's threads do not).
 Our engine offers each form over the batch sizes of FORMS, about where it won, and the planner times those
 offered against the chain (docs/kernels.md, "The whole step"). Each form offered is a module a first run
