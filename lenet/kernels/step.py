@@ -64,6 +64,15 @@ def shape(module: str = MODULE) -> tuple[int, int, int]:
     return int(defines.get("SC_THREADS", 512)), m.smem_bytes(0), int(defines.get("SC_MAXG", 1))
 
 
+@functools.lru_cache(maxsize=None)
+def rows_only(module: str) -> bool:
+    """Whether a module writes its gradients into rows of ``part`` at every batch size (SC_ROWS_ONLY: the update
+    is always step_cluster_update_kernel's, one cluster too)."""
+    from . import _declared
+
+    return "SC_ROWS_ONLY" in _declared(module).defines
+
+
 class ClusterStep:
     """One training step of a model's buffers at batch n on ``stream``: ``x``, ``labels`` its input rows;
     ``loss`` (lenet.ops.LossTensors) the totals, logits and label smoothing (a float); ``update``
@@ -82,10 +91,11 @@ class ClusterStep:
         threads, smem, maxg = shape(module)
         self.module, self.n, self.clusters = module, int(n), -(-int(n) // maxg)
         c, u = self.clusters, update
+        rows = c > 1 or rows_only(module)   # the gradients into rows of part, then the update's launch
         total = int(u.params.size)
         with stream:   # zeroed on the step's stream, before its first launch (a non-blocking stream: CuPy's
             # default one would not be ordered before it)
-            self.part = cupy.zeros((c, total), cupy.float32) if c > 1 else None   # zero where no parameter is
+            self.part = cupy.zeros((c, total), cupy.float32) if rows else None   # zero where no parameter is
             self.part_loss = cupy.zeros(c, cupy.float32)
             self.part_correct = cupy.zeros(c, cupy.int32)
         ema = u.ema if u.ema is not None else null
@@ -94,9 +104,9 @@ class ClusterStep:
         scale = f32(1.0 / n)
         self.launches = [Launch(kernel(module, "step_cluster_kernel"), (RANKS * c,), (threads,), (
             x, labels, i32(n), u.params, u.grads, u.velocity, ema, u.lr, *rule, f32(loss.label_smoothing), scale,
-            scale, loss.loss, loss.correct, running, self.part if c > 1 else null, self.part_loss,
+            scale, loss.loss, loss.correct, running, self.part if rows else null, self.part_loss,
             self.part_correct, loss.logits, null if prof is None else prof), stream, shared_mem=smem)]
-        if c > 1:
+        if rows:
             self.launches.append(Launch(kernel(module, "step_cluster_update_kernel"),
                                         (-(-total // UPDATE_THREADS),), (UPDATE_THREADS,), (
                 self.part, i32(c), u.params, u.grads, u.velocity, ema, u.lr, *rule, self.part_loss,
