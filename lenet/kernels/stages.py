@@ -30,6 +30,7 @@ def kernel_arch() -> int:
 
     return arch()
 
+
 BACKWARD_BLOCKS_PER_SM = (4, 3, 2, 8, 16)   # the launch shapes a search times (scripts/probes/stage_kernels.py)
 FORWARD_BLOCKS_PER_SM = (8, 4, 16)
 # The heuristic's first candidate, per stage and direction: the first row whose bound the batch's images
