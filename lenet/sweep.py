@@ -678,7 +678,7 @@ def main(argv=None) -> int:
 
     check_pack(policy, 2)   # an engine for every operation of a pack, before anything is read
     plotter = start_plotter(args)
-    with startup.starting(args.engine, (max(args.batch_size), args.eval_batch_size)):   # the evaluations' too
+    with startup.starting(args.engine, (max(args.batch_size), args.eval_batch_size), pack=True):   # evaluations' too
         run = prepare(args)
     from descriptors import require_gpu
 

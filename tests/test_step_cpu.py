@@ -211,7 +211,7 @@ def test_without_momentum_or_an_average_the_check_compares_neither():
 
 def test_our_engine_starts_compiling_the_forms_offered_at_the_programs_batch_sizes(monkeypatch):
     """Ours.warm (at start-up, once the flags give the batch sizes) prefetches the whole step's forms offered at
-    them beside the stage kernels, on sm_90 and newer only."""
+    them beside the stage kernels, on sm_90 and newer only, and not for a program of packs (lenet sweep)."""
     import lenet.kernels as kernels
     from lenet.engines import ours
     from lenet.kernels import stages
@@ -227,6 +227,9 @@ def test_our_engine_starts_compiling_the_forms_offered_at_the_programs_batch_siz
         ours.Ours().warm(batches)
         assert [n for n in got if n.startswith("step_")] == want, batches
         assert "stage_reduce" in got
+    got.clear()
+    ours.Ours().warm((64, 1000), pack=True)
+    assert got and not [n for n in got if n.startswith("step_")]
     monkeypatch.setattr(kernels, "arch", lambda: 80)
     got.clear()
     ours.Ours().warm((8, 1000))
