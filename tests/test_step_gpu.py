@@ -56,47 +56,21 @@ def _inputs(n, seed=0):
     return out
 
 
-def _margins(state, x):
-    """Per image, in float64 at ``state``: how close its nearest pooling or ReLU decision is to a tie. A window's
-    is its maximum less the next value below it (an exact tie breaks alike in float32, the first maximum, and
-    Fashion-MNIST's constant backgrounds are full of them) where the maximum is positive, and |its maximum| (the
-    ReLU after it); fc1's, |its pre-activation|."""
-    import torch
-    import torch.nn.functional as F
-    from torch_lenet import from_state
-
-    m = from_state(state, device="cpu", dtype=torch.float64)
-    t = torch.as_tensor(x, dtype=torch.float64).reshape(-1, 1, 28, 28)
-    n = len(t)
-
-    def stage(a):   # (the images' closest decisions of this conv's windows, relu(maxpool(a)))
-        c, h, w = a.shape[1:]
-        win = a.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(n, -1, 4)
-        top = win.max(-1).values
-        below = torch.where(win < top[..., None], win, torch.full_like(win, -torch.inf)).max(-1).values
-        gap = torch.where(top > 0, top - below, torch.full_like(top, torch.inf))
-        return torch.minimum(gap, top.abs()).min(1).values, F.relu(F.max_pool2d(a, 2))
-
-    with torch.no_grad():
-        g1, p1 = stage(m.conv1(t))
-        g2, p2 = stage(m.conv2(p1))
-        a3 = m.fc1(p2.flatten(1))
-    return torch.stack([g1, g2, a3.abs().min(1).values], 1).min(1).values.numpy()
-
-
 def _well_decided(state, source, n, margin=1e-5):
     """n images of ``source`` (random normals, or Fashion-MNIST's training images from its first) and their labels,
     each of whose pooling and ReLU decisions is at least ``margin`` from a tie in float64 at ``state``
-    (``_margins``). A decision within rounding of its tie may be taken either way by two float32 sums in
+    (tests/torch_lenet.py's margins_past_ties). A decision within rounding of its tie may be taken either way by two float32 sums in
     different orders, and moves a gradient by a whole term (tests/numerics.py, Note [step numerics]): 1 of 80
     Fashion-MNIST images put conv1's weight gradient 7e-4 from the chain's."""
+    from torch_lenet import margins_past_ties
+
     if source == "random":
         rng = np.random.default_rng(11)
         x = rng.standard_normal((4 * n, 1, 28, 28), dtype=np.float32)
         y = rng.integers(0, 10, 4 * n).astype(np.int32)
     else:
         x, y = _inputs(4 * n)[-1][1:]
-    keep = np.flatnonzero(_margins(state, x) >= margin)[:n]
+    keep = np.flatnonzero(margins_past_ties(state, x) >= margin)[:n]
     assert len(keep) == n, f"{len(keep)} of {4 * n} {source} images decide every pooling and ReLU clearly"
     return x[keep], y[keep]
 

@@ -70,6 +70,31 @@ def decision_margins(state: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
     return margins.min(dim=1).values.numpy()
 
 
+def margins_past_ties(state: dict[str, np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Per image, in float64: how close its nearest decision that two float32 sums could take either way is to
+    its tie. Unlike ``decision_margins``, an exact tie is not near one (both break it alike, the first maximum,
+    and Fashion-MNIST's constant backgrounds are full of them), and a ReLU counts where it decides what passes:
+    a window's is its maximum less the next value below it where the maximum is positive, and |its maximum|
+    (the ReLU after it); fc1's, |its pre-activation|."""
+    m = from_state(state, device="cpu", dtype=torch.float64)
+    t = torch.as_tensor(x, dtype=torch.float64).reshape(-1, 1, 28, 28)
+    n = len(t)
+
+    def stage(a):   # (the images' closest decisions of this conv's windows, relu(maxpool(a)))
+        c, h, w = a.shape[1:]
+        win = a.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(n, -1, 4)
+        top = win.max(-1).values
+        below = torch.where(win < top[..., None], win, torch.full_like(win, -torch.inf)).max(-1).values
+        gap = torch.where(top > 0, top - below, torch.full_like(top, torch.inf))
+        return torch.minimum(gap, top.abs()).min(1).values, F.relu(F.max_pool2d(a, 2))
+
+    with torch.no_grad():
+        g1, p1 = stage(m.conv1(t))
+        g2, p2 = stage(m.conv2(p1))
+        a3 = m.fc1(p2.flatten(1))
+    return torch.stack([g1, g2, a3.abs().min(1).values], 1).min(1).values.numpy()
+
+
 def well_conditioned_batch(state, n: int, seed: int, margin: float = 1e-4):
     """n standard-normal images (and uniform labels) whose decision margins are >= margin."""
     rng = np.random.default_rng(seed)

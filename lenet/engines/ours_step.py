@@ -32,13 +32,10 @@ class OurStep:
         return [Named(self.name, f.name) for f in step_kernels.forms(n)]
 
     def _step_bind(self, op, n: int, candidate, planner) -> PlannedOp:
-        form = next((f for f in step_kernels.FORMS if f.name == candidate.name), None)
-        if form is None:
-            raise ValueError(f"{candidate.name!r} is not a form of the whole step: "
-                             f"{', '.join(f.name for f in step_kernels.FORMS)}")
+        module = step_kernels.form(candidate.name).module
         x, labels = op.stages[0].tensors.x, op.loss.labels
         return PlannedStep(self.name, step_kernels.ClusterStep(x[:n], labels[:n], op.loss, op.update, n,
-                                                               planner.ctx.stream, form.module))
+                                                               planner.ctx.stream, module))
 
 
 class PlannedStep(PlannedOp):

@@ -8,8 +8,9 @@ threads a block: step_cluster (one image, 43 KB of shared memory a block), step_
 (8 images: 13.3 us a step against 30.5) and is level with it at 32, where its clusters begin to outnumber what
 fits beside each other; at 256 threads a block (more blocks an SM) it still wins at 32-40 (19.7-21.0 us against
 25.0-25.9), two images a cluster at 48-56 (22.1-22.6 against 27.1-29.6), two at 256 threads at 64-80 (27.7-28.5
-against 28.6-33.8); at 96 the chain wins against these (35.8-36.4 against 39.8 and more). Three and four images a cluster lost to
-these (dev/step_cluster.cu's _g3, _g4: each phase's work grows with the images, its block's threads do not).
+against 28.6-33.8); at 96 the chain wins against these (35.8-36.4 against 39.8 and more). Three and four images
+a cluster lost to these (dev/step_cluster.cu's _g3, _g4: each phase's work grows with the images, its block's
+threads do not).
 Our engine offers each form over the batch sizes of FORMS, about where it won, and the planner times those
 offered against the chain (docs/kernels.md, "The whole step"). Each form offered is a module a first run
 compiles (0.7-2.4 s of a CPU, started at start-up: Ours.warm), so the ranges overlap little: at the default
@@ -52,6 +53,21 @@ def forms(n: int) -> list[Form]:
     return [f for f in FORMS if f.smallest <= n <= f.largest]
 
 
+def form(name: str) -> Form:
+    """The form a candidate names; a ValueError naming the forms where none does."""
+    found = next((f for f in FORMS if f.name == name), None)
+    if found is None:
+        raise ValueError(f"{name!r} is not a form of the whole step: {', '.join(f.name for f in FORMS)}")
+    return found
+
+
+def _defines(module: str) -> dict:
+    """A module's define= macros, {name: value} ('' for a bare name)."""
+    from . import _declared
+
+    return dict(d.partition("=")[::2] for d in _declared(module).defines)
+
+
 @functools.lru_cache(maxsize=None)
 def shape(module: str = MODULE) -> tuple[int, int, int]:
     """(threads a block, dynamic shared memory in bytes, images a cluster) of a module of step_cluster.cu or of
@@ -59,18 +75,15 @@ def shape(module: str = MODULE) -> tuple[int, int, int]:
     else the files' defaults)."""
     from . import _declared
 
-    m = _declared(module)
-    defines = dict(d.partition("=")[::2] for d in m.defines)
-    return int(defines.get("SC_THREADS", 512)), m.smem_bytes(0), int(defines.get("SC_MAXG", 1))
+    defines = _defines(module)
+    return int(defines.get("SC_THREADS", 512)), _declared(module).smem_bytes(0), int(defines.get("SC_MAXG", 1))
 
 
 @functools.lru_cache(maxsize=None)
 def rows_only(module: str) -> bool:
     """Whether a module writes its gradients into rows of ``part`` at every batch size (SC_ROWS_ONLY: the update
     is always step_cluster_update_kernel's, one cluster too)."""
-    from . import _declared
-
-    return "SC_ROWS_ONLY" in _declared(module).defines
+    return "SC_ROWS_ONLY" in _defines(module)
 
 
 class ClusterStep:
