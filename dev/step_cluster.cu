@@ -4,8 +4,6 @@
 //   _t256_dev             what ships as step_cluster_t256: 256 threads a block
 //   _g3, _g4, _g8         3, 4, 8 images a cluster (SC_MAXG; step_cluster_g2 and _g2_t256 ship 2); _g3_t256,
 //                         _g4_t256 at 256 threads a block
-//   _rows, _t256_rows, _g2_rows, _g2_t256_rows, _g4_rows, _g4_t256_rows   the gradients always into rows, the
-//                         update always its own launch (SC_ROWS_ONLY): no update's registers in the step
 //   _acqrel               the cluster barrier with its default release/acquire in every thread
 //   _syncs, _syncs_acqrel, _syncs_relaxed, _syncs_t256   ten more barriers in the first phase: a barrier's cost
 //   _empty                returns at once: the launch floor of this shape
@@ -14,12 +12,6 @@
 // module step_cluster_g4: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_MAXG=4 smem=25824
 // module step_cluster_g3: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_MAXG=3 smem=20884
 // module step_cluster_g3_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_MAXG=3 define=SC_THREADS=256 smem=20884
-// module step_cluster_rows: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_ROWS_ONLY smem=11004
-// module step_cluster_t256_rows: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_ROWS_ONLY define=SC_THREADS=256 smem=11004
-// module step_cluster_g2_rows: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_ROWS_ONLY define=SC_MAXG=2 smem=15944
-// module step_cluster_g2_t256_rows: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_ROWS_ONLY define=SC_MAXG=2 define=SC_THREADS=256 smem=15944
-// module step_cluster_g4_rows: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_ROWS_ONLY define=SC_MAXG=4 smem=25824
-// module step_cluster_g4_t256_rows: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_ROWS_ONLY define=SC_MAXG=4 define=SC_THREADS=256 smem=25824
 // module step_cluster_g8: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_MAXG=8 smem=45584
 // module step_cluster_g4_t256: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_MAXG=4 define=SC_THREADS=256 smem=25824
 // module step_cluster_t256_dev: arch=90 uses=stage_common,softmax_ce_row,head_common,sgd_rule,step_common,step_cluster define=SC_PROFILE define=SC_THREADS=256 smem=11004

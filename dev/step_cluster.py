@@ -39,9 +39,7 @@ LR = 0.05
 # What ships (lenet/kernels/step_cluster.cu's forms), then dev/step_cluster.cu's variants (its comment says what
 # each is).
 SHIPPED = tuple(f.module for f in FORMS)
-VARIANTS = SHIPPED + ("step_cluster_dev", "step_cluster_t256_dev", "step_cluster_rows", "step_cluster_t256_rows",
-                      "step_cluster_g2_rows", "step_cluster_g2_t256_rows", "step_cluster_g4_rows",
-                      "step_cluster_g4_t256_rows", "step_cluster_g3",
+VARIANTS = SHIPPED + ("step_cluster_dev", "step_cluster_t256_dev", "step_cluster_g3",
                       "step_cluster_g3_t256", "step_cluster_g4", "step_cluster_g8", "step_cluster_g4_t256",
                       "step_cluster_acqrel", "step_cluster_v1")
 # The same step with ten more cluster barriers in its first phase (a barrier's cost: the difference / 10): the

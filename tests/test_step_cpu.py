@@ -127,14 +127,12 @@ def test_the_workbench_variants_are_the_shipped_file_under_other_macros(tmp_path
         v1 = kernels.declare(ROOT / "dev" / "step_cluster_v1.cu")
         assert [m.name for m in v1] == ["step_cluster_v1"] and "step_cluster" not in v1[0].uses
         assert step.shape("step_cluster_t256_dev")[0] == 256 and step.shape("step_cluster_v1") == (512, 4 * 24880, 1)
-        assert step.rows_only("step_cluster_g2_rows") and not any(step.rows_only(f.module) for f in step.FORMS)
-        for name in ("step_cluster_dev", "step_cluster_g4", "step_cluster_g2_t256_rows", "step_cluster_v1"):
+        for name in ("step_cluster_dev", "step_cluster_g4", "step_cluster_g4_t256", "step_cluster_v1"):
             nvrtc.binary(f"dev.{name}", kernels.source(name), kernels.options(name), 90)
     finally:
         kernels.declared().clear()
         kernels.declared().update(shipped)
         step.shape.cache_clear()
-        step.rows_only.cache_clear()
 
 
 def _states(seed=0, momentum=True, ema=True):

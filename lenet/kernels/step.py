@@ -79,13 +79,6 @@ def shape(module: str = MODULE) -> tuple[int, int, int]:
     return int(defines.get("SC_THREADS", 512)), _declared(module).smem_bytes(0), int(defines.get("SC_MAXG", 1))
 
 
-@functools.lru_cache(maxsize=None)
-def rows_only(module: str) -> bool:
-    """Whether a module writes its gradients into rows of ``part`` at every batch size (SC_ROWS_ONLY: the update
-    is always step_cluster_update_kernel's, one cluster too)."""
-    return "SC_ROWS_ONLY" in _defines(module)
-
-
 class ClusterStep:
     """One training step of a model's buffers at batch n on ``stream``: ``x``, ``labels`` its input rows;
     ``loss`` (lenet.ops.LossTensors) the totals, logits and label smoothing (a float); ``update``
@@ -104,7 +97,7 @@ class ClusterStep:
         threads, smem, maxg = shape(module)
         self.module, self.n, self.clusters = module, int(n), -(-int(n) // maxg)
         c, u = self.clusters, update
-        rows = c > 1 or rows_only(module)   # the gradients into rows of part, then the update's launch
+        rows = c > 1   # the gradients into rows of part, then the update's launch
         total = int(u.params.size)
         with stream:   # zeroed on the step's stream, before its first launch (a non-blocking stream: CuPy's
             # default one would not be ordered before it)

@@ -179,11 +179,7 @@ step_cluster_kernel(const float* __restrict__ x, const int* __restrict__ labels,
   const int img0 = cl * SC_MAXG;        // the cluster's first image; images img0 + m >= N are zeros, their loss's
                                         // gradient zero: they add nothing
   const bool c1 = rank < 6;             // owns conv1's channel rank
-#ifdef SC_ROWS_ONLY   // gradients always into rows of part, the update always step_cluster_update_kernel's: a
-  const bool alone = false;   // form never launched as one cluster keeps no update's registers (32-40 a thread
-#else                         // against 62-78; dev/step_cluster.cu's _rows variants)
   const bool alone = clusters == 1;
-#endif
   SC_MARK(0);
   float* const dst = alone ? grads : part + (size_t)cl * PARAMS_TOTAL;
 

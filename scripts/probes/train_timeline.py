@@ -75,7 +75,9 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
 
                     prof.disable()
                     buf = io.StringIO()
-                    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(28)
+                    st = pstats.Stats(prof, stream=buf).sort_stats("cumulative")
+                    st.print_stats(28)
+                    st.print_callers("sleep|_lib.py:.*call")
                     profiles[tag] = buf.getvalue()
 
         setattr(owner, name, timed)
