@@ -407,19 +407,14 @@ def leave(code: int) -> None:
 
 
 def device_facts(model) -> dict:
-    import importlib.metadata
-
     import descriptors
-    from descriptors.graph import FRONTEND_PACKAGE, available
+    from descriptors.graph import available, frontend_version
 
     v = model.blas.version()
-    if "cudnn" in sys.modules:   # the frontend is loaded (a graph plan was built, or its engine was named)
-        ok, why = available()
+    if "cudnn" in sys.modules or frontend_version() is None:   # the frontend is loaded (a graph plan was built,
+        ok, why = available()                                      # or its engine was named), or not installed
     else:   # no graph plan was needed (a stored choice, say): name the package without loading it
-        try:
-            ok, why = True, f"{importlib.metadata.version(FRONTEND_PACKAGE)} (not loaded: no graph plan in use)"
-        except importlib.metadata.PackageNotFoundError:
-            ok, why = available()
+        ok, why = True, f"{frontend_version()} (not loaded: no graph plan in use)"
     return {"gpu": model.handle.gpu_name, "cudnn": descriptors.version_string(),
             "cublas": f"{v // 10000}.{v % 10000 // 100}.{v % 100}",
             "graph_api": f"nvidia-cudnn-frontend {why}" if ok else f"unavailable: {why}"}

@@ -82,17 +82,12 @@ def environment(gpu: str, driver: int, cudnn: str, frontend: str | None) -> dict
 def current_environment(handle) -> dict:
     """The environment of ``handle``'s GPU, without importing the frontend (its version comes
     from the installed package's metadata)."""
-    import importlib.metadata
-
     from cupy_backends.cuda.api import runtime
 
     import descriptors
+    from descriptors.graph import frontend_version
 
-    try:
-        fe = importlib.metadata.version("nvidia-cudnn-frontend")
-    except importlib.metadata.PackageNotFoundError:
-        fe = None
-    return environment(handle.gpu_name, runtime.driverGetVersion(), descriptors.version_string(), fe)
+    return environment(handle.gpu_name, runtime.driverGetVersion(), descriptors.version_string(), frontend_version())
 
 
 class PlanCache:

@@ -12,7 +12,7 @@ import warnings
 
 from descriptors.algorithms import POLICIES, is_graph_plan_name
 from descriptors.candidates import GraphConvs
-from descriptors.graph import available
+from descriptors.graph import available, frontend_version
 
 from .base import ConvEngine
 
@@ -41,9 +41,5 @@ class Graph(ConvEngine):
         return None
 
     def version(self) -> str:
-        import importlib.metadata
+        return frontend_version() or "none"
 
-        try:
-            return importlib.metadata.version("nvidia-cudnn-frontend")
-        except importlib.metadata.PackageNotFoundError:
-            return "none"
