@@ -265,6 +265,7 @@ def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path)
     lenet/kernels/nvrtc.py) completes and leaves our kernel cache holding one binary per module it
     launches and CuPy's kernel cache empty (no generic CuPy kernel on the way to the step), and our
     plans and bytecode under $XDG_CACHE_HOME/lenet; a second run finds everything and compiles nothing."""
+    from lenet.kernels import nvrtc, step
     from lenet.kernels import stages as ours_stage
 
     cupy_cache, xdg = tmp_path / "cupy", tmp_path / "xdg"
@@ -282,12 +283,15 @@ def test_a_first_run_fills_the_caches_and_a_later_run_compiles_nothing(tmp_path)
 
     first, written = train_step()
     assert not _cache_kernels(cupy_cache), f"CuPy compiled kernels on the way to the step: {_cache_kernels(cupy_cache)}"
-    # The heuristic's stage kernels (the split backward versions compile when a search times them)
-    # and every module the programs may launch, the search's distance among them.
+    # The heuristic's stage kernels (the split backward versions compile when a search times them),
+    # every module the programs may launch, the search's distance among them, and on sm_90 and newer the
+    # whole step's forms offered at 64 images (Ours.warm starts them; the planner times them), by the GPU's own
+    # compute capability (the child has no LENET_ variable).
     ours = {"head": "head_forward_kernel", "head_split": "head_split_out_kernel",
             "head_weights": "head_weights_kernel", "softmax_ce": "softmax_ce_kernel",
             "sgd": "sgd_kernel", "data": "gather_batch_kernel", "distance": "distance_kernel",
-            **{m: f"{m}_kernel" for m in ours_stage.heuristic_modules([64])}}
+            **{m: f"{m}_kernel" for m in ours_stage.heuristic_modules([64])},
+            **{f.module: "step_cluster_kernel" for f in step.forms(64) if nvrtc.device_arch() >= step.ARCH}}
     for module, kernel in ours.items():   # files named <package>.<module>.<arch>.<digest>.cubin
         files = [f for f in first if f.split(".")[1] == module]
         assert len(files) == 1 and kernel in first[files[0]], (module, sorted(first))
