@@ -42,19 +42,6 @@ from .errors import CudnnError
 from .tensor import check_array, data_type
 
 FRONTEND_PACKAGE = "nvidia-cudnn-frontend"
-
-
-@functools.lru_cache(maxsize=None)
-def frontend_version() -> str | None:
-    """The installed nvidia-cudnn-frontend's version, from its package metadata without importing it (None
-    where it is not installed); read once a process: a read took 2 ms, and a first run's plans asked ten times
-    each (their stored choices' keys)."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(FRONTEND_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 FRONTEND_PIN = ">=1.28,<1.29"
 
 FORWARD, BACKWARD_DATA, BACKWARD_FILTER = "fwd", "bwd-data", "bwd-filter"
@@ -71,6 +58,19 @@ ROLES = {
     (BACKWARD_DATA, "drelu"): ("dy", "w", "act", "dx"),
     (BACKWARD_FILTER, ""): ("x", "dy", "dw"),
 }
+
+
+@functools.lru_cache(maxsize=None)
+def frontend_version() -> str | None:
+    """The installed nvidia-cudnn-frontend's version, from its package metadata without importing it (None
+    where it is not installed); read once a process: a read took 2 ms, and a first run's plans asked ten times
+    each (their stored choices' keys)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(FRONTEND_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 class GraphUnavailable(ImportError):
