@@ -684,13 +684,14 @@ def started_early() -> bool:
     return _started_early
 
 
-def _start_compiles(engine: str | None, batches: tuple = (), pack: bool = False) -> None:
+def _start_compiles(engine: str | None, batches: tuple = (), pack: bool = False, policy=None) -> None:
     """Start our kernels' compiles (or their reads from the kernel cache) on threads, as soon as the
     driver's thread has GPU 0's architecture (Note [first run] in lenet/kernels/nvrtc.py): with no
     ``engine`` (start_gpu, before the program's own imports), the modules every program launches
     whatever its flags (lenet.kernels.COMMON_MODULES, the head's among them, one of the longest);
     with the engine and the batch sizes (``starting``, once the flags are parsed), the search's and
-    the stage kernels the engine runs at those sizes (``pack``: the program trains packs of models). The
+    the stage kernels the engine runs at those sizes (``pack``: the program trains packs of models;
+    ``policy``: the flags', lenet.engines.Policy, where the program has it). The
     modules that list them are imported here, on the main thread, before the preload thread is told the
     engine: the two threads never import one module at once (Note [overlapped start-up])."""
     from . import kernels
@@ -704,7 +705,7 @@ def _start_compiles(engine: str | None, batches: tuple = (), pack: bool = False)
 
         def names():
             kernels.prefetch(kernels.COMMON_MODULES)   # started already, unless start_gpu() was not run
-            engines.warm(engine, batches or None, pack)
+            engines.warm(engine, batches or None, pack, policy)
             mark("compiles' thread: every module started")
 
     def run():
@@ -728,7 +729,7 @@ def _start_compiles(engine: str | None, batches: tuple = (), pack: bool = False)
 
 
 @contextlib.contextmanager
-def starting(engine: str, batches=(), pack: bool = False):
+def starting(engine: str, batches=(), pack: bool = False, policy=None):
     """``with starting(args.engine): ...``: start the GPU's driver and context and cuDNN's set-up,
     and import what a model planned for ``engine`` loads (``preload``), on threads while the
     block runs (reading and checking a dataset, say), unless start_gpu() started them already;
@@ -737,10 +738,11 @@ def starting(engine: str, batches=(), pack: bool = False):
     one line and leaves through os._exit, threads and all. ``batches``: the batch sizes the
     program will plan (a training step's, an evaluation's), so the stage kernels the heuristic
     runs at them compile first (Note [first run] in lenet/kernels/nvrtc.py); ``pack``: its steps train packs
-    of models (lenet sweep), which no whole step runs."""
+    of models (lenet sweep), which no whole step runs; ``policy``: the flags' (lenet.engines.Policy), whose
+    rules may let no whole step run either."""
     pre = _start_preload()
     pre.engine, pre.batches = engine, tuple(batches)
-    _start_compiles(engine, pre.batches, pack)
+    _start_compiles(engine, pre.batches, pack, policy)
     pre.engine_known.set()
     wait = True
     try:

@@ -624,7 +624,8 @@ def main(argv=None) -> int:
 
     policy = cli.policy_from(args, Policy)
     plotter = start_plotter(args)   # Note [plotting in a child] in lenet/plot.py
-    with startup.starting(args.engine, (args.batch_size, args.eval_batch_size)):   # Note [overlapped start-up]
+    # Note [overlapped start-up]
+    with startup.starting(args.engine, (args.batch_size, args.eval_batch_size), policy=policy):
         run = prepare(args)   # everything that needs no GPU, first
     if run["done"]:   # before the GPU too: there is nothing to run
         print(f"nothing to do: the checkpoint {files.show(run['resume'])} is at epoch {run['meta']['epoch']} of "

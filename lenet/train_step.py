@@ -147,7 +147,7 @@ def main(argv=None) -> int:
 
     policy = cli.policy_from(args, Policy)
     check_dump(args)
-    with startup.starting(args.engine, (args.batch_size,)):   # Note [overlapped start-up]
+    with startup.starting(args.engine, (args.batch_size,), policy=policy):   # Note [overlapped start-up]
         x, y, source = make_batch(args)   # the data is checked before the GPU is touched
     from descriptors import require_gpu
 

@@ -199,7 +199,7 @@ def test_warm_asks_only_the_engines_the_flag_lets_compete(monkeypatch):
     called = []
     for e in ENGINES:
         if type(e).warm is not Engine.warm:   # the engines that warm anything
-            monkeypatch.setattr(e, "warm", lambda batches=None, pack=False, e=e: called.append(e.name))
+            monkeypatch.setattr(e, "warm", lambda batches=None, pack=False, policy=None, e=e: called.append(e.name))
     engines.warm("legacy")
     assert called == ["cudnn"]
     called.clear()

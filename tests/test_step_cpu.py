@@ -209,7 +209,8 @@ def test_without_momentum_or_an_average_the_check_compares_neither():
 
 def test_our_engine_starts_compiling_the_forms_offered_at_the_programs_batch_sizes(monkeypatch):
     """Ours.warm (at start-up, once the flags give the batch sizes) prefetches the whole step's forms offered at
-    them beside the stage kernels, on sm_90 and newer only, and not for a program of packs (lenet sweep)."""
+    them beside the stage kernels, on sm_90 and newer only, and not for a program of packs (lenet sweep) nor under
+    a policy that lets no whole step run (--algo fixing a stage's candidate, --chunk, --deterministic)."""
     import lenet.kernels as kernels
     from lenet.engines import ours
     from lenet.kernels import stages
@@ -228,6 +229,16 @@ def test_our_engine_starts_compiling_the_forms_offered_at_the_programs_batch_siz
     got.clear()
     ours.Ours().warm((64, 1000), pack=True)
     assert got and not [n for n in got if n.startswith("step_")]
+    from lenet.engines import Policy
+
+    for flags, forms in ((dict(), True), (dict(algo="heuristic"), True), (dict(algo="exhaustive"), True),
+                         (dict(algo="fwd=implicit_gemm"), False), (dict(chunk=16), False),
+                         (dict(deterministic=True), False)):   # a policy that lets no whole step run: no form
+        got.clear()
+        policy = Policy.parse(flags.pop("algo", "heuristic"), **flags)
+        ours.Ours().warm((64, 1000), policy=policy)
+        assert bool([n for n in got if n.startswith("step_")]) is forms, flags
+        assert "stage_reduce" in got
     monkeypatch.setattr(kernels, "arch", lambda: 80)
     got.clear()
     ours.Ours().warm((8, 1000))

@@ -21,7 +21,7 @@ lets serve an operation for its candidates, binds each, and chooses by measureme
         def unavailable() -> str | None              # why it cannot run here (may load libraries)
         def version() -> str                         # what a stored choice of it depends on
         def scratch_per_image(op, policy) -> int     # bytes per image of max_batch it allocates for op
-        def warm(batches, pack)                      # start readying what it will launch
+        def warm(batches, pack, policy)              # start readying what it will launch
         def candidates(op, n, planner) -> list       # its ways to run op at batch n: named, each bound by bind
         def recall(op, n, stored, planner)           # the candidate a stored choice names, if offered still
         def bind(op, n, candidate, planner)          # -> a PlannedOp on op's tensors (raises
@@ -222,7 +222,7 @@ class Engine:
     def scratch_per_image(self, op, policy) -> int:
         return 0
 
-    def warm(self, batches=None, pack: bool = False) -> None:
+    def warm(self, batches=None, pack: bool = False, policy=None) -> None:
         return None
 
     def candidates(self, op, n: int, planner) -> list:

@@ -161,7 +161,7 @@ class Cudnn(Engine):
         """Bytes per image of max_batch this engine allocates for a stage: the unpooled output and its gradient."""
         return 2 * 4 * math.prod(op.spec.conv_chw)
 
-    def warm(self, batches=None, pack: bool = False) -> None:
+    def warm(self, batches=None, pack: bool = False, policy=None) -> None:
         prefetch(("distance",))   # the check of every convolution candidate (Note [exact candidates])
 
     def candidates(self, op, n: int, planner) -> list:

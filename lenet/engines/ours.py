@@ -124,20 +124,20 @@ class Ours(OurStages, OurHead, OurStep, Engine):
             return int(np.prod(op.spec.y)) + (4 * stages.for_spec(op.spec).width if lone else 0)
         return -(-4 * head_kernels.WIDTH // head_kernels.HEAD_PER[0]) if op.kind == "head" and op.models > 1 else 0
 
-    def warm(self, batches=None, pack: bool = False) -> None:
+    def warm(self, batches=None, pack: bool = False, policy=None) -> None:
         """Start compiling the kernels the heuristic runs at these batch sizes (or reading them from the
         kernel cache) on threads of their own (Note [first run] in lenet/kernels/nvrtc.py), and the whole
         step's forms offered at them, which the planner checks and times at its first plan of each size
         (Note [the whole step's batch sizes] in lenet/kernels/step.py): compiled there, one after the other,
         two forms held a first plan at 64 images 1.3 and 1.8 s (docs/performance.md, "Time to accuracy").
         The rest compile when a plan asks for them: versions only a search times would share the CPU with
-        the compiles a first step waits for. A program of packs (``pack``) runs no whole step; one whose
-        policy refuses it (--algo, --chunk, --deterministic) still compiles the forms."""
+        the compiles a first step waits for. A program of packs (``pack``) runs no whole step, nor one whose
+        ``policy`` lets none run (--algo fixing a stage's candidate, --chunk, --deterministic): no form then."""
         from ..kernels import arch, step as step_kernels
 
         large = not batches or max(batches) >= head_kernels.TAIL_HEURISTIC_MIN   # the tail form's kernels
         prefetch(stages.heuristic_modules(batches) + (("head_tail",) if large else ()))
-        if batches and not pack and arch() >= step_kernels.ARCH:
+        if batches and not pack and arch() >= step_kernels.ARCH and self._step_may_run(policy):
             prefetch(dict.fromkeys(f.module for n in batches for f in step_kernels.forms(n)))
 
     # ---------------------------------------------------------------- the protocol

@@ -19,13 +19,27 @@ class OurStep:
         if arch() < step_kernels.ARCH:
             return (f"needs thread-block clusters (compute capability {step_kernels.ARCH // 10}.0); these kernels are "
                     f"compiled for {arch() // 10}.{arch() % 10}")
+        why = self._step_policy_refuses(policy)
+        if why is not None:
+            return why
+        if any(s.spec.dx and not s.spec.dx_mask for s in op.stages):
+            return "does not compute the images' gradient"
+        return None
+
+    @staticmethod
+    def _step_policy_refuses(policy) -> str | None:
+        """Why the flags' policy lets no whole step run, whatever the operation (None: it may)."""
         if policy.owners():
             return "--algo fixes a stage's candidate, which the whole step does not run"
         if policy.chunk is not None:
             return "runs each image in one launch, and --chunk fixes cuDNN's calls"
-        if any(s.spec.dx and not s.spec.dx_mask for s in op.stages):
-            return "does not compute the images' gradient"
         return None
+
+    def _step_may_run(self, policy) -> bool:
+        """Whether a plan under ``policy`` (None: not known yet) may take the whole step: not where the policy
+        refuses it, nor where a reproducible policy's rule takes the chain, first, untimed (lenet/plan.py,
+        Note [reproducible choices])."""
+        return policy is None or (self._step_policy_refuses(policy) is None and not policy.reproducible)
 
     def _step_candidates(self, op, n: int) -> list:
         """The forms offered at batch n (Note [the whole step's batch sizes] in lenet/kernels/step.py)."""

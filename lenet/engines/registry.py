@@ -110,13 +110,13 @@ def unavailable(flag: str) -> str | None:
     return f"--engine {e.flag} cannot run here: {why}" if why else None
 
 
-def warm(flag: str, batches=None, pack: bool = False) -> None:
+def warm(flag: str, batches=None, pack: bool = False, policy=None) -> None:
     """Start readying what the engines --engine ``flag`` lets compete will launch, at these batch sizes
-    when they are known, for one model or (``pack``) packs of models (lenet/startup.py calls it once the
-    flags are parsed)."""
+    when they are known, for one model or (``pack``) packs of models, under the flags' ``policy`` when it
+    is known (lenet/startup.py calls it once the flags are parsed)."""
     for e in ENGINES:
         if flag in flags_of(e):
-            e.warm(batches, pack)
+            e.warm(batches, pack, policy)
 
 
 def uses_frontend(flag: str) -> bool:
