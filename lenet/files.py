@@ -25,6 +25,7 @@ from . import _early, interrupt
 _temporaries: set = set()        # temporary files being written now (Note [atomic writes])
 _temporary_names: set = set()    # (folder, prefix, suffix) of each: a signal between mkstemp and its record
 _temporaries_lock = threading.Lock()
+_stoppers: list = []             # callables that end a process writing into a leftover, run before it is removed
 
 
 def discard_temporaries() -> None:
@@ -34,6 +35,11 @@ def discard_temporaries() -> None:
     nothing of ours stays behind."""
     import shutil
 
+    while _stoppers:   # whatever still writes into a leftover ends first (a child process: Plotter)
+        try:
+            _stoppers.pop()()
+        except Exception:   # noqa: BLE001 - leaving regardless
+            pass
     with _temporaries_lock:
         found = set(_temporaries)
         for folder, prefix, suffix in _temporary_names:   # this process's names (its pid), recorded or not yet
@@ -55,12 +61,15 @@ def discard_temporaries() -> None:
 interrupt.before_exit(discard_temporaries)
 
 
-def leftover(path: str) -> None:
-    """A file or folder of this run's own, removed when the process ends however it ends."""
+def leftover(path: str, stop=None) -> None:
+    """A file or folder of this run's own, removed when the process ends however it ends; ``stop()`` first,
+    where another process may still write into it (it must end that process)."""
     import atexit
 
     with _temporaries_lock:
         _temporaries.add(path)
+        if stop is not None:
+            _stoppers.append(stop)
     atexit.register(discard_temporaries)
 
 

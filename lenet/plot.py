@@ -197,9 +197,14 @@ class Plotter:
         self._err = _error_file()   # a file, not a pipe: the child never blocks on it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT),
                                                                        os.environ.get("PYTHONPATH")) if p))
+        self._aside = _aside()   # Note [matplotlib's first import aside]
+        if self._aside is not None:
+            env.update({ASIDE_VARIABLE: json.dumps(self._aside), "MPLCONFIGDIR": self._aside[0]})
         self._proc = subprocess.Popen([sys.executable, "-m", "lenet.plot"], stdin=subprocess.PIPE,
                                       stdout=subprocess.DEVNULL, stderr=self._err, text=True, env=env,
                                       start_new_session=True)
+        if self._aside is not None:   # removed however the trainer ends, the child ended first
+            files.leftover(self._aside[0], stop=self._proc.kill)
         self._broken = False
         self._sent = 0   # the history's records the child has (draw)
 
@@ -248,6 +253,14 @@ class Plotter:
             pass
         self._proc.kill()
         self._err.close()
+        self._remove_aside()
+
+    def _remove_aside(self) -> None:
+        """The temporary folder of Note [matplotlib's first import aside], once the child is done or ended."""
+        if self._aside is not None:
+            import shutil
+
+            shutil.rmtree(self._aside[0], ignore_errors=True)
 
     def close(self, timeout: float = 60.0) -> str | None:
         try:
@@ -260,6 +273,7 @@ class Plotter:
             self._proc.kill()
             self._proc.wait()
             code = None
+        self._remove_aside()
         self._err.seek(0)
         lines = [ln for ln in self._err.read().splitlines() if ln.strip()]
         self._err.close()
@@ -298,6 +312,9 @@ def main(argv=None) -> int:
     # more than a later one). A drawing of made-up curves here, to have that done before any ask,
     # kept the child busy past most of a fast run's epochs, so that the run's last drawing waited for
     # a static layer made late (docs/performance.md, "Notes' numbers: writing").
+    aside = json.loads(os.environ.pop(ASIDE_VARIABLE, "null"))   # Note [matplotlib's first import aside]
+    if aside is not None:
+        _import_matplotlib()   # its folders the trainer's temporary one (MPLCONFIGDIR)
     made = {"curves": Curves() if matplotlib_writes_nothing() else None}   # else once asked, imported once ready
     history, due = [], None   # the records so far; the curve ask to act on once what arrived is read
 
@@ -313,7 +330,11 @@ def main(argv=None) -> int:
         files.checks_passed()   # the trainer asks once its checks passed: our writes may begin
         for ask in asks:
             if ask.get("ready"):   # Note [the child's import once the checks passed]
-                _import_matplotlib()
+                if aside is not None:   # imported already: its font list kept now
+                    _keep_aside(*aside)
+                    aside = None
+                else:
+                    _import_matplotlib()
             elif "sweep" in ask:
                 act()
                 due = None
@@ -335,18 +356,65 @@ def main(argv=None) -> int:
 # numbers: writing"). The trainer sends a ready line once its checks pass (Plotter.ready, from
 # files.after_checks, before its plans), and the child imports matplotlib and makes its font list then, while
 # the trainer plans (not the figure: a sweep's child draws another).
-def matplotlib_writes_nothing() -> bool:
-    """Whether matplotlib's import and a figure would write nothing: its configuration and cache folders are
-    there, with its font list (a first import makes them). The child imports it at once only then, else once
-    the trainer says its checks passed (the ready line: Note [the child's import once the checks passed]; Note
-    [nothing written before the checks] in lenet/files.py: a flag error in a fresh HOME made ~/.config/matplotlib)."""
-    import glob
-
+def _matplotlib_folders() -> tuple[str, str]:
+    """(configuration, cache) folders of matplotlib's here: $MPLCONFIGDIR for both, else XDG's or HOME's."""
     mine = os.environ.get("MPLCONFIGDIR")
     home = os.path.expanduser("~")
     config = mine or os.path.join(os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config"), "matplotlib")
     cache = mine or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "matplotlib")
+    return config, cache
+
+
+def matplotlib_writes_nothing() -> bool:
+    """Whether matplotlib's import and a figure would write nothing: its configuration and cache folders are
+    there, with its font list (a first import makes them). The child imports it at once then, else aside
+    (Note [matplotlib's first import aside]) or once the trainer says its checks passed (the ready line: Note
+    [the child's import once the checks passed]; Note [nothing written before the checks] in lenet/files.py: a
+    flag error in a fresh HOME made ~/.config/matplotlib)."""
+    import glob
+
+    config, cache = _matplotlib_folders()
     return os.path.isdir(config) and bool(glob.glob(os.path.join(glob.escape(cache), "fontlist-v*.json")))
+
+
+# Note [matplotlib's first import aside]: a first run's child imported matplotlib once the trainer's checks
+# passed (Note [the child's import once the checks passed]), and on a fresh machine that import (its font list
+# made) ended after a fast run's last epoch: "writing" took 0.82-0.92 s on an H200 machine, the import alone
+# 0.89-1.25 s there (docs/performance.md, "Time to accuracy"). So where matplotlib would write and its
+# configuration folder holds no settings of the user's (no matplotlibrc), the trainer makes a temporary folder
+# of its own and the child imports matplotlib at once with both its folders pointed there (MPLCONFIGDIR):
+# nothing of the user's is written before the checks. Once they passed (the ready line) the child writes the
+# font list made there into matplotlib's cache folder and makes its configuration folder, as its first import
+# would have (``_keep_aside``). The folder is the trainer's leftover (lenet/files.py): however the trainer
+# ends, the child is ended first (it might make the folder again) and the folder removed.
+ASIDE_VARIABLE = "LENET_PLOT_ASIDE"   # the child's: JSON [the temporary folder, matplotlib's two folders]
+
+
+def _aside() -> list | None:
+    """[a new temporary folder, matplotlib's configuration and cache folders] where a first import aside
+    applies (Note [matplotlib's first import aside]), else None."""
+    config, cache = _matplotlib_folders()
+    if matplotlib_writes_nothing() or os.path.exists(os.path.join(config, "matplotlibrc")):
+        return None
+    try:
+        return [tempfile.mkdtemp(prefix="lenet-matplotlib-"), config, cache]
+    except OSError:   # no usable temporary folder: the import waits for the checks
+        return None
+
+
+def _keep_aside(aside: str, config: str, cache: str) -> None:
+    """Once the checks passed: the font list made in ``aside`` written into ``cache`` and ``config`` made, as
+    matplotlib's first import there would have. A folder that cannot be written costs the next run's import."""
+    import glob
+
+    try:
+        for src in glob.glob(os.path.join(glob.escape(aside), "fontlist-v*.json")):
+            os.makedirs(cache, exist_ok=True)
+            with open(src, "rb") as f:
+                files.write_atomic(Path(cache) / os.path.basename(src), f.read())
+        os.makedirs(config, exist_ok=True)
+    except OSError:
+        pass
 
 
 def _asks(fd: int):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +196,101 @@ def test_the_plotting_child_imports_matplotlib_once_told_the_checks_passed(tmp_p
     p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
     assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     p.ready()   # after close: nothing, no error
+
+
+def test_a_first_runs_child_imports_matplotlib_aside_and_keeps_its_font_list_once_ready(tmp_path, monkeypatch):
+    """Note [matplotlib's first import aside] in lenet/plot.py: in a fresh HOME the child imports matplotlib at
+    once, its folders pointed at a temporary one, writing nothing of the user's; told ``ready`` it writes the
+    font list into matplotlib's cache folder and makes its configuration folder, and removes the temporary one;
+    a child whose trainer never says ready (a failed check) removes it too."""
+    pytest.importorskip("matplotlib")
+    import time
+
+    from lenet.plot import Plotter
+
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    for var in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+
+    def aside_font_lists():
+        return list(tmp.glob("lenet-matplotlib-*/fontlist-v*.json"))
+
+    def wait_for(cond, what):
+        deadline = time.monotonic() + 90
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cond(), what
+
+    p = Plotter(tmp_path / "curves.png")
+    wait_for(aside_font_lists, "the child did not import matplotlib aside before the checks passed")
+    assert not list(home.rglob("*")), "the child wrote into HOME before the checks passed"
+    p.ready()
+    cache, config = home / ".cache" / "matplotlib", home / ".config" / "matplotlib"
+    wait_for(lambda: list(cache.glob("fontlist-v*.json")) and config.is_dir() and not list(tmp.iterdir()),
+             "told ready, the child did not keep the font list in matplotlib's folders and remove its own")
+    p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
+    assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    monkeypatch.setenv("HOME", str(fresh))
+    q = Plotter(tmp_path / "never.png")
+    wait_for(aside_font_lists, "the child did not import matplotlib aside")
+    assert q.close() is None   # the trainer's pipe closed before any ready: its checks failed
+    assert not list(tmp.iterdir()) and not list(fresh.rglob("*")), "a child never told ready left files"
+
+
+def test_a_first_runs_child_imports_matplotlib_aside_and_keeps_its_font_list_once_ready(tmp_path, monkeypatch):
+    """Note [matplotlib's first import aside] in lenet/plot.py: in a fresh HOME the child imports matplotlib at
+    once, its folders pointed at the trainer's temporary one, writing nothing of the user's; told ``ready`` it
+    writes the font list into matplotlib's cache folder and makes its configuration folder; the temporary one
+    goes with the child. A child whose trainer ends before its checks passed is ended and leaves nothing."""
+    pytest.importorskip("matplotlib")
+    import time
+
+    from lenet import files
+    from lenet.plot import Plotter
+
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    for var in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+
+    def aside_font_lists():
+        return list(tmp.glob("lenet-matplotlib-*/fontlist-v*.json"))
+
+    def wait_for(cond, what):
+        deadline = time.monotonic() + 90
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert cond(), what
+
+    p = Plotter(tmp_path / "curves.png")
+    wait_for(aside_font_lists, "the child did not import matplotlib aside before the checks passed")
+    assert not list(home.rglob("*")), "the child wrote into HOME before the checks passed"
+    p.ready()
+    cache, config = home / ".cache" / "matplotlib", home / ".config" / "matplotlib"
+    wait_for(lambda: list(cache.glob("fontlist-v*.json")) and config.is_dir(),
+             "told ready, the child did not keep the font list in matplotlib's folders")
+    p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
+    assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp.iterdir()), "the temporary folder outlived its child"
+
+    fresh = tmp_path / "fresh"   # a trainer whose checks fail: the program leaves (cli.leave) without a ready
+    fresh.mkdir()
+    monkeypatch.setenv("HOME", str(fresh))
+    q = Plotter(tmp_path / "never.png")
+    assert list(tmp.iterdir()), "no temporary folder for a first import"
+    files.discard_temporaries()
+    assert q._proc.wait(10) is not None, "the child was not ended before its folder was removed"
+    assert not list(tmp.iterdir()) and not list(fresh.rglob("*")), "a child never told ready left files"
 
 
 def test_a_drawing_over_its_static_layer_has_a_full_drawings_pixels():
