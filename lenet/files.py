@@ -158,8 +158,45 @@ def library_caches() -> None:
         _keep_or_own("CUDA_CACHE_PATH", os.path.join(home, ".nv", "ComputeCache") if usable_home else "",
                      "nv-compute-cache")
     _keep_or_own("CUPY_CACHE_DIR", os.path.join(home, ".cupy", "kernel_cache") if usable_home else "", "cupy")
+    _cupy_cache_aside()
     _keep_or_own("MPLCONFIGDIR", os.path.join(xdg, "matplotlib") if os.path.isabs(xdg) else
                  os.path.join(home, ".cache", "matplotlib") if usable_home and not xdg else "", "matplotlib")
+
+
+# Note [CuPy's cache folder after the checks]: CuPy 14 makes its kernel cache folder as it is imported (its
+# disk cache, made by cupy.cuda.compiler's import), and on a GPU our compiles' threads import it early (to load
+# the binaries they built: lenet/kernels/nvrtc.py), before the program's checks: a first run that then failed
+# a check left ~/.cupy/kernel_cache behind, and the preload thread, which waited for the checks before its own
+# import where that folder was missing (lenet/startup.py), held a first run's plans back until the dataset had
+# been read (docs/performance.md, "Time to accuracy"). So where writes are held and the folder is not there
+# yet, CUPY_CACHE_DIR names the temporary folder itself (temporary_base) until the checks pass: a folder that
+# exists, so CuPy's import makes none, and into which it writes nothing (it writes only what it compiles, and
+# no program compiles a CuPy kernel before its checks). Once they passed, CUPY_CACHE_DIR is what it was and
+# CuPy's disk cache is made again to read it (its folder made then). A folder of the run's own in its place,
+# removed as the run left, was made again by an import still running on another thread (a flag error's run
+# left it in a test). A CuPy without that cache object reads the variable when it compiles.
+def _cupy_cache_aside() -> None:
+    """Note [CuPy's cache folder after the checks]."""
+    had = os.environ.get("CUPY_CACHE_DIR")
+    real = had or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
+    if writes_allowed() or os.path.isdir(real) or "cupy" in sys.modules:
+        return
+    os.environ["CUPY_CACHE_DIR"] = temporary_base()
+    after_checks(lambda: _cupy_cache_back(had))
+
+
+def _cupy_cache_back(had: str | None) -> None:
+    """CUPY_CACHE_DIR as it was, and CuPy's disk cache made again to read it (Note [CuPy's cache folder after
+    the checks])."""
+    if had is None:
+        os.environ.pop("CUPY_CACHE_DIR", None)
+    else:
+        os.environ["CUPY_CACHE_DIR"] = had
+    compiler = sys.modules.get("cupy.cuda.compiler")
+    use, disk = (getattr(compiler, "_set_kernel_cache_backend", None),
+                 getattr(compiler, "_DiskKernelCacheBackend", None))
+    if use is not None and disk is not None:
+        use(disk())
 
 
 def _keep_or_own(variable: str, default: str, name: str) -> None:

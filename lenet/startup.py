@@ -472,7 +472,8 @@ def _preload_stack(driver: threading.Thread | None) -> None:
     if not os.path.isdir(os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")):
         from .files import wait_for_checks
 
-        wait_for_checks()   # CuPy's import makes its cache folder: not before the checks (lenet/files.py)
+        wait_for_checks()   # CuPy's import makes its cache folder: not before the checks (where no folder of this
+                            # run's own stands in for it: Note [CuPy's cache folder after the checks] in lenet/files.py)
     import cupy
 
     from . import blas

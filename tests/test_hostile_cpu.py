@@ -172,6 +172,41 @@ def test_the_cuda_compute_cache_goes_where_it_can_be_made(tmp_path, case):
     assert not (tmp_path / "no-such-home").exists()
 
 
+_CUPY_ASIDE = """
+import json, os
+from lenet import files
+files.hold_writes()   # as a program starts (lenet.cli.run)
+files.library_caches()
+import cupy
+from cupy.cuda import compiler
+home = os.environ["HOME"]
+before = {"folder": compiler._kernel_cache_backend._cache_dir, "home": sorted(os.listdir(home))}
+files.checks_passed()
+after = {"folder": compiler._kernel_cache_backend._cache_dir, "variable": os.environ.get("CUPY_CACHE_DIR")}
+files.discard_temporaries()   # as the program leaves (lenet.cli.leave)
+print(json.dumps({"before": before, "after": after}))
+"""
+
+
+def test_cupys_cache_folder_is_made_only_once_the_checks_passed(tmp_path):
+    """Note [CuPy's cache folder after the checks] in lenet/files.py: CuPy 14 makes its kernel cache folder as
+    it is imported; imported before the checks (our compiles' threads load their binaries early on a GPU), it
+    is pointed at the temporary folder, which exists and where it writes nothing, then at its own folder once the
+    checks passed."""
+    pytest.importorskip("cupy")
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    out = subprocess.run([sys.executable, "-c", _CUPY_ASIDE], env=_env(HOME=str(home), TMPDIR=str(tmp),
+                         XDG_CACHE_HOME=None, CUPY_CACHE_DIR=None), capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] == {"folder": str(tmp), "home": []}, got
+    assert got["after"] == {"folder": str(home / ".cupy" / "kernel_cache"), "variable": None}, got
+    assert (home / ".cupy" / "kernel_cache").is_dir() and not list(tmp.iterdir()), got
+
+
 def test_a_read_only_current_folder_is_only_read(dataset):
     out = run("lenet.train_step", "--data-dir", dataset, cwd="/proc")   # a folder nothing can be made in
     if _gpu_here():
