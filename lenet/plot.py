@@ -197,14 +197,14 @@ class Plotter:
         self._err = _error_file()   # a file, not a pipe: the child never blocks on it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT),
                                                                        os.environ.get("PYTHONPATH")) if p))
+        self._proc = None
         self._aside = _aside()   # Note [matplotlib's first import aside]
-        if self._aside is not None:
+        if self._aside is not None:   # removed however the trainer ends, the child ended first; registered at
+            files.leftover(self._aside[0], stop=self._end_child)   # once: a signal may come before the child
             env.update({ASIDE_VARIABLE: json.dumps(self._aside), "MPLCONFIGDIR": self._aside[0]})
         self._proc = subprocess.Popen([sys.executable, "-m", "lenet.plot"], stdin=subprocess.PIPE,
                                       stdout=subprocess.DEVNULL, stderr=self._err, text=True, env=env,
                                       start_new_session=True)
-        if self._aside is not None:   # removed however the trainer ends, the child ended first
-            files.leftover(self._aside[0], stop=self._proc.kill)
         self._broken = False
         self._sent = 0   # the history's records the child has (draw)
 
@@ -254,6 +254,11 @@ class Plotter:
         self._proc.kill()
         self._err.close()
         self._remove_aside()
+
+    def _end_child(self) -> None:
+        """The child ended (a stopper of files.leftover: before its temporary folder is removed)."""
+        if self._proc is not None:
+            self._proc.kill()
 
     def _remove_aside(self) -> None:
         """The temporary folder of Note [matplotlib's first import aside], once the child is done or ended."""
