@@ -192,7 +192,11 @@ def _cupy_cache_back(had: str | None) -> None:
         os.environ.pop("CUPY_CACHE_DIR", None)
     else:
         os.environ["CUPY_CACHE_DIR"] = had
-    compiler = sys.modules.get("cupy.cuda.compiler")
+    if "cupy.cuda.compiler" not in sys.modules:
+        return                      # its import, when it comes, reads the variable as it is now
+    # Imported, or being imported on another thread: the import statement waits for that import to finish (its
+    # module lock), so the backend it made from the temporary folder is there to replace, and so is the setter.
+    import cupy.cuda.compiler as compiler
     use, disk = (getattr(compiler, "_set_kernel_cache_backend", None),
                  getattr(compiler, "_DiskKernelCacheBackend", None))
     if use is not None and disk is not None:

@@ -173,22 +173,31 @@ def test_the_cuda_compute_cache_goes_where_it_can_be_made(tmp_path, case):
 
 
 _CUPY_ASIDE = """
-import json, os
+import json, os, sys, threading
 from lenet import files
 files.hold_writes()   # as a program starts (lenet.cli.run)
 files.library_caches()
-import cupy
-from cupy.cuda import compiler
 home = os.environ["HOME"]
-before = {"folder": compiler._kernel_cache_backend._cache_dir, "home": sorted(os.listdir(home))}
-files.checks_passed()
+if sys.argv[1] == "before":
+    import cupy
+    from cupy.cuda import compiler
+    before = {"folder": compiler._kernel_cache_backend._cache_dir, "home": sorted(os.listdir(home))}
+    files.checks_passed()
+else:   # imported on another thread as the checks pass (a compile's thread), at any point of its import
+    importing = threading.Thread(target=lambda: __import__("cupy.cuda.compiler"))
+    importing.start()
+    files.checks_passed()
+    importing.join()
+    from cupy.cuda import compiler
+    before = {"folder": str(os.environ["TMPDIR"]), "home": []}
 after = {"folder": compiler._kernel_cache_backend._cache_dir, "variable": os.environ.get("CUPY_CACHE_DIR")}
 files.discard_temporaries()   # as the program leaves (lenet.cli.leave)
 print(json.dumps({"before": before, "after": after}))
 """
 
 
-def test_cupys_cache_folder_is_made_only_once_the_checks_passed(tmp_path):
+@pytest.mark.parametrize("imported", ["before", "meanwhile"])
+def test_cupys_cache_folder_is_made_only_once_the_checks_passed(tmp_path, imported):
     """Note [CuPy's cache folder after the checks] in lenet/files.py: CuPy 14 makes its kernel cache folder as
     it is imported; imported before the checks (our compiles' threads load their binaries early on a GPU), it
     is pointed at the temporary folder, which exists and where it writes nothing, then at its own folder once the
@@ -197,7 +206,7 @@ def test_cupys_cache_folder_is_made_only_once_the_checks_passed(tmp_path):
     home, tmp = tmp_path / "home", tmp_path / "tmp"
     home.mkdir()
     tmp.mkdir()
-    out = subprocess.run([sys.executable, "-c", _CUPY_ASIDE], env=_env(HOME=str(home), TMPDIR=str(tmp),
+    out = subprocess.run([sys.executable, "-c", _CUPY_ASIDE, imported], env=_env(HOME=str(home), TMPDIR=str(tmp),
                          XDG_CACHE_HOME=None, CUPY_CACHE_DIR=None), capture_output=True, text=True, timeout=120,
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr
