@@ -44,6 +44,31 @@ def can_plot() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
+# Note [the plotting child's bytecode]: where Python writes no bytecode (PYTHONDONTWRITEBYTECODE), our programs
+# keep theirs in a cache folder (Note [bytecode cache] in lenet/startup.py), and Python then reads bytecode from
+# that folder alone, not from the __pycache__ folders an installer wrote. The plotting child's import is mostly
+# matplotlib's, which its installer compiled: in a first run the child then compiled matplotlib after the checks
+# (into our folder) and the trainer's end waited for that, "writing" 0.37-1.22 s (1.0 s more in a cold fast
+# recipe on an H200 machine: 3.86-4.35 s against 2.84-3.00 s), and the second run's child imported matplotlib
+# from source (writing 1.52 s). So where matplotlib has its own bytecode the child keeps none of ours
+# (LENET_BYTECODE_CACHE=off in its environment): its import reads the installer's.
+def _site_bytecode(package: str) -> bool:
+    """Whether ``package`` is installed with its own bytecode (its __init__'s, for this interpreter, in
+    __pycache__ beside it), read without importing it."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return False
+    origin = getattr(spec, "origin", None)
+    if not (isinstance(origin, str) and origin.endswith(".py")) or sys.implementation.cache_tag is None:
+        return False
+    folder, name = os.path.split(origin)
+    return os.path.isfile(os.path.join(folder, "__pycache__",
+                                       f"{name[:-3]}.{sys.implementation.cache_tag}.pyc"))
+
+
 def _import_matplotlib() -> None:
     """What a first figure imports, its font list made (written, where none is cached): the slow part of a first
     drawing, none of a sweep's or a run's figure itself."""
@@ -197,6 +222,8 @@ class Plotter:
         self._err = _error_file()   # a file, not a pipe: the child never blocks on it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT),
                                                                        os.environ.get("PYTHONPATH")) if p))
+        if _site_bytecode("matplotlib"):   # Note [the plotting child's bytecode]
+            env["LENET_BYTECODE_CACHE"] = "off"
         self._proc = None
         self._aside = _aside()   # Note [matplotlib's first import aside]
         if self._aside is not None:   # removed however the trainer ends, the child ended first; registered at
@@ -444,10 +471,18 @@ def _asks(fd: int):
             return
 
 
-if __name__ == "__main__":
-    from .cli import leave
+def child_start() -> None:
+    """What the child does before ``main``: writes held until the trainer's first ask (Note [nothing written
+    before the checks] in lenet/files.py), and the bytecode cache before matplotlib's import (Note [bytecode
+    cache] in lenet/startup.py; Note [the plotting child's bytecode])."""
     from .startup import keep_bytecode
 
-    files.hold_writes()   # until the trainer's first ask (main): Note [nothing written before the checks]
-    keep_bytecode()   # before matplotlib's import (Note [bytecode cache] in lenet/startup.py)
+    files.hold_writes()
+    keep_bytecode()
+
+
+if __name__ == "__main__":
+    from .cli import leave
+
+    child_start()
     leave(main())   # the trainer waits for this process: no interpreter teardown (Note [fast exit])

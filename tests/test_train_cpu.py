@@ -200,52 +200,6 @@ def test_the_plotting_child_imports_matplotlib_once_told_the_checks_passed(tmp_p
 
 def test_a_first_runs_child_imports_matplotlib_aside_and_keeps_its_font_list_once_ready(tmp_path, monkeypatch):
     """Note [matplotlib's first import aside] in lenet/plot.py: in a fresh HOME the child imports matplotlib at
-    once, its folders pointed at a temporary one, writing nothing of the user's; told ``ready`` it writes the
-    font list into matplotlib's cache folder and makes its configuration folder, and removes the temporary one;
-    a child whose trainer never says ready (a failed check) removes it too."""
-    pytest.importorskip("matplotlib")
-    import time
-
-    from lenet.plot import Plotter
-
-    home, tmp = tmp_path / "home", tmp_path / "tmp"
-    home.mkdir()
-    tmp.mkdir()
-    for var in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("TMPDIR", str(tmp))
-
-    def aside_font_lists():
-        return list(tmp.glob("lenet-matplotlib-*/fontlist-v*.json"))
-
-    def wait_for(cond, what):
-        deadline = time.monotonic() + 90
-        while not cond() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert cond(), what
-
-    p = Plotter(tmp_path / "curves.png")
-    wait_for(aside_font_lists, "the child did not import matplotlib aside before the checks passed")
-    assert not list(home.rglob("*")), "the child wrote into HOME before the checks passed"
-    p.ready()
-    cache, config = home / ".cache" / "matplotlib", home / ".config" / "matplotlib"
-    wait_for(lambda: list(cache.glob("fontlist-v*.json")) and config.is_dir() and not list(tmp.iterdir()),
-             "told ready, the child did not keep the font list in matplotlib's folders and remove its own")
-    p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
-    assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
-    monkeypatch.setenv("HOME", str(fresh))
-    q = Plotter(tmp_path / "never.png")
-    wait_for(aside_font_lists, "the child did not import matplotlib aside")
-    assert q.close() is None   # the trainer's pipe closed before any ready: its checks failed
-    assert not list(tmp.iterdir()) and not list(fresh.rglob("*")), "a child never told ready left files"
-
-
-def test_a_first_runs_child_imports_matplotlib_aside_and_keeps_its_font_list_once_ready(tmp_path, monkeypatch):
-    """Note [matplotlib's first import aside] in lenet/plot.py: in a fresh HOME the child imports matplotlib at
     once, its folders pointed at the trainer's temporary one, writing nothing of the user's; told ``ready`` it
     writes the font list into matplotlib's cache folder and makes its configuration folder; the temporary one
     goes with the child. A child whose trainer ends before its checks passed is ended and leaves nothing."""
@@ -291,6 +245,38 @@ def test_a_first_runs_child_imports_matplotlib_aside_and_keeps_its_font_list_onc
     files.discard_temporaries()
     assert q._proc.wait(10) is not None, "the child was not ended before its folder was removed"
     assert not list(tmp.iterdir()) and not list(fresh.rglob("*")), "a child never told ready left files"
+
+
+def test_the_plotting_child_reads_matplotlibs_own_bytecode(tmp_path, monkeypatch):
+    """Note [the plotting child's bytecode] in lenet/plot.py: where Python writes no bytecode and our bytecode
+    folder exists, a child whose matplotlib was installed with its own bytecode keeps none of ours (our folder
+    gets no matplotlib module); a package without bytecode of its own is told apart from one with it."""
+    pytest.importorskip("matplotlib")
+    from lenet import plot
+
+    if not plot._site_bytecode("matplotlib"):
+        pytest.skip("this matplotlib has no bytecode of its own")
+    pkg = tmp_path / "pkgs" / "bare"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    assert not plot._site_bytecode("bare") and not plot._site_bytecode("no_such_package")
+    import py_compile
+
+    py_compile.compile(str(pkg / "__init__.py"), cfile=str(pkg / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc"))
+    assert plot._site_bytecode("bare")
+
+    ours = tmp_path / "cache" / "lenet" / "bytecode"
+    ours.mkdir(parents=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
+    p = plot.Plotter(tmp_path / "curves.png")
+    p.ready()
+    p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
+    assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    kept = [f for f in ours.rglob("*.pyc") if "matplotlib" in f.parts]
+    assert not kept, f"the child compiled matplotlib into our folder: {kept[:3]}"
 
 
 def test_a_drawing_over_its_static_layer_has_a_full_drawings_pixels():

@@ -96,15 +96,28 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     startup.start_context = timed_context
     from lenet import plot
 
+    # The plotting child runs this file's plot_child (its phases timed, on this process's clock).
+    popen = subprocess.Popen
+
+    def traced_popen(argv, **kw):
+        if list(argv) == [sys.executable, "-m", "lenet.plot"]:
+            argv = [sys.executable, __file__, "--plot-child", events_path + ".plot"]
+            kw["env"] = dict(kw.get("env") or os.environ, PROBE_EPOCH=repr(time.time() - at()))
+        return popen(argv, **kw)
+
+    plot.subprocess = type(sys)("subprocess_traced")
+    plot.subprocess.__dict__.update({k: v for k, v in vars(subprocess).items() if not k.startswith("__")},
+                                    Popen=traced_popen)
+
     startup.begin(then=plot.start_early if program == "train" else None)
     from lenet import cli
 
     starting = startup.starting
 
     @contextlib.contextmanager
-    def timed_starting(engine, batches=()):
+    def timed_starting(engine, batches=(), **kw):
         t0 = at()
-        with starting(engine, batches):
+        with starting(engine, batches, **kw):
             yield
             events.append(("main thread: prepare (data, checks)", t0, at()))
             t1 = at()
@@ -161,6 +174,51 @@ def compiled(folder: Path, epoch_start: float) -> list:
     return sorted(rows)
 
 
+def plot_child(events_path: str) -> None:
+    """python -m lenet.plot, its phases timed: matplotlib's import, the font list kept, each batch of asks
+    read, each figure made and drawn; written to ``events_path`` on the trainer's clock (PROBE_EPOCH)."""
+    t_base = float(os.environ.pop("PROBE_EPOCH"))
+    events = [("plot child: interpreter start to probe", 0.0, 0.0)]
+    first = time.time() - t_base
+    events[0] = ("plot child: up (interpreter + probe)", first, first)
+    sys.path.insert(0, str(ROOT))
+    from lenet import plot
+
+    def at() -> float:
+        return time.time() - t_base
+
+    def wrap(owner, name, label):
+        fn = getattr(owner, name)
+
+        def timed(*a, **k):
+            t0 = at()
+            try:
+                return fn(*a, **k)
+            finally:
+                events.append((f"plot child: {label}", t0, at()))
+        setattr(owner, name, timed)
+
+    for owner, name, label in ((plot, "_import_matplotlib", "import matplotlib"), (plot, "_keep_aside", "font list kept"),
+                               (plot.Curves, "__init__", "figure made"), (plot.Curves, "png", "drawn + png"),
+                               (plot.Curves, "prepare", "drawn (not written)")):
+        if hasattr(owner, name):   # an older tree may lack one
+            wrap(owner, name, label)
+    asks = plot._asks
+
+    def timed_asks(fd):
+        for got in asks(fd):
+            events.append((f"plot child: {len(got)} asks read", at(), at()))
+            yield got
+    plot._asks = timed_asks
+    plot.child_start()   # as python -m lenet.plot does
+    try:
+        code = plot.main([])
+    finally:
+        events.append(("plot child: done", at(), at()))
+        Path(events_path).write_text(json.dumps(events))
+    sys.exit(code)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json")
@@ -172,9 +230,13 @@ def main() -> None:
                     help="every cache the program reads pointed at empty folders: a first run on a fresh machine")
     ap.add_argument("--keep", action="store_true", help="with --cold, keep the cache folders (their path is printed)")
     ap.add_argument("--child-events")
+    ap.add_argument("--plot-child")
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     train_args = [a for a in args.train_args if a != "--"]
+    if args.plot_child:
+        plot_child(args.plot_child)
+        return
     if args.child_events:
         child(args.program, train_args, args.child_events, args.profile)
         return
@@ -192,7 +254,13 @@ def main() -> None:
     if args.log:
         Path(args.log).write_text(p.stdout + p.stderr)
     print(p.stdout[-600:], p.stderr[-1500:], sep="\n")
+    if p.returncode != 0:
+        sys.exit(f"the program failed (exit status {p.returncode}): no timeline")
     got = json.loads(Path(events_path).read_text())
+    plotted = Path(events_path + ".plot")
+    if plotted.exists():
+        got["events"] += json.loads(plotted.read_text())
+        plotted.unlink()
     for tag, text in got["profiles"].items():
         print(f"--- cProfile of {tag}\n{text}")
     rows = sorted(got["events"], key=lambda e: e[1])
