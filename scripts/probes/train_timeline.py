@@ -216,7 +216,9 @@ def plot_child(events_path: str) -> None:
     finally:
         events.append(("plot child: done", at(), at()))
         Path(events_path).write_text(json.dumps(events))
-    sys.exit(code)
+    from lenet.cli import leave
+
+    leave(code)   # as python -m lenet.plot leaves: no interpreter teardown (the trainer waits for it)
 
 
 def main() -> None:
