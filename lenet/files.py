@@ -174,15 +174,35 @@ def library_caches() -> None:
 # no program compiles a CuPy kernel before its checks). Once they passed, CUPY_CACHE_DIR is what it was and
 # CuPy's disk cache is made again to read it (its folder made then). A folder of the run's own in its place,
 # removed as the run left, was made again by an import still running on another thread (a flag error's run
-# left it in a test). A CuPy without that cache object reads the variable when it compiles.
+# left it in a test). A CuPy without that cache object reads the variable when it compiles. The processes we
+# start get the variable as it was (``children_environ``): each is a program of ours that makes its own choice,
+# and a lenet sweep --gpus parent, whose own checks never pass (its workers check), had handed its workers the
+# temporary folder for good (CuPy's disk cache there for the whole sweep, its compiled kernels in /tmp).
+_SET_ASIDE: dict[str, str | None] = {}   # variable: its value before this process set it aside (None: unset)
+
+
 def _cupy_cache_aside() -> None:
     """Note [CuPy's cache folder after the checks]."""
     had = os.environ.get("CUPY_CACHE_DIR")
     real = had or os.path.join(os.path.expanduser("~"), ".cupy", "kernel_cache")
     if writes_allowed() or os.path.isdir(real) or "cupy" in sys.modules:
         return
+    _SET_ASIDE["CUPY_CACHE_DIR"] = had
     os.environ["CUPY_CACHE_DIR"] = temporary_base()
     after_checks(lambda: _cupy_cache_back(had))
+
+
+def children_environ(**extra: str) -> dict:
+    """This process's environment for a process it starts, with the variables it set aside until its checks
+    pass as they were (Note [CuPy's cache folder after the checks]), and ``extra``."""
+    env = dict(os.environ)
+    for name, had in list(_SET_ASIDE.items()):
+        if had is None:
+            env.pop(name, None)
+        else:
+            env[name] = had
+    env.update(extra)
+    return env
 
 
 def _cupy_cache_back(had: str | None) -> None:
@@ -192,6 +212,7 @@ def _cupy_cache_back(had: str | None) -> None:
         os.environ.pop("CUPY_CACHE_DIR", None)
     else:
         os.environ["CUPY_CACHE_DIR"] = had
+    _SET_ASIDE.pop("CUPY_CACHE_DIR", None)
     if "cupy.cuda.compiler" not in sys.modules:
         return                      # its import, when it comes, reads the variable as it is now
     # Imported, or being imported on another thread: the import statement waits for that import to finish (its

@@ -220,8 +220,8 @@ class Plotter:
     def __init__(self, path: Path | None = None):
         self.path = Path(path) if path is not None else None
         self._err = _error_file()   # a file, not a pipe: the child never blocks on it
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT),
-                                                                       os.environ.get("PYTHONPATH")) if p))
+        env = files.children_environ(PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT),
+                                                                             os.environ.get("PYTHONPATH")) if p))
         if _site_bytecode("matplotlib"):   # Note [the plotting child's bytecode]
             env["LENET_BYTECODE_CACHE"] = "off"
         self._proc = None

@@ -191,7 +191,7 @@ class Workers:
                     p.unlink()
         files.write_atomic(out / WORKERS_FILE, (json.dumps(
             {"storage": self.storage, "gpus": gpus, "argv": self.argv}, indent=1) + "\n").encode())
-        env = dict(os.environ)
+        env = files.children_environ()
         for i, gpu in enumerate(gpus):
             folder = out / f"gpu{i}"
             argv = worker_argv(self.argv, self.storage, folder)
@@ -293,7 +293,7 @@ def test_winner(checkpoint: Path, root, gpu: str) -> tuple[float, int] | None:
     images, labels = (data._file(Path(root), stem) for stem in data.SPLITS["test"])
     r = subprocess.run([sys.executable, "-m", "lenet.predict", "--checkpoint", str(checkpoint), str(images),
                         "--labels", str(labels), "--device", "gpu"], stdin=subprocess.DEVNULL, capture_output=True,
-                       text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu})
+                       text=True, env=files.children_environ(CUDA_VISIBLE_DEVICES=gpu))
     m = re.search(r"^accuracy ([0-9.]+)% on (\d+) images$", r.stdout, re.M)
     return (float(m.group(1)) / 100, int(m.group(2))) if r.returncode == 0 and m else None
 

@@ -838,3 +838,34 @@ cli.run(lambda: workers.run(args, ["--gpus", "all"]), "lenet sweep")
     assert p.returncode == 130 and len(lines) == 1 and lines[0].startswith("stopped by SIGINT: 2 workers"), err
     logs = [(tmp_path / "o" / f"gpu{i}.log").read_text() for i in (0, 1)]
     assert all(log.count("stopped by SIGINT") == 1 for log in logs), logs
+
+
+def test_the_workers_get_cupys_cache_folder_as_the_user_had_it(tmp_path):
+    """Note [CuPy's cache folder after the checks] in lenet/files.py: a first run's lenet sweep --gpus parent
+    names the temporary folder in CUPY_CACHE_DIR while its writes are held, and its own checks never pass (its
+    workers check); its workers get the variable as the user had it (here unset), not the temporary folder."""
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    worker = tmp_path / "worker.py"
+    worker.write_text("import os\nprint('CUPY_CACHE_DIR=' + repr(os.environ.get('CUPY_CACHE_DIR')))\n")
+    script = tmp_path / "parent.py"
+    script.write_text(f"""import os, sys
+sys.path.insert(0, {str(ROOT)!r})
+from lenet import files
+files.hold_writes()   # as lenet.startup.begin does first
+files.library_caches()
+print("parent", os.environ.get("CUPY_CACHE_DIR"), flush=True)
+from lenet import cli, sweep, workers
+workers.Workers.command = ({sys.executable!r}, {str(worker)!r})
+workers.gpu_count = lambda: 2
+args = sweep.parser().parse_args(["--search", "optuna", "--trials", "4", "--lr", "0.1", "0.2", "--gpus", "all",
+                                  "--out", {str(tmp_path / 'o')!r}])
+cli.run(lambda: workers.run(args, ["--gpus", "all"]), "lenet sweep")
+""")
+    env = {k: v for k, v in os.environ.items() if k not in ("CUPY_CACHE_DIR", "XDG_CACHE_HOME")}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       env={**env, "HOME": str(home), "TMPDIR": str(tmp), "CUDA_VISIBLE_DEVICES": ""})
+    assert f"parent {tmp}" in p.stdout, (p.stdout, p.stderr)   # set aside in the parent
+    logs = [(tmp_path / "o" / f"gpu{i}.log").read_text() for i in (0, 1)]
+    assert all("CUPY_CACHE_DIR=None" in log for log in logs), (logs, p.stderr)
