@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import io
+import contextlib
 import json
 import os
 import stat
@@ -26,6 +27,31 @@ _temporaries: set = set()        # temporary files being written now (Note [atom
 _temporary_names: set = set()    # (folder, prefix, suffix) of each: a signal between mkstemp and its record
 _temporaries_lock = threading.Lock()
 _stoppers: list = []             # callables that end a process writing into a leftover, run before it is removed
+_children_lock = threading.RLock()   # held while a leftover and the process writing into it are made (starting_child)
+_left_on_signal = threading.Event()   # a signal's discard_temporaries began: no child starts after it
+
+
+# Note [a child started as a signal came]: the plotting child is started with a temporary folder of the run's
+# own (Note [matplotlib's first import aside] in lenet/plot.py), and a signal is handled on its own thread
+# (lenet/interrupt.py) at any moment: one between the child's fork and its Popen's return found no process to
+# end, and the child, in a session of its own, imported matplotlib into the folder after it was removed (16 of
+# 120 runs interrupted 35-60 ms in left one in TMPDIR). So the folder, its record and the child are made while
+# ``_children_lock`` is held (``starting_child``), which a discard takes before it ends the children; and once a
+# signal's discard began, a thread that would start a child waits for the process's end instead.
+@contextlib.contextmanager
+def starting_child():
+    """Hold while making a leftover and starting the process that writes into it (Note [a child started as a
+    signal came])."""
+    with _children_lock:
+        if _left_on_signal.is_set():   # the signal's thread is ending the process: nothing more starts
+            threading.Event().wait()
+        yield
+
+
+def _discard_on_signal() -> None:
+    """discard_temporaries, as a signal leaves (lenet/interrupt.py): no child starts after it."""
+    _left_on_signal.set()
+    discard_temporaries()
 
 
 def discard_temporaries() -> None:
@@ -33,6 +59,11 @@ def discard_temporaries() -> None:
     own (``leftover``): what a program leaving through os._exit runs (on a signal: Note [signals from the
     first line] in lenet/interrupt.py; at its end: lenet.cli.leave), so the old files stay whole and
     nothing of ours stays behind."""
+    with _children_lock:   # a child being started is started, then ended (Note [a child started as a signal came])
+        _discard_temporaries()
+
+
+def _discard_temporaries() -> None:
     import shutil
 
     while _stoppers:   # whatever still writes into a leftover ends first (a child process: Plotter)
@@ -58,7 +89,7 @@ def discard_temporaries() -> None:
         _temporaries.clear()
 
 
-interrupt.before_exit(discard_temporaries)
+interrupt.before_exit(_discard_on_signal)
 
 
 def leftover(path: str, stop=None) -> None:

@@ -225,13 +225,14 @@ class Plotter:
         if _site_bytecode("matplotlib"):   # Note [the plotting child's bytecode]
             env["LENET_BYTECODE_CACHE"] = "off"
         self._proc = None
-        self._aside = _aside()   # Note [matplotlib's first import aside]
-        if self._aside is not None:   # removed however the trainer ends, the child ended first; registered at
-            files.leftover(self._aside[0], stop=self._end_child)   # once: a signal may come before the child
-            env.update({ASIDE_VARIABLE: json.dumps(self._aside), "MPLCONFIGDIR": self._aside[0]})
-        self._proc = subprocess.Popen([sys.executable, "-m", "lenet.plot"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.DEVNULL, stderr=self._err, text=True, env=env,
-                                      start_new_session=True)
+        with files.starting_child():   # Note [a child started as a signal came] in lenet/files.py
+            self._aside = _aside()   # Note [matplotlib's first import aside]
+            if self._aside is not None:   # removed however the trainer ends, the child ended first
+                files.leftover(self._aside[0], stop=self._end_child)
+                env.update({ASIDE_VARIABLE: json.dumps(self._aside), "MPLCONFIGDIR": self._aside[0]})
+            self._proc = subprocess.Popen([sys.executable, "-m", "lenet.plot"], stdin=subprocess.PIPE,
+                                          stdout=subprocess.DEVNULL, stderr=self._err, text=True, env=env,
+                                          start_new_session=True)
         self._broken = False
         self._sent = 0   # the history's records the child has (draw)
 
@@ -283,9 +284,14 @@ class Plotter:
         self._remove_aside()
 
     def _end_child(self) -> None:
-        """The child ended (a stopper of files.leftover: before its temporary folder is removed)."""
+        """The child ended (a stopper of files.leftover: before its temporary folder is removed): killed, and
+        waited for, so that nothing of it is still running as the folder goes."""
         if self._proc is not None:
             self._proc.kill()
+            try:
+                self._proc.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
 
     def _remove_aside(self) -> None:
         """The temporary folder of Note [matplotlib's first import aside], once the child is done or ended."""

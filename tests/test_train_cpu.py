@@ -352,3 +352,52 @@ def test_one_table_of_run_settings_covers_every_flag():
     assert set(train.RESUME_KEYS) - {"dataset", "train_size"} == {k for k, v in train.RUN_SETTINGS.items() if v.resume}
     assert train.RECIPE_OFF == {"nesterov": False, "label_smoothing": 0.0, "warmup_epochs": 0.0, "ema": None,
                                 "shift": 0, "flip": False, "tta": False, "cutout": 0}
+
+
+_SIGNAL_IN_POPEN = """
+import os, signal, sys, time
+sys.argv = ["lenet/train.py", "--out", sys.argv[1]]
+from lenet import interrupt, files, plot
+interrupt.guard("lenet train")   # as a program's first line
+files.hold_writes()
+files.library_caches()
+real = plot.subprocess.Popen
+
+
+class SignalledPopen(real):   # the signal's thread acts while the main thread is still inside Popen.__init__
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)   # the child exists now
+        print(self.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.5)
+
+
+plot.subprocess.Popen = SignalledPopen
+plot.start_early(sys.argv[1:])
+time.sleep(10)
+"""
+
+
+def test_a_signal_as_the_plotting_child_starts_leaves_no_child_and_no_folder(tmp_path):
+    """Note [a child started as a signal came] in lenet/files.py: a SIGINT handled while the plotting child's
+    Popen has not returned ends the child and removes its temporary folder (Note [matplotlib's first import
+    aside]); the child, in a session of its own, had lived on and made the folder again."""
+    pytest.importorskip("matplotlib")
+    import time
+
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME")}
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_IN_POPEN, str(tmp_path / "o")], capture_output=True, text=True,
+                       timeout=60, cwd=ROOT, env={**env, "HOME": str(home), "TMPDIR": str(tmp)})
+    assert p.returncode == 130 and "interrupted by SIGINT" in p.stderr, (p.returncode, p.stderr)
+    child = int(p.stdout.split()[0])
+    time.sleep(2.0)   # what a child still running would have written by now (matplotlib's import: about 1 s)
+    try:
+        os.kill(child, 0)
+        alive = not open(f"/proc/{child}/stat").read().split()[2] == "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        alive = False
+    assert not alive, "the plotting child outlived the interrupted trainer"
+    assert not list(tmp.rglob("*")) and not list(home.rglob("*")), (list(tmp.rglob("*")), list(home.rglob("*")))

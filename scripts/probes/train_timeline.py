@@ -249,43 +249,47 @@ def main() -> None:
         env = {k: v for k, v in env.items() if not k.startswith("LENET_") or k == "LENET_REQUIRE_GPU"}
         env.update(CUPY_CACHE_DIR=str(caches / "cupy"), XDG_CACHE_HOME=str(caches / "xdg"),
                    CUDA_CACHE_PATH=str(caches / "nv"))
-    t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, __file__, "--program", args.program, "--child-events", events_path, "--profile", *args.profile, "--",
-                        *train_args], capture_output=True, text=True, env=env)
-    total = time.perf_counter() - t0
-    if args.log:
-        Path(args.log).write_text(p.stdout + p.stderr)
-    print(p.stdout[-600:], p.stderr[-1500:], sep="\n")
-    if p.returncode != 0:
-        sys.exit(f"the program failed (exit status {p.returncode}): no timeline")
-    got = json.loads(Path(events_path).read_text())
-    plotted = Path(events_path + ".plot")
-    if plotted.exists():
-        got["events"] += json.loads(plotted.read_text())
-        plotted.unlink()
-    for tag, text in got["profiles"].items():
-        print(f"--- cProfile of {tag}\n{text}")
-    rows = sorted(got["events"], key=lambda e: e[1])
-    print(f"{'phase':<46s} {'begin s':>8s} {'took s':>8s}")
-    for name, b, e in rows:
-        print(f"{name:<46s} {b:8.3f} {e - b:8.3f}")
-    exit_s = total - got["end"]   # the child's process start precedes the parent's t0 by a little
-    print(f"{'exit (last timestamp to process gone)':<46s} {got['end']:8.3f} {exit_s:8.3f}  (upper bound)")
-    print(f"{'whole process (parent clock)':<46s} {0:8.3f} {total:8.3f}")
-    if caches is not None:
-        for title, folder in (("Our kernel cache", caches / "xdg" / "lenet" / "kernels"),
-                              ("CuPy's kernel cache", caches / "cupy")):
-            built = compiled(folder, got["epoch_start"])
-            print(f"\n{title} after the run: {len(built)} modules (written at s, size, kernels)")
-            for at_s, size, names in built:
-                print(f"{at_s:8.3f} {size:9d} B  {names}")
-        if args.keep:
-            print(f"caches kept in {caches}")
-        else:
+    try:
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, __file__, "--program", args.program, "--child-events", events_path, "--profile", *args.profile, "--",
+                            *train_args], capture_output=True, text=True, env=env)
+        total = time.perf_counter() - t0
+        if args.log:
+            Path(args.log).write_text(p.stdout + p.stderr)
+        print(p.stdout[-600:], p.stderr[-1500:], sep="\n")
+        if p.returncode != 0:
+            sys.exit(f"the program failed (exit status {p.returncode}): no timeline")
+        got = json.loads(Path(events_path).read_text())
+        plotted = Path(events_path + ".plot")
+        if plotted.exists():
+            got["events"] += json.loads(plotted.read_text())
+        for tag, text in got["profiles"].items():
+            print(f"--- cProfile of {tag}\n{text}")
+        rows = sorted(got["events"], key=lambda e: e[1])
+        print(f"{'phase':<46s} {'begin s':>8s} {'took s':>8s}")
+        for name, b, e in rows:
+            print(f"{name:<46s} {b:8.3f} {e - b:8.3f}")
+        exit_s = total - got["end"]   # the child's process start precedes the parent's t0 by a little
+        print(f"{'exit (last timestamp to process gone)':<46s} {got['end']:8.3f} {exit_s:8.3f}  (upper bound)")
+        print(f"{'whole process (parent clock)':<46s} {0:8.3f} {total:8.3f}")
+        if caches is not None:
+            for title, folder in (("Our kernel cache", caches / "xdg" / "lenet" / "kernels"),
+                                  ("CuPy's kernel cache", caches / "cupy")):
+                built = compiled(folder, got["epoch_start"])
+                print(f"\n{title} after the run: {len(built)} modules (written at s, size, kernels)")
+                for at_s, size, names in built:
+                    print(f"{at_s:8.3f} {size:9d} B  {names}")
+            if args.keep:
+                print(f"caches kept in {caches}")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"events": rows, "end": got["end"], "total": total,
+                                                   "returncode": p.returncode}, indent=1))
+
+    finally:   # the events files and the cold caches go, the run failed or not
+        for leftover in (Path(events_path), Path(events_path + ".plot")):
+            leftover.unlink(missing_ok=True)
+        if caches is not None and not args.keep:
             shutil.rmtree(caches, ignore_errors=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"events": rows, "end": got["end"], "total": total,
-                                               "returncode": p.returncode}, indent=1))
 
 
 if __name__ == "__main__":
