@@ -43,7 +43,8 @@ def starting_child():
     """Hold while making a leftover and starting the process that writes into it (Note [a child started as a
     signal came])."""
     with _children_lock:
-        if _left_on_signal.is_set():   # the signal's thread is ending the process: nothing more starts
+        if _left_on_signal.is_set():   # the signal's thread is ending the process: nothing more starts, and
+            _children_lock.release()   # its discard, which may be waiting for the lock, takes it
             threading.Event().wait()
         yield
 

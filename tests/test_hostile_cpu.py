@@ -486,3 +486,31 @@ def test_predict_runs_on_the_cpu_with_pytorchs_predictions(tmp_path):
     if not _gpu_here():   # auto: the CPU, saying why
         out = run("lenet.predict", "--checkpoint", tmp_path / "c.npz", tmp_path / "train-images-idx3-ubyte")
         assert out.returncode == 0 and out.stdout.startswith("device: CPU (NumPy; no usable NVIDIA GPU"), out
+
+
+_START_AFTER_SIGNAL = """
+import os, threading, time
+from lenet import files
+files._left_on_signal.set()   # a signal's discard has begun (files._discard_on_signal) and not yet taken the lock
+
+
+def discard():
+    time.sleep(0.3)   # the main thread is in starting_child by now
+    files.discard_temporaries()
+    print("discarded", flush=True)
+    os._exit(0)
+
+
+threading.Thread(target=discard).start()
+with files.starting_child():   # waits for the process's end, the lock not held
+    print("started a child after the signal", flush=True)
+"""
+
+
+def test_a_child_about_to_start_after_a_signal_leaves_the_discard_its_lock():
+    """Note [a child started as a signal came] in lenet/files.py: a thread that would start a child once a
+    signal's discard began waits for the process's end without holding the lock the discard takes (it did, and
+    the process hung)."""
+    out = subprocess.run([sys.executable, "-c", _START_AFTER_SIGNAL], capture_output=True, text=True, timeout=30,
+                         env=_env())
+    assert out.returncode == 0 and out.stdout.split() == ["discarded"], (out.stdout, out.stderr)
