@@ -10,9 +10,9 @@ never a mix, and a temporary that was being written is removed.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
-import contextlib
 import json
 import os
 import stat
@@ -221,7 +221,7 @@ def _cupy_cache_aside() -> None:
         return
     _SET_ASIDE["CUPY_CACHE_DIR"] = had
     os.environ["CUPY_CACHE_DIR"] = temporary_base()
-    after_checks(lambda: _cupy_cache_back(had))
+    after_checks(_cupy_cache_back)
 
 
 def children_environ(**extra: str) -> dict:
@@ -237,14 +237,14 @@ def children_environ(**extra: str) -> dict:
     return env
 
 
-def _cupy_cache_back(had: str | None) -> None:
+def _cupy_cache_back() -> None:
     """CUPY_CACHE_DIR as it was, and CuPy's disk cache made again to read it (Note [CuPy's cache folder after
     the checks])."""
+    had = _SET_ASIDE.pop("CUPY_CACHE_DIR")
     if had is None:
         os.environ.pop("CUPY_CACHE_DIR", None)
     else:
         os.environ["CUPY_CACHE_DIR"] = had
-    _SET_ASIDE.pop("CUPY_CACHE_DIR", None)
     if "cupy.cuda.compiler" not in sys.modules:
         return                      # its import, when it comes, reads the variable as it is now
     # Imported, or being imported on another thread: the import statement waits for that import to finish (its

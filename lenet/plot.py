@@ -274,12 +274,12 @@ class Plotter:
             self._broken = True
 
     def discard(self) -> None:
-        """End the child without waiting for it (a run that writes no plot after all)."""
+        """End the child now, its drawings not waited for (a run that writes no plot after all)."""
         try:
             self._proc.stdin.close()
         except OSError:
             pass
-        self._proc.kill()
+        self._end_child()   # gone before its temporary folder goes
         self._err.close()
         self._remove_aside()
 
