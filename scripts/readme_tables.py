@@ -212,12 +212,13 @@ def rendered_readme(text: str, paths: dict | None = None) -> str:
 # ------------------------------------------------------------------ recording (the benchmarks' --record)
 
 def provenance(command: str) -> dict:
-    """Today's date and the checkout's commit (a tree with changes says so), for a row being recorded."""
+    """Today's date and the checkout's commit (a tree with changes says so), for a row being recorded. The
+    results files are not changes: a second --record in one checkout finds the first's rows there."""
     def git(*a):
         p = subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True)
         return p.stdout.strip() if p.returncode == 0 else ""
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--untracked-files=no"):
+    if git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/results"):
         commit += " with changes"
     return {"measured": datetime.date.today().isoformat(), "commit": commit, "command": command}
 

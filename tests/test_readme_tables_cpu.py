@@ -117,6 +117,26 @@ def test_provenance_names_the_date_and_the_commit():
     assert p["command"] == "python3 scripts/bench.py" and len(p["measured"]) == 10 and p["commit"]
 
 
+def test_provenance_says_with_changes_for_code_not_for_recorded_results(tmp_path, monkeypatch):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "speed.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for cmd in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
+        subprocess.run(["git", *cmd], cwd=tmp_path, check=True, env={**__import__("os").environ, **env})
+    monkeypatch.setattr(rt, "ROOT", tmp_path)
+    assert not rt.provenance("c")["commit"].endswith("with changes")
+    (tmp_path / "docs" / "results" / "speed.json").write_text('{"rows": []}')   # an earlier --record's rows
+    assert not rt.provenance("c")["commit"].endswith("with changes")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert rt.provenance("c")["commit"].endswith(" with changes")
+
+
 def test_the_benchmarks_record_the_rows_the_renderer_reads(tmp_path):
     pytest.importorskip("torch")
     import bench
