@@ -339,6 +339,23 @@ def load_split(root, split: str, cache: Path | None = None, pending: list | None
     return images, labels
 
 
+def declared_images(root, split: str) -> int | None:
+    """How many images the header of ``split``'s images file in ``root`` declares, read from its first
+    bytes (a gzip file's first 64 KB, inflated as far as the header); None where there is no such file or
+    header. What a program may plan with before the split is read and checked (Note [the model beside the
+    data] in lenet/train.py): a number here is no check, load_split's are."""
+    try:
+        path = _file(Path(root), SPLITS[split][0])
+        with files.open_input(path, "", "IDX file", DataError) as f:
+            first = f.read(1 << 16)
+        head = zlib.decompressobj(wbits=31).decompress(first, 8) if first[:2] == b"\x1f\x8b" else first[:8]
+    except (DataError, OSError, zlib.error, KeyError):
+        return None
+    if len(head) < 8 or head[:3] != b"\x00\x00\x08" or head[3] != 3:
+        return None
+    return int.from_bytes(head[4:8], "big") or None
+
+
 def load_splits(root, splits=("train", "test"), cache: Path | None = None, pending: list | None = None
                 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """load_split of each of ``splits``, read at once on threads of their own (zlib and the file

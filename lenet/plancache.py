@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 
 from .files import cache_path
@@ -98,6 +99,7 @@ class PlanCache:
         self._say = warn or (lambda msg: print(f"warning: {msg}", file=sys.stderr))
         self._warned = False
         self._entries: dict[str, dict] | None = None
+        self._lock = threading.Lock()
         self.dirty = False
         self.hits = self.misses = self.searched = 0
 
@@ -139,27 +141,33 @@ class PlanCache:
     def put(self, op: dict, value: dict) -> None:
         entries = self._load()
         k = self._key(op)
-        entries.pop(k, None)
-        entries[k] = value   # newest last
-        self.searched += 1
-        while len(entries) > MAX_ENTRIES:
-            entries.pop(next(iter(entries)))
-        self.dirty = True
+        with self._lock:
+            entries.pop(k, None)
+            entries[k] = value   # newest last
+            self.searched += 1
+            while len(entries) > MAX_ENTRIES:
+                entries.pop(next(iter(entries)))
+            self.dirty = True
 
     def flush(self) -> None:
-        """Write the file if anything was added; a failure is a warning (the run goes on)."""
-        if not self.dirty:
-            return
+        """Write the file if anything was added; a failure is a warning (the run goes on). In a program
+        whose checks have not passed yet, once they have (Note [nothing written before the checks] in
+        lenet/files.py: a model planned beside them, Note [the model beside the data] in lenet/train.py)."""
         from . import files
 
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            files.write_atomic(self.path, json.dumps({"format": FORMAT, "entries": self._entries}).encode())
+        if not files.writes_allowed():
+            files.write_later(self.flush)   # held back until then, and written on a thread
+            return
+        with self._lock:   # the checks' thread may flush while the planning one puts
+            if not self.dirty:
+                return
             self.dirty = False
-        except OSError as e:
-            self._warn(f"plan cache {self.path} cannot be written ({e.strerror or e}); the next run searches again")
-            self.dirty = False
-
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                files.write_atomic(self.path, json.dumps({"format": FORMAT, "entries": self._entries}).encode())
+            except (OSError, files.OutputError) as e:   # write_atomic's one-line error names the path too
+                self._warn(f"plan cache {self.path} cannot be written ({getattr(e, 'strerror', None) or e}); the "
+                           f"next run searches again")
 
     def summary(self) -> dict:
         return {"path": str(self.path), "hits": self.hits, "misses": self.misses, "searched": self.searched}

@@ -37,7 +37,9 @@ swallowed: the program's own import, its require_gpu() and its first CUDA call r
 they always did, after the checks in the ``starting`` block, so a bad dataset is still
 reported before a missing GPU. Building the model on the main thread while the preload
 thread built its first graph gained nothing: the two wait for each other
-(scripts/probes/train_timeline.py, which prints the phases ``mark`` records).
+(scripts/probes/train_timeline.py, which prints the phases ``mark`` records). Building it on the
+preload thread after its first graph, while the main thread reads and checks the data, does gain:
+``build_beside`` (Note [the model beside the data] in lenet/train.py).
 """
 
 from __future__ import annotations
@@ -127,7 +129,10 @@ def _write_bytecode(folder: str) -> None:
             finally:
                 _importing.release()
         else:
+            from .files import write_later
+
             _pending_switch.append(folder)
+            write_later(_bytecode_of_imported, folder)   # what was imported so far: now, not after the preload's work
 
 
 def _switch(folder: str) -> None:
@@ -160,20 +165,26 @@ _switching = threading.Lock()
 _pending_switch: list[str] = []
 
 
+_compiling = threading.Lock()   # one child at a time: a later one lists only what an earlier one did not write
+
+
 def _bytecode_of_imported(folder: str) -> None:
     """The bytecode of every module imported so far that has none in ``folder`` (made just now): what Python
-    would have written there as it imported them, compiled by a child interpreter (Note [bytecode in a child])."""
+    would have written there as it imported them, compiled by a child interpreter (Note [bytecode in a child]).
+    Where the switch waits for the preload thread (Note [no import in flight at the switch]), once as the
+    checks pass and again at the switch, for what was imported in between."""
     import subprocess
 
-    jobs = _missing_bytecode(folder)
-    if not jobs:
-        return
-    try:
-        subprocess.run([sys.executable, *["-O"] * sys.flags.optimize, "-I", "-S", "-c", _COMPILE_CHILD],
-                       input=b"\n".join(map(os.fsencode, jobs)),
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, check=False)
-    except (OSError, subprocess.SubprocessError):   # a cache's entries: none written is only a slower next run
-        pass
+    with _compiling:
+        jobs = _missing_bytecode(folder)
+        if not jobs:
+            return
+        try:
+            subprocess.run([sys.executable, *["-O"] * sys.flags.optimize, "-I", "-S", "-c", _COMPILE_CHILD],
+                           input=b"\n".join(map(os.fsencode, jobs)),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600, check=False)
+        except (OSError, subprocess.SubprocessError):   # a cache's entries: none written is only a slower next run
+            pass
 
 
 # Note [bytecode in a child]: a first run's bytecode of the modules imported before its cache folder was made
@@ -212,11 +223,12 @@ def _missing_bytecode(folder: str) -> list[str]:
         src = getattr(spec, "origin", None)
         if not (isinstance(src, str) and src.endswith(".py") and "\0" not in src and "\n" not in src):
             continue
-        try:
-            cached = importlib.util.cache_from_source(src)
+        try:   # the name Python gives it under ``folder`` as its prefix, whatever the prefix is now
+            name = os.path.basename(importlib.util.cache_from_source(src))
         except (ValueError, NotImplementedError):
             continue
-        if cached.startswith(folder) and not os.path.exists(cached) and os.path.isfile(src):
+        cached = os.path.join(folder, os.path.dirname(os.path.abspath(src)).lstrip(os.sep), name)
+        if not os.path.exists(cached) and os.path.isfile(src):
             out.append(f"{src}\0{cached}")
     return out
 
@@ -630,6 +642,9 @@ class _Preload:
         self.engine: str | None = None
         self.batches: tuple = ()   # the batch sizes the program will plan, when it knows them
         self.engine_known = threading.Event()
+        self.build = None          # (key, fn) handed by build_beside: Note [the model beside the data]
+        self.built = None          # (key, what fn returned), once it returned
+        self.last_call = threading.Event()   # set by build_beside, or as the ``starting`` block ends
         self.thread = threading.Thread(target=self._run, name="lenet-imports", daemon=True)
 
     def _engine(self) -> str:
@@ -645,6 +660,15 @@ class _Preload:
         _importing.acquire()
         try:
             preload(self._engine, driver=start_gpu_driver())
+            if not self.last_call.is_set():
+                _let_go()   # waiting, not importing
+                try:
+                    self.last_call.wait()
+                finally:
+                    _importing.acquire()
+            if self.build is not None:
+                key, fn = self.build
+                self.built = (key, fn())
         except Exception:   # noqa: BLE001 (raised again where the program does this itself)
             return
         finally:
@@ -662,6 +686,29 @@ def _start_preload() -> _Preload:
         _preload = _Preload()
         _preload.thread.start()
     return _preload
+
+
+def build_beside(key, fn) -> None:
+    """Note [the model beside the data]: ``fn()`` called on the preload thread once its own work is done,
+    while the ``starting`` block goes on; ``built(key)`` then returns what it returned. Once per process, from
+    inside the block (later, or where no start-up thread runs, it is never called)."""
+    pre = _preload
+    if pre is None or pre.last_call.is_set():
+        return
+    pre.build = (key, fn)
+    pre.last_call.set()
+
+
+def built(key):
+    """What the ``fn`` handed to build_beside with this ``key`` returned, else None: it was handed another
+    key, or none, or raised (the program then does the same work itself, and meets the error where it always
+    did). Call it after the ``starting`` block, which waits for the preload thread."""
+    pre = _preload
+    done = None if pre is None or pre.thread.is_alive() else pre.built
+    if done is None or done[0] != key:
+        return None
+    pre.built = None
+    return done[1]
 
 
 def start_gpu() -> None:
@@ -757,6 +804,7 @@ def starting(engine: str, batches=(), pack: bool = False, policy=None):
     finally:
         from .files import writes_allowed
 
+        pre.last_call.set()   # no build_beside from now on: the preload thread ends once its own work is done
         if wait and writes_allowed():   # else the preload may wait for the checks (CuPy's import): never joined
             pre.thread.join()
             start_gpu_driver().join()

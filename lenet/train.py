@@ -414,18 +414,12 @@ class Trainer:
 
     def __init__(self, args, run: dict, policy, argv):
         from .kernels import Augment
-        from .model import LeNet
 
         self.args, self.argv, self.policy = args, argv, policy
         self.config, self.out, self.meta = run["config"], run["out"], run["meta"]
         B = self.B = args.batch_size
-        # A batch larger than its split is the whole split: the model is sized by what a step can hold (a
-        # --batch-size of 1,000,000 on 200 images is no 45 GB model).
-        most = max(min(B, len(run["train"][0])), min(args.eval_batch_size, len(run["test"][0])))
-        self.model = LeNet(max_batch=most, policy=policy, seed=args.seed,
-                           momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
-                           label_smoothing=args.label_smoothing, ema_decay=args.ema, cuda_graph=args.cuda_graph,
-                           fused=args.fused, plan_cache=args.plan_cache)
+        shape = run_shape(args, len(run["train"][0]), len(run["test"][0]))
+        self.model = startup.built(shape) or build_model(args, policy, shape)   # Note [the model beside the data]
         self.start_epoch, self.start_step, self.iteration, self.history, self.running = 0, 0, 0, [], 0.0
         if self.meta is not None:
             meta = self.meta
@@ -440,11 +434,6 @@ class Trainer:
         self.total_iters = self.steps * args.epochs
         self.sched = Schedule(args.schedule, args.lr, args.gamma, args.power, args.step_size, args.step_gamma,
                               warmup=round(args.warmup_epochs * self.steps))
-        # Plan every batch size the run will use now, so the search stays out of the epochs.
-        train, test, E = self.train, self.test, args.eval_batch_size
-        for n in {B if train.size >= B else train.size, train.size - (self.steps - 1) * B, min(E, test.size),
-                  test.size % E or E}:
-            self.model.plan(n)
         self.clock = {"start-up": 0.0, "training": 0.0, "evaluation": 0.0, "writing": 0.0}
         self.outputs = Outputs(self.out, self.model, self.clock)
         self.checkpoint_path = self.outputs.checkpoint_path
@@ -601,6 +590,55 @@ class Trainer:
         return 0
 
 
+def run_shape(args, train_images: int, test_images: int) -> tuple[int, tuple[int, ...]]:
+    """(the model's max_batch, every batch size the run steps or evaluates at) for splits of these sizes. A
+    batch larger than its split is the whole split: the model is sized by what a step can hold (a
+    --batch-size of 1,000,000 on 200 images is no 45 GB model)."""
+    B, E = args.batch_size, args.eval_batch_size
+    most = max(min(B, train_images), min(E, test_images))
+    last = train_images - (math.ceil(train_images / B) - 1) * B
+    return most, tuple(dict.fromkeys((min(B, train_images), last, min(E, test_images), test_images % E or E)))
+
+
+def build_model(args, policy, shape):
+    """The run's LeNet, every batch size of ``shape`` (run_shape) planned: the searches stay out of the epochs."""
+    from .model import LeNet
+
+    most, sizes = shape
+    model = LeNet(max_batch=most, policy=policy, seed=args.seed,
+                  momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
+                  label_smoothing=args.label_smoothing, ema_decay=args.ema, cuda_graph=args.cuda_graph,
+                  fused=args.fused, plan_cache=args.plan_cache)
+    startup.mark("model made")
+    for n in sizes:
+        model.plan(n)
+        startup.mark(f"batch size {n} planned")
+    return model
+
+
+def build_beside(args, policy) -> None:
+    """Note [the model beside the data]: where the dataset's headers say how many images each split holds,
+    the model for those sizes is made and planned on the preload thread while this thread reads and checks
+    the data. Trainer takes it where the checked splits have those sizes, and makes its own otherwise.
+
+    On a first run the plans are the longest part of the start-up after the dataset's read (their searches
+    and cuDNN's first calls: 0.69 s of 2.4 on an H200, docs/performance.md), and the preload thread was idle
+    from its first cuDNN graph until the checks passed. Nothing it does is written before the checks pass (the
+    plan cache's writes wait for them: lenet/plancache.py); a failure there is met again by Trainer, on this
+    thread, after the data's errors, as before; a failed check ends the program without waiting for it."""
+    try:
+        root = data.find_dataset(args.data_dir)
+    except (data.DataError, OSError):   # prepare says what is wrong with it
+        return
+    counts = [None if root is None else data.declared_images(root, split) for split in ("train", "test")]
+    if None in counts:
+        return
+    train_n, test_n = (n if limit is None else min(n, limit)
+                       for n, limit in zip(counts, (args.train_size, args.test_size)))
+    shape = run_shape(args, train_n, test_n)
+    startup.build_beside(shape, lambda: build_model(args, policy, shape))
+
+
 def start_plotter(args) -> Plotter | None:
     """The plotting child for --out, started before the start-up so that matplotlib's import and
     its first figure are done by the time the last epoch asks for a drawing (started when the loop
@@ -626,6 +664,7 @@ def main(argv=None) -> int:
     plotter = start_plotter(args)   # Note [plotting in a child] in lenet/plot.py
     # Note [overlapped start-up]
     with startup.starting(args.engine, (args.batch_size, args.eval_batch_size), policy=policy):
+        build_beside(args, policy)
         run = prepare(args)   # everything that needs no GPU, first
     if run["done"]:   # before the GPU too: there is nothing to run
         print(f"nothing to do: the checkpoint {files.show(run['resume'])} is at epoch {run['meta']['epoch']} of "

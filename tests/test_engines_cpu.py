@@ -5,6 +5,7 @@ the errors a user sees before any GPU work."""
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 import pytest
 
@@ -228,6 +229,54 @@ def test_the_policy_key_holds_every_flag_and_the_store_ignores_another_format(tm
     cache.put({"op": "x"}, {"chunk": 1})
     cache.flush()
     assert json.loads(path.read_text())["format"] == 2 and not said
+
+
+_HELD_FLUSH = """
+import json, os, sys, threading
+from lenet import files
+from lenet.plancache import PlanCache, environment
+files.hold_writes()   # a program before its checks passed
+path = sys.argv[1]
+cache = PlanCache(path, environment("gpu", 13000, "9.19.0", None))
+cache.put({"op": "a"}, {"chunk": 1})
+cache.flush()
+before = os.path.exists(path)
+done = threading.Event()
+
+
+def plan():   # a planning thread that goes on adding while the checks' thread releases the held writes
+    for i in range(2000):
+        cache.put({"op": i}, {"chunk": i})
+        if i % 100 == 0:
+            cache.flush()
+    done.set()
+
+
+t = threading.Thread(target=plan)
+t.start()
+files.checks_passed()
+t.join()
+cache.flush()
+files.wait_for_writes()
+print(json.dumps({"before": before, "entries": len(json.loads(open(path).read())["entries"])}))
+"""
+
+
+def test_the_plan_cache_is_written_once_the_checks_passed_and_holds_every_entry(tmp_path):
+    """Note [the model beside the data] (lenet/train.py): a model planned beside the program's checks flushes
+    its plan cache before they pass; the file is written once they did, on a thread, while the planning thread
+    adds more, and the last flush holds every entry."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", _HELD_FLUSH, str(tmp_path / "cache" / "plans.json")], env=env,
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert json.loads(out.stdout) == {"before": False, "entries": 2001}
 
 
 def test_train_step_draws_a_batch_larger_than_the_split_with_replacement(dataset):

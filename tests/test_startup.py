@@ -422,12 +422,15 @@ def test_the_bytecode_child_compiles_at_the_programs_optimization_level(tmp_path
 def test_the_bytecode_switch_waits_for_the_preloads_imports(monkeypatch, tmp_path):
     """Note [no import in flight at the switch]: a first run turns Python's bytecode writing on (into its cache
     folder) only while the preload thread is not importing. Asked for while it imports, the switch returns at
-    once and the preload thread makes it as it lets go of the lock; it lets go while it waits for the engine."""
+    once and the preload thread makes it as it lets go of the lock; it lets go while it waits for the engine.
+    The bytecode of what was imported before then is compiled at once (a first run's child no longer waits for
+    a model planned on the preload thread), and what was imported in between at the switch."""
     import threading
 
-    from lenet import startup
+    from lenet import files, startup
 
-    monkeypatch.setattr(startup, "_bytecode_of_imported", lambda folder: None)
+    compiled = []
+    monkeypatch.setattr(startup, "_bytecode_of_imported", compiled.append)
     monkeypatch.setattr(sys, "pycache_prefix", None)
     monkeypatch.setattr(sys, "dont_write_bytecode", True)
     folder = str(tmp_path / "bytecode")
@@ -449,15 +452,55 @@ def test_the_bytecode_switch_waits_for_the_preloads_imports(monkeypatch, tmp_pat
         switch.join(10)
         assert not switch.is_alive(), "the switch waited for the preload's imports"
         assert sys.pycache_prefix is None and sys.dont_write_bytecode, "switched while the preload imported"
+        files.wait_for_writes()
+        assert compiled == [folder], "the modules imported so far waited for the switch"
         waiting.set()   # the preload now waits for the engine: it let go, and made the switch
         for _ in range(1000):
             if sys.pycache_prefix == folder:
                 break
             threading.Event().wait(0.01)
         assert sys.pycache_prefix == folder and not sys.dont_write_bytecode
+        files.wait_for_writes()
+        assert compiled == [folder, folder]
     finally:
         waiting.set()
         pre.engine = "ours"
         pre.engine_known.set()
         pre.thread.join(10)
     assert got == ["ours"] and not startup._importing.locked() and not startup._pending_switch
+
+
+# Note [the model beside the data] (lenet/train.py): a build handed to the preload thread inside the block;
+# prints the threads it ran on, and what built() returns for another key, for its own, and a second time.
+_BESIDE = """
+import json, sys, threading
+from lenet import startup
+startup.start_gpu()
+ran = []
+
+
+def build():
+    ran.append(threading.current_thread().name)
+    if sys.argv[1] == "raise":
+        raise RuntimeError("no GPU")
+    return "the model"
+
+
+with startup.starting("legacy"):
+    if sys.argv[1] != "none":
+        startup.build_beside(("key", 1), build)
+        startup.build_beside(("key", 2), build)   # once a process: the first one stands
+print(json.dumps({"ran": ran, "other": startup.built(("key", 2)), "built": startup.built(("key", 1)),
+                  "again": startup.built(("key", 1))}))
+"""
+
+
+@pytest.mark.stack
+@pytest.mark.parametrize("case", ["build", "raise", "none"])
+def test_a_build_handed_to_the_preload_thread_runs_there_once(case):
+    out = _run(_BESIDE, case, hide_gpu=True)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    got = json.loads(out.stdout)
+    assert got["ran"] == ([] if case == "none" else ["lenet-imports"]), got
+    assert got["other"] is None and got["again"] is None, got   # another key's, and a second take: none
+    assert got["built"] == ("the model" if case == "build" else None), got

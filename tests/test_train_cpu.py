@@ -401,3 +401,19 @@ def test_a_signal_as_the_plotting_child_starts_leaves_no_child_and_no_folder(tmp
         alive = False
     assert not alive, "the plotting child outlived the interrupted trainer"
     assert not list(tmp.rglob("*")) and not list(home.rglob("*")), (list(tmp.rglob("*")), list(home.rglob("*")))
+
+
+@pytest.mark.parametrize("batch,eval_batch,train_n,test_n,want", [
+    (128, 1000, 60000, 10000, (1000, (128, 96, 1000))),      # the fast recipe on Fashion-MNIST
+    (64, 1000, 60000, 10000, (1000, (64, 32, 1000))),
+    (100, 100, 1000, 500, (100, (100,))),                     # every batch whole
+    (1000000, 1000, 200, 20, (200, (200, 20))),               # a batch past its split: the split
+    (7, 3, 40, 20, (7, (7, 5, 3, 2))),
+])
+def test_the_run_plans_every_batch_size_it_steps_or_evaluates_at(batch, eval_batch, train_n, test_n, want):
+    """What Trainer plans, and what the preload thread plans from the headers' counts (Note [the model beside
+    the data] in lenet/train.py): max_batch, then each size once, a step's first."""
+    from lenet import train
+
+    args = train.parser().parse_args(["--batch-size", str(batch), "--eval-batch-size", str(eval_batch)])
+    assert train.run_shape(args, train_n, test_n) == want

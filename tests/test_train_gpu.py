@@ -345,3 +345,39 @@ def test_a_batch_larger_than_the_split_trains_on_the_whole_split(dataset, tmp_pa
     r = train("--data-dir", str(dataset), "--epochs", "1", "--batch-size", "1000000", "--eval-batch-size",
               "1000000", "--out", str(tmp_path))
     assert r.returncode == 0 and "epoch 1/1" in r.stdout, r.stderr
+
+
+# python -m lenet.train with its build_model watched: prints the threads that made a model.
+_WATCHED = """
+import json, sys, threading
+from lenet import startup
+startup.begin()   # as python -m lenet.train starts: the threads first, writes held until the checks passed
+from lenet import train
+made, real = [], train.build_model
+
+
+def watched(*a):
+    made.append(threading.current_thread().name)
+    return real(*a)
+
+
+train.build_model = watched
+code = train.main(sys.argv[1:])
+print(json.dumps({"code": code, "made": made}))
+"""
+
+
+@pytest.mark.parametrize("flags", [(), ("--train-size", "2000", "--batch-size", "96", "--eval-batch-size", "300")])
+def test_the_model_is_made_and_planned_beside_the_datas_read(dataset, tmp_path, flags):
+    """Note [the model beside the data] (lenet/train.py): the run's one model is made and planned on the
+    preload thread from the headers' counts (--train-size too), and the plan cache is written once the
+    checks passed; so again in a later run, which finds its choices there."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               LENET_PLAN_CACHE=str(tmp_path / "plans.json"))
+    argv = [sys.executable, "-c", _WATCHED, "--data-dir", str(dataset), "--epochs", "1", "--quiet", *flags]
+    for run in ("first", "later"):
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got == {"code": 0, "made": ["lenet-imports"]}, (run, got, r.stderr)
+        assert json.loads((tmp_path / "plans.json").read_text())["entries"], run

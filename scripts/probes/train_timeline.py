@@ -231,6 +231,9 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true",
                     help="every cache the program reads pointed at empty folders: a first run on a fresh machine")
     ap.add_argument("--keep", action="store_true", help="with --cold, keep the cache folders (their path is printed)")
+    ap.add_argument("--kernels-from", metavar="DIR",
+                    help="with --cold, our kernel cache starts as a copy of DIR (a kernel folder of an earlier run): "
+                         "what a first run would find if the package brought its kernels compiled")
     ap.add_argument("--child-events")
     ap.add_argument("--plot-child")
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
@@ -249,6 +252,8 @@ def main() -> None:
         env = {k: v for k, v in env.items() if not k.startswith("LENET_") or k == "LENET_REQUIRE_GPU"}
         env.update(CUPY_CACHE_DIR=str(caches / "cupy"), XDG_CACHE_HOME=str(caches / "xdg"),
                    CUDA_CACHE_PATH=str(caches / "nv"))
+        if args.kernels_from:
+            shutil.copytree(args.kernels_from, caches / "xdg" / "lenet" / "kernels")
     try:
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, __file__, "--program", args.program, "--child-events", events_path, "--profile", *args.profile, "--",
