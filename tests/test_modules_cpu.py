@@ -5,10 +5,12 @@ and a compile error's message."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.stack
+ROOT = Path(__file__).resolve().parents[1]
 
 SOURCE = 'extern "C" __global__ void twice_kernel(float* x, int n) { int i = threadIdx.x; if (i < n) x[i] *= 2.f; }\n'
 
@@ -222,3 +224,59 @@ def test_forgetting_a_build_whose_load_failed_keeps_a_newer_one():
         assert "lenet.test-forget" not in nvrtc._modules
     finally:
         nvrtc._modules.pop("lenet.test-forget", None)
+
+
+def test_a_module_built_with_the_package_is_read_not_compiled(modules, tmp_path, monkeypatch):
+    """Note [kernels built with the package]: a binary in the package's built/ folder, named as the cache
+    names it, is used where the cache has none; one cut short there is compiled again, into the cache."""
+    built = tmp_path / "built"
+    [name] = modules.build_into(built, 75, [("t.twice", SOURCE, ("-std=c++17",))])
+    monkeypatch.setattr(modules, "INSTALLED", built)
+    real = modules.Nvrtc.compile
+    monkeypatch.setattr(modules.Nvrtc, "compile", lambda *a, **k: pytest.fail("compiled"))
+    assert modules.binary("t.twice", SOURCE, ("-std=c++17",), 75) == built / name
+    assert modules.BUILT[-1][0] == "t.twice" and modules.BUILT[-1][3] == "installed"
+    (built / name).write_bytes((built / name).read_bytes()[:100])
+    monkeypatch.setattr(modules.Nvrtc, "compile", real)
+    path = modules.binary("t.twice", SOURCE, ("-std=c++17",), 75)
+    assert path == modules.cache_folder() / name and modules.BUILT[-1][3] == "nvrtc"
+
+
+def test_every_module_a_gpu_may_launch_is_listed_for_the_wheel():
+    from lenet import kernels
+
+    declared = kernels.declared()
+    for arch in (75, 80, 90):
+        names = kernels.every_module(arch)
+        own = [n for n in names if not n.endswith(kernels.PACK)]
+        assert set(own) == {n for n, m in declared.items() if m.folder is None and m.runs_on(arch)}, arch
+        packed = {n[: -len(kernels.PACK)] for n in names if n.endswith(kernels.PACK)}
+        assert packed == {n for n in own if n in kernels.stage_modules() or n.startswith("head")}, arch
+        assert len(names) == len(set(names))
+    assert "step_cluster" in kernels.every_module(90) and "step_cluster" not in kernels.every_module(80)
+    assert "stage2_backward_roles__pack" in kernels.every_module(80) and "softmax_ce__pack" not in kernels.every_module(90)
+
+
+def test_the_wheels_build_compiles_every_module_where_the_runs_find_them(modules, tmp_path, monkeypatch):
+    """build_support/lenet_build.py, as setup.py's build step runs it on a machine whose GPU is compute
+    capability 7.5: every module of every_module(75) lands in the wheel's built/ folder under the name a run
+    looks for, so a first run compiles none of them. Without a GPU it asks for nothing more and builds nothing."""
+    import importlib
+    import sys
+
+    from lenet import kernels
+
+    monkeypatch.syspath_prepend(str(ROOT / "build_support"))
+    lenet_build = importlib.import_module("lenet_build")
+    built = tmp_path / "built"
+    assert lenet_build.build_kernels(str(built), []) == 0 and not built.exists()
+    monkeypatch.setattr(lenet_build._setuptools, "get_requires_for_build_wheel", lambda settings=None: ["wheel"])
+    for archs, more in (([], []), ([90], lenet_build.KERNEL_BUILD_REQUIRES)):
+        monkeypatch.setattr(lenet_build, "gpu_archs", lambda: archs)
+        assert lenet_build.get_requires_for_build_wheel() == ["wheel", *more]
+    assert lenet_build.build_kernels(str(built), [75]) == len(kernels.every_module(75))
+    assert str(ROOT) not in sys.path[:1]
+    monkeypatch.setattr(modules, "INSTALLED", built)
+    monkeypatch.setattr(modules.Nvrtc, "compile", lambda *a, **k: pytest.fail("compiled"))
+    for n in kernels.every_module(75):
+        assert modules.binary(f"lenet.{n}", kernels.source(n), kernels.options(n), 75).parent == built, n

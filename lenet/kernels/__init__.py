@@ -171,6 +171,23 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
+def every_module(arch: int) -> list[str]:
+    """Every module a program may launch on a GPU of compute capability ``arch``: each declared in this package
+    that runs there, then the pack versions of the stage and head modules (what lenet.engines' ours_stage and
+    ours_head ask for a pack): what a wheel built on that GPU's machine holds compiled (Note [kernels built
+    with the package] in lenet/kernels/nvrtc.py)."""
+    own = [n for n, m in declared().items() if m.folder is None and m.runs_on(arch)]
+    packed = set(stage_modules()) | {"head", "head_split", "head_weights", "head_tail"}
+    return own + [n + PACK for n in own if n in packed]
+
+
+def build_into(folder, arch: int) -> list[str]:
+    """``every_module(arch)`` compiled into ``folder`` as the kernel cache names them; the files written."""
+    from . import nvrtc
+
+    return nvrtc.build_into(folder, arch, [(f"lenet.{n}", source(n), options(n)) for n in every_module(arch)])
+
+
 def prefetch(names) -> None:
     """Start compiling (or reading from the kernel cache) these modules now, each on a thread of its
     own (Note [first run] in lenet/kernels/nvrtc.py); ``kernel`` finds them ready, or waits."""

@@ -168,27 +168,44 @@ def _current_arch() -> int:
     return int(cupy.cuda.Device().compute_capability)
 
 
-def binary(key: str, source: str, options: tuple, arch: int, ptx: bool = False) -> Path:
-    """The path of module ``key`` compiled for compute capability ``arch`` (as PTX for it with ``ptx``:
-    Note [kernel architecture]): from the cache, or compiled now and stored there (Note [first run]).
-    Needs no GPU."""
+# Note [kernels built with the package]: a first run compiles every module it launches (Note [first run]); with
+# the model planned beside the data (lenet/train.py) its plans then waited for the longest compiles, and a first
+# run with every module compiled took 0.35-0.5 s less (docs/performance.md, "The model made and planned beside
+# the data"). So a wheel built on a machine with an NVIDIA GPU holds every module compiled for that GPU's
+# architecture, named as in the cache (build_support/lenet_build.py runs ``build_into`` as `pip install` builds
+# the wheel): a binary is looked for in the cache, then here, then compiled. A name holds NVRTC's version, so a
+# later NVRTC compiles again (into the cache), as it would for the cache.
+INSTALLED = Path(__file__).resolve().parent / "built"
+
+
+def _name(key: str, source: str, options: tuple, arch: int, ptx: bool) -> tuple[str, str, tuple]:
+    """(the file name of module ``key``'s binary, its stem, NVRTC's options) for compute capability ``arch``."""
     nv = nvrtc()
     target, ext = (f"compute_{arch}", "ptx") if ptx else nv.target(arch)
     opts = ("--device-as-default-execution-space", *nv.minimal, *options, f"-arch={target}")
     h = hashlib.blake2b(digest_size=10)
     for part in (source, "\0".join(opts), nv.version_string):
         h.update(part.encode() + b"\1")
+    return f"{key}.{target}.{h.hexdigest()}.{ext}", f"{key}.{target}", opts
+
+
+def binary(key: str, source: str, options: tuple, arch: int, ptx: bool = False) -> Path:
+    """The path of module ``key`` compiled for compute capability ``arch`` (as PTX for it with ``ptx``:
+    Note [kernel architecture]): from the cache, or as the package was built with it (Note [kernels built
+    with the package]), or compiled now and stored in the cache (Note [first run]). Needs no GPU."""
+    nv = nvrtc()
+    name, stem, opts = _name(key, source, options, arch, ptx)
+    ext = name.rsplit(".", 1)[1]
     folder = cache_folder()
-    stem = f"{key}.{target}"
-    path = folder / f"{stem}.{h.hexdigest()}.{ext}" if folder is not None else None
+    path = folder / name if folder is not None else None
     t0 = time.perf_counter()
-    try:
-        data = path.read_bytes() if path is not None else b""
-        if _complete(data, ext):
-            BUILT.append((key, t0, time.perf_counter(), "cache"))
-            return path
-    except OSError:
-        pass
+    for where, how in ((path, "cache"), (INSTALLED / name, "installed")):
+        try:
+            if where is not None and _complete(where.read_bytes(), ext):
+                BUILT.append((key, t0, time.perf_counter(), how))
+                return where
+        except OSError:
+            pass
     data = nv.compile(source, f"{key}.cu", opts, ptx=ext == "ptx")
     BUILT.append((key, t0, time.perf_counter(), "nvrtc"))
     with _write_lock:
@@ -224,6 +241,26 @@ def _store(folder: Path, path: Path, stem: str, ext: str, data: bytes) -> Path:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         return Path(tmp)
+
+
+def build_into(folder, arch: int, modules) -> list[str]:
+    """Note [kernels built with the package]: each of ``modules`` ((key, source, options) triples) compiled for
+    compute capability ``arch`` into ``folder`` as ``binary`` names it, on threads (NVRTC lets go of the GIL).
+    Returns the files written; a module NVRTC refuses raises CompileError."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    nv = nvrtc()
+
+    def one(module):
+        key, source, options = module
+        name, _, opts = _name(key, source, options, arch, False)   # PTX where this NVRTC has no cubin for it
+        (folder / name).write_bytes(nv.compile(source, f"{key}.cu", opts, ptx=name.endswith(".ptx")))
+        return name
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max(1, min(len(modules), os.cpu_count() or 1))) as pool:
+        return list(pool.map(one, modules))
 
 
 def _complete(data: bytes, ext: str) -> bool:

@@ -141,6 +141,8 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
 
     prog = importlib.import_module(f"lenet.{program}")
     wrap(cli, "device_facts", "device_facts", 1)
+    if hasattr(prog, "build_model"):   # the model and its plans, on the preload thread (Note [the model beside the data])
+        wrap(prog, "build_model", "build_model (model + plans)", 1)
 
     wrap(data, "load_split", "read dataset split")
     wrap(data, "commit", "dataset cache written (a thread)")
