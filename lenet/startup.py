@@ -702,13 +702,14 @@ def build_beside(key, fn) -> None:
 def built(key):
     """What the ``fn`` handed to build_beside with this ``key`` returned, else None: it was handed another
     key, or none, or raised (the program then does the same work itself, and meets the error where it always
-    did). Call it after the ``starting`` block, which waits for the preload thread."""
+    did). Call it after the ``starting`` block, which waits for the preload thread; once: what was made for
+    another key is dropped."""
     pre = _preload
     done = None if pre is None or pre.thread.is_alive() else pre.built
-    if done is None or done[0] != key:
+    if done is None:
         return None
-    pre.built = None
-    return done[1]
+    pre.built = None   # taken, or dropped with what it holds (a model for other sizes: its GPU memory)
+    return done[1] if done[0] == key else None
 
 
 def start_gpu() -> None:
