@@ -340,20 +340,28 @@ def load_split(root, split: str, cache: Path | None = None, pending: list | None
 
 
 def declared_images(root, split: str) -> int | None:
-    """How many images the header of ``split``'s images file in ``root`` declares, read from its first
-    bytes (a gzip file's first 64 KB, inflated as far as the header); None where there is no such file or
-    header. What a program may plan with before the split is read and checked (Note [the model beside the
-    data] in lenet/train.py): a number here is no check, load_split's are."""
+    """How many 28x28 images the header of ``split``'s images file in ``root`` declares, where the file's size
+    agrees (a raw file's bytes, a gzip file's inflated size as its trailer gives it, are the header's 16 and
+    28 x 28 an image); read from its first 64 KB (inflated as far as the header) and its last 4 bytes. None
+    where there is no such file, no such header, or the sizes disagree. What a program may plan with before
+    the split is read (Note [the model beside the data] in lenet/train.py): load_split's checks still decide."""
     try:
         path = _file(Path(root), SPLITS[split][0])
         with files.open_input(path, "", "IDX file", DataError) as f:
             first = f.read(1 << 16)
-        head = zlib.decompressobj(wbits=31).decompress(first, 8) if first[:2] == b"\x1f\x8b" else first[:8]
+            size = os.fstat(f.fileno()).st_size
+            f.seek(max(0, size - 4))
+            last = f.read(4)
+        gz = first[:2] == b"\x1f\x8b"
+        head = zlib.decompressobj(wbits=31).decompress(first, 16) if gz else first[:16]
     except (DataError, OSError, zlib.error, KeyError):
         return None
-    if len(head) < 8 or head[:3] != b"\x00\x00\x08" or head[3] != 3:
+    if len(head) < 16 or head[:4] != b"\x00\x00\x08\x03" or head[8:16] != bytes([0, 0, 0, 28, 0, 0, 0, 28]):
         return None
-    return int.from_bytes(head[4:8], "big") or None
+    n = int.from_bytes(head[4:8], "big")
+    whole = 16 + 784 * n
+    agrees = int.from_bytes(last, "little") == whole % (1 << 32) if gz else size == whole
+    return n if n and agrees else None
 
 
 def load_splits(root, splits=("train", "test"), cache: Path | None = None, pending: list | None = None

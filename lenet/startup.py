@@ -793,12 +793,13 @@ def starting(engine: str, batches=(), pack: bool = False, policy=None):
     pre.engine, pre.batches = engine, tuple(batches)
     _start_compiles(engine, pre.batches, pack, policy)
     pre.engine_known.set()
-    wait = True
+    wait, failed = True, True
     try:
         yield
         from .files import checks_passed
 
         checks_passed()   # the block held the program's last checks that need no GPU (lenet/files.py)
+        failed = False
     except BaseException:   # a bad dataset or value (data.DataError too): cli.run says so in one line
         wait = not _started_early   # and leaves through os._exit, so a program started early need not wait
         raise
@@ -809,3 +810,5 @@ def starting(engine: str, batches=(), pack: bool = False, policy=None):
         if wait and writes_allowed():   # else the preload may wait for the checks (CuPy's import): never joined
             pre.thread.join()
             start_gpu_driver().join()
+            if failed:
+                pre.built = None   # made for a run that stops here: dropped, with what it holds

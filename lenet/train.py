@@ -277,9 +277,10 @@ def _check_out(out: Path | None, resume: Path | None, args) -> None:
                                 f"{files.show(resume.parent)}, pick a new --out, or replace it with --overwrite")
 
 
-def prepare(args) -> dict:
+def prepare(args, beside=None) -> dict:
     """Every check that needs no GPU, in the order a user fixes them: the dataset, --out,
-    --resume. Returns what the run needs; one-line errors (exit 2) otherwise."""
+    --resume. Returns what the run needs; one-line errors (exit 2) otherwise. ``beside()``, where
+    given, is called once the flags' own checks passed, before the data is read (build_beside)."""
     _check_flags(args)
     out = Path(args.out) if args.out else None
     resume = _resume_path(args, out)   # a flag error: before anything is read
@@ -288,6 +289,8 @@ def prepare(args) -> dict:
     if args.warmup_epochs > args.epochs:
         raise ValueError(f"--warmup-epochs {args.warmup_epochs:g} is longer than the run (--epochs {args.epochs}); "
                          f"give at most {args.epochs}")
+    if beside is not None:
+        beside()
     root, (train_x, train_y), (test_x, test_y), cache, pending = cli.run_splits(args)
     mean, std = data.pixel_stats(train_x)
     if pending:
@@ -419,7 +422,8 @@ class Trainer:
         self.config, self.out, self.meta = run["config"], run["out"], run["meta"]
         B = self.B = args.batch_size
         shape = run_shape(args, len(run["train"][0]), len(run["test"][0]))
-        self.model = startup.built(shape) or build_model(args, policy, shape)   # Note [the model beside the data]
+        made = startup.built(early_key(args, shape))   # Note [the model beside the data]: this run's, or None
+        self.model = made or build_model(args, policy, shape)
         self.start_epoch, self.start_step, self.iteration, self.history, self.running = 0, 0, 0, [], 0.0
         if self.meta is not None:
             meta = self.meta
@@ -616,6 +620,11 @@ def build_model(args, policy, shape):
     return model
 
 
+def early_key(args, shape) -> tuple:
+    """What a model made beside the data was made for: every flag, and run_shape's sizes."""
+    return dict(vars(args)), shape
+
+
 def build_beside(args, policy) -> None:
     """Note [the model beside the data]: where the dataset's headers say how many images each split holds,
     the model for those sizes is made and planned on the preload thread while this thread reads and checks
@@ -623,9 +632,13 @@ def build_beside(args, policy) -> None:
 
     On a first run the plans are the longest part of the start-up after the dataset's read (their searches
     and cuDNN's first calls: 0.69 s of 2.4 on an H200, docs/performance.md), and the preload thread was idle
-    from its first cuDNN graph until the checks passed. Nothing it does is written before the checks pass (the
-    plan cache's writes wait for them: lenet/plancache.py); a failure there is met again by Trainer, on this
-    thread, after the data's errors, as before; a failed check ends the program without waiting for it."""
+    from its first cuDNN graph until the checks passed. A failure there is met again by Trainer, on this
+    thread, after the data's errors, as before; a failed check ends the program without waiting for it.
+    The plan cache's writes wait for the checks (lenet/plancache.py), as the kernel cache's did not before
+    (a module compiled at start-up is stored when compiled). The sizes are the headers' where each file's
+    size agrees with its header (data.declared_images): a header that claims more images than its file holds
+    sizes no model. The model is taken for the flags it was made with (its key holds them all), so a
+    program calling main twice never trains one call's model under the other's flags."""
     try:
         root = data.find_dataset(args.data_dir)
     except (data.DataError, OSError):   # prepare says what is wrong with it
@@ -636,7 +649,7 @@ def build_beside(args, policy) -> None:
     train_n, test_n = (n if limit is None else min(n, limit)
                        for n, limit in zip(counts, (args.train_size, args.test_size)))
     shape = run_shape(args, train_n, test_n)
-    startup.build_beside(shape, lambda: build_model(args, policy, shape))
+    startup.build_beside(early_key(args, shape), lambda: build_model(args, policy, shape))
 
 
 def start_plotter(args) -> Plotter | None:
@@ -664,9 +677,9 @@ def main(argv=None) -> int:
     plotter = start_plotter(args)   # Note [plotting in a child] in lenet/plot.py
     # Note [overlapped start-up]
     with startup.starting(args.engine, (args.batch_size, args.eval_batch_size), policy=policy):
-        build_beside(args, policy)
-        run = prepare(args)   # everything that needs no GPU, first
-    if run["done"]:   # before the GPU too: there is nothing to run
+        run = prepare(args, beside=lambda: build_beside(args, policy))   # everything that needs no GPU, first
+    if run["done"]:   # there is nothing to run (a model made beside the checks is dropped)
+        startup.built(None)
         print(f"nothing to do: the checkpoint {files.show(run['resume'])} is at epoch {run['meta']['epoch']} of "
               f"{args.epochs}")
         return 0

@@ -229,17 +229,20 @@ def test_dataset_cache_folder(monkeypatch, tmp_path):
 @pytest.mark.parametrize("gz", [False, True])
 def test_the_images_a_header_declares_are_read_from_its_first_bytes(tmp_path, gz):
     """What lenet.train plans with before the data is read (Note [the model beside the data]): the images
-    header's count, raw or gzipped; None where the file is missing, not an images file, or its header is cut
-    short. A count is no check: a file whose body is cut still declares its header's count."""
+    header's count, raw or gzipped, where the file's size agrees with it; None where the file is missing, not
+    an images file of 28x28 images, its header cut short, or its size another count's (a header that claims
+    a million images on a small file sizes no model)."""
     write_split(tmp_path, n=37, gz=gz)
     write_split(tmp_path, n=11, split="test", gz=gz)
     assert (data.declared_images(tmp_path, "train"), data.declared_images(tmp_path, "test")) == (37, 11)
     name = data.SPLITS["train"][0] + (".gz" if gz else "")
     raw = idx_bytes(np.zeros((37, 28, 28), np.uint8))
-    for bad, want in ((raw[:-100], 37), (raw[:6], None), (b"\x00\x00\x08\x01" + raw[4:], None), (b"", None),
-                      (b"\x00\x00\x0d\x03" + raw[4:], None)):
+    for bad, want in ((raw, 37), (raw[:-100], None), (raw + b"\0", None), (raw[:6], None), (b"", None),
+                      (b"\x00\x00\x08\x01" + raw[4:], None), (b"\x00\x00\x0d\x03" + raw[4:], None),
+                      (raw[:4] + (10 ** 6).to_bytes(4, "big") + raw[8:], None),
+                      (idx_bytes(np.zeros((37, 28, 27), np.uint8)), None)):
         (tmp_path / name).write_bytes(gzip.compress(bad, mtime=0) if gz else bad)
-        assert data.declared_images(tmp_path, "train") == want, bad[:8]
+        assert data.declared_images(tmp_path, "train") == want, bad[:16]
     if gz:
         (tmp_path / name).write_bytes(b"\x1f\x8b" + b"\xff" * 40)   # gzip's magic, then garbage
         assert data.declared_images(tmp_path, "train") is None

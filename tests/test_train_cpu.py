@@ -417,3 +417,66 @@ def test_the_run_plans_every_batch_size_it_steps_or_evaluates_at(batch, eval_bat
 
     args = train.parser().parse_args(["--batch-size", str(batch), "--eval-batch-size", str(eval_batch)])
     assert train.run_shape(args, train_n, test_n) == want
+
+
+# Two runs of train.main in one process, build_model and the GPU faked: the first stops at a check after its
+# model was made beside the data (--out holds another run), the second runs with another seed.
+_TWO_RUNS = """
+import json, sys, threading
+from pathlib import Path
+root, out = sys.argv[1], sys.argv[2]
+from lenet import startup, train
+import descriptors
+
+made, got = [], []
+
+
+def build_model(args, policy, shape):
+    made.append([args.seed, threading.current_thread().name])
+    return ["made for seed", args.seed]
+
+
+train.build_model = build_model
+
+
+class Trainer:   # the real Trainer's first step: the model made beside the data, if it was made for this run
+    def __init__(self, args, run, policy, argv):
+        shape = train.run_shape(args, len(run["train"][0]), len(run["test"][0]))
+        got.append(startup.built(train.early_key(args, shape)))
+        raise SystemExit(0)
+
+
+train.Trainer, descriptors.require_gpu = Trainer, lambda: "a GPU"
+try:
+    train.main(["--data-dir", root, "--seed", "1", "--out", out, "--epochs", "1"])
+except Exception as e:
+    got.append(type(e).__name__)
+try:
+    train.main(["--data-dir", root, "--seed", "2", "--epochs", "1"])
+except SystemExit:
+    pass
+print(json.dumps({"made": made, "got": got}))
+"""
+
+
+@pytest.mark.stack
+def test_a_model_made_beside_the_data_serves_only_the_run_it_was_made_for(dataset, tmp_path):
+    """Note [the model beside the data]: the model made on the preload thread for a run that then stopped at a
+    check is never handed to the next run in the process (another seed), which makes its own (the start-up
+    threads run once a process)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("{}\n")   # an earlier run's folder: the first run stops there
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, "-c", _TWO_RUNS, str(dataset), str(out)], env=env, capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"made": [[1, "lenet-imports"]],
+                                                             "got": ["OutputError", None]}, r.stdout
