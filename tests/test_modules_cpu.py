@@ -280,3 +280,42 @@ def test_the_wheels_build_compiles_every_module_where_the_runs_find_them(modules
     monkeypatch.setattr(modules.Nvrtc, "compile", lambda *a, **k: pytest.fail("compiled"))
     for n in kernels.every_module(75):
         assert modules.binary(f"lenet.{n}", kernels.source(n), kernels.options(n), 75).parent == built, n
+
+
+_HELD = """
+import json, os, sys
+from lenet import files
+from lenet.kernels import nvrtc
+files.hold_writes()   # a program before its checks passed
+source = sys.argv[1]
+first = nvrtc.binary("t.twice", source, (), 75)
+made_before = os.path.exists(os.path.join(os.environ["XDG_CACHE_HOME"], "lenet"))
+files.checks_passed()
+files.wait_for_writes()
+names = sorted(os.listdir(nvrtc.cache_folder()))
+print(json.dumps({"first": str(first), "made_before": made_before, "names": names,
+                  "same": open(nvrtc.cache_folder() / names[0], "rb").read() == first.read_bytes(),
+                  "again": str(nvrtc.binary("t.twice", source, (), 75))}))
+"""
+
+
+def test_a_module_compiled_before_the_checks_is_cached_once_they_passed(tmp_path):
+    """Note [nothing written before the checks] (lenet/files.py): a module compiled before a program's checks
+    passed (at start-up, or by a model planned beside them) runs from a temporary file of the run's own, is
+    written into the kernel cache once they passed, and the temporary file goes when the process ends."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XDG_CACHE_HOME=str(tmp_path / "xdg"), TMPDIR=str(tmp_path / "tmp"))
+    env.pop("LENET_KERNEL_CACHE", None)
+    (tmp_path / "tmp").mkdir()
+    out = subprocess.run([sys.executable, "-c", _HELD, SOURCE], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    got = json.loads(out.stdout)
+    assert got["first"].startswith(str(tmp_path / "tmp")) and not got["made_before"], got
+    assert len(got["names"]) == 1 and got["names"][0].startswith("t.twice.sm_75.") and got["same"], got
+    assert got["again"] == str(tmp_path / "xdg" / "lenet" / "kernels" / got["names"][0]), got
+    assert not os.listdir(tmp_path / "tmp"), "the run's own copy was left behind"

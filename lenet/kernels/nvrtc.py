@@ -212,35 +212,56 @@ def binary(key: str, source: str, options: tuple, arch: int, ptx: bool = False) 
         return _store(folder, path, stem, ext, data)
 
 
-def _store(folder: Path, path: Path, stem: str, ext: str, data: bytes) -> Path:
-    """``data`` written as ``path`` (atomically; earlier versions of the module removed), or, where the
-    folder cannot be written, into a temporary file of this run's own."""
+def _store(folder: Path | None, path: Path | None, stem: str, ext: str, data: bytes) -> Path:
+    """``data`` written as ``path`` in the cache (``_write``), or, where the folder cannot be written, into a
+    temporary file of this run's own. Before the program's checks passed (Note [nothing written before the
+    checks] in lenet/files.py: a module compiled at start-up, or by a model planned beside the checks), into
+    a temporary file too, and into the cache once they passed (``_store_later``)."""
     from .. import files
 
-    try:
-        if folder is None:
-            raise OSError("no cache folder")
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = files.temporary(folder, prefix=f".{path.name}.")
+    if folder is not None and not files.writes_allowed():
+        files.write_later(_store_later, folder, path, stem, ext, data)
+    elif folder is not None:
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            mask = os.umask(0o022)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)   # as an ordinary file, not mkstemp's 0600
-            os.replace(tmp, path)
-        finally:
-            files.finished(tmp)
-        for old in folder.glob(f"{stem}.*.{ext}"):   # earlier versions of this module
-            if old != path:
-                old.unlink(missing_ok=True)
-        return path
-    except OSError:   # a folder we cannot write: this run's own copy, in a temporary file
-        fd, tmp = tempfile.mkstemp(prefix=f"lenet-{stem}.", suffix=f".{ext}")
-        files.leftover(tmp)
+            return _write(folder, path, stem, ext, data)
+        except OSError:   # a folder we cannot write
+            pass
+    fd, tmp = tempfile.mkstemp(prefix=f"lenet-{stem}.", suffix=f".{ext}")
+    files.leftover(tmp)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return Path(tmp)
+
+
+def _write(folder: Path, path: Path, stem: str, ext: str, data: bytes) -> Path:
+    """``data`` written as ``path`` (atomically), and the module's earlier versions in ``folder`` removed."""
+    from .. import files
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = files.temporary(folder, prefix=f".{path.name}.")
+    try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        return Path(tmp)
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)   # as an ordinary file, not mkstemp's 0600
+        os.replace(tmp, path)
+    finally:
+        files.finished(tmp)
+    for old in folder.glob(f"{stem}.*.{ext}"):   # earlier versions of this module
+        if old != path:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def _store_later(folder: Path, path: Path, stem: str, ext: str, data: bytes) -> None:
+    """A binary compiled before the checks passed, stored in the cache now that they have (files.write_later);
+    a folder that cannot be written costs the next run a compile, nothing else."""
+    with _write_lock:
+        try:
+            _write(folder, path, stem, ext, data)
+        except OSError:
+            pass
 
 
 def build_into(folder, arch: int, modules) -> list[str]:
