@@ -423,7 +423,7 @@ class Trainer:
         B = self.B = args.batch_size
         shape = run_shape(args, len(run["train"][0]), len(run["test"][0]))
         made = startup.built(early_key(args, shape))   # Note [the model beside the data]: this run's, or None
-        self.model = made or build_model(args, policy, shape)
+        self.model = made if made is not None else build_model(args, policy, shape)
         self.start_epoch, self.start_step, self.iteration, self.history, self.running = 0, 0, 0, [], 0.0
         if self.meta is not None:
             meta = self.meta

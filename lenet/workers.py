@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from . import files
+from .gpus import gpu_count  # noqa: F401 (what --gpus counts; the tests stand in for it here)
 
 WORKERS_FILE = "workers.json"   # the folder's workers: the storage, the GPUs, the flags (what --resume checks)
 MERGED = ("results.csv", "results.jsonl", "curves.png", "summary.json", "best", WORKERS_FILE)
@@ -47,21 +48,6 @@ def parse_gpus(text: str) -> str:
     if len(set(parts)) != len(parts):
         raise ValueError(f"invalid value {text!r}: a GPU is named twice")
     return ",".join(str(int(p)) for p in parts)
-
-
-def gpu_count() -> int:
-    """The GPUs this process sees (CUDA_VISIBLE_DEVICES applies), through the driver, making no context; 0
-    where there is no driver or no GPU."""
-    import ctypes
-
-    try:
-        cuda = ctypes.CDLL("libcuda.so.1")
-        n = ctypes.c_int()
-        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(n)) != 0:
-            return 0
-        return n.value
-    except (OSError, AttributeError):
-        return 0
 
 
 def choose(spec: str, count: int, visible: str | None) -> list[str]:
