@@ -396,6 +396,41 @@ def test_a_first_runs_bytecode_is_compiled_in_a_child_and_no_lazy_module_is_impo
 
 
 
+def test_the_bytecode_child_copies_valid_bytecode_beside_a_source_and_compiles_a_stale_one(tmp_path, monkeypatch):
+    """Note [bytecode beside the source]: a module whose bytecode lies valid beside its source (as pip leaves a
+    package) has that file copied into the cache folder, not compiled again; one whose file there is stale (its
+    source changed since) is compiled from the source."""
+    import importlib.util
+    import marshal
+    import py_compile
+
+    from lenet import startup
+
+    src, folder = tmp_path / "src", tmp_path / "bytecode"
+    src.mkdir()
+    jobs = []
+    for name in ("kept_probe", "stale_probe"):
+        path = src / f"{name}.py"
+        path.write_text("X = 2\n")
+        beside = src / "__pycache__" / f"{name}.{sys.implementation.cache_tag}.pyc"
+        py_compile.compile(str(path), cfile=str(beside), doraise=True)
+        st = path.stat()
+        path.write_text("X = 1\n")   # the same size
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + (0 if name == "kept_probe" else 10**9)))
+        jobs.append(f"{path}\0{folder / name}.pyc")
+    monkeypatch.setattr(startup, "_missing_bytecode", lambda f: jobs)
+    startup._bytecode_of_imported(str(folder))
+    got = {}
+    for name in ("kept_probe", "stale_probe"):
+        data = (folder / f"{name}.pyc").read_bytes()
+        assert data[:4] == importlib.util.MAGIC_NUMBER
+        ns = {}
+        exec(marshal.loads(data[16:]), ns)
+        got[name] = ns["X"]
+    assert got == {"kept_probe": 2, "stale_probe": 1}, got   # 2: the file beside, copied; 1: compiled from the source
+    assert sorted(p.name for p in folder.iterdir()) == ["kept_probe.pyc", "stale_probe.pyc"]   # no partial file left
+
+
 def test_the_bytecode_child_compiles_at_the_programs_optimization_level(tmp_path):
     """Under python -O the cache holds .opt-1.pyc files: the child writes them optimized (asserts gone), as
     the program's own import would have."""
