@@ -221,8 +221,9 @@ class LegacyConvs:
         # Per device: what cuDNN supports (``supported``) is asked of the handle's GPU.
         return self._convs.get((handle.device_id, spec, tf32), lambda: _LegacyConv(spec, tf32))
 
-    def candidates(self, handle, spec: ConvSpec, policy: AlgoPolicy, fused: bool = True):
-        """(candidates in cuDNN's heuristic order, {name: why excluded})."""
+    def candidates(self, handle, spec: ConvSpec, policy: AlgoPolicy, fused: bool = True, first: bool = False):
+        """(candidates in cuDNN's heuristic order, {name: why excluded}). ``first`` changes nothing here: the
+        descriptor API lists its algorithms in one query, and a candidate costs nothing until it runs."""
         lc = self._conv(handle, spec, policy.allow_tf32)
         fixed = policy.fixed(spec.direction)
         out, excluded = [], {}
@@ -283,10 +284,12 @@ class GraphConvs:
     def filters(policy: AlgoPolicy) -> tuple:
         return (policy.allow_tf32, policy.allow_winograd, policy.deterministic, policy.workspace_limit)
 
-    def graph(self, handle, spec: ConvSpec, fuse: str, filters: tuple, only: str | None = None) -> ConvGraph:
-        """The graph of (spec, fuse) under filters with every listed plan built, or, with ``only``
-        and no such graph made yet, one with just that plan built (Note [one plan] in
-        descriptors/graph.py)."""
+    def graph(self, handle, spec: ConvSpec, fuse: str, filters: tuple, only: str | None = None,
+              first: bool = False) -> ConvGraph:
+        """The graph of (spec, fuse) under filters with every listed plan built, or, with no such graph made
+        yet: with ``only``, one with just that plan built (Note [one plan] in descriptors/graph.py); with
+        ``first``, one with its first plan that builds (Note [the heuristic's one plan]), kept under that
+        plan's name too, so that binding it builds no second graph."""
         tf32, winograd, deterministic, limit = filters
         key = (handle.device_id, spec, fuse, filters)
         whole = self._graphs.peek(key)
@@ -296,19 +299,26 @@ class GraphConvs:
         def make():
             return ConvGraph(handle, spec.direction, spec.x_shape, spec.w, spec.pad, spec.stride, spec.dilation,
                              fuse=fuse, allow_tf32=tf32, allow_winograd=winograd, deterministic=deterministic,
-                             workspace_limit=limit, only=only)
+                             workspace_limit=limit, only=only, first=first and only is None)
+        if only is None and first:
+            g = self._graphs.get((*key, "(first)"), make)
+            for p in g.plans:
+                self._graphs.get((*key, p.name), lambda: g)
+            return g
         return self._graphs.get(key if only is None else (*key, only), make)
 
     def _candidate(self, plan, fused: bool, policy: AlgoPolicy) -> Candidate:
         return Candidate(self.name, plan.name, fused, plan.workspace_bytes, True if policy.deterministic else None,
                          "tf32" if policy.allow_tf32 else "fp32", self.filters(policy))
 
-    def candidates(self, handle, spec: ConvSpec, policy: AlgoPolicy, fused: bool = True):
-        """(candidates, fused plans first, each graph's in cuDNN's heuristic order; {name: why excluded})."""
+    def candidates(self, handle, spec: ConvSpec, policy: AlgoPolicy, fused: bool = True, first: bool = False):
+        """(candidates, fused plans first, each graph's in cuDNN's heuristic order; {name: why excluded}).
+        ``first``: each graph's first plan that builds only (Note [the heuristic's one plan] in
+        descriptors/graph.py)."""
         filters = self.filters(policy)
         out, excluded = [], {}
         for fuse in ((spec.epilogue, "") if (spec.epilogue and fused) else ("",)):
-            g = self.graph(handle, spec, fuse, filters)
+            g = self.graph(handle, spec, fuse, filters, first=first)
             out += [self._candidate(p, bool(fuse), policy) for p in g.plans]
             excluded.update({name: why for name, why in g.rejected.items() if name not in excluded})
         return out, excluded

@@ -217,12 +217,20 @@ class ConvGraph(Owned):
     direction. Plans that cuDNN lists but that the filters exclude or cuDNN cannot build are in
     ``rejected`` ({plan name: reason}). ``only``: build just the plan of that name (a stored
     choice) or at that index of cuDNN's list, the others left unbuilt; ``plans`` then holds
-    it, or nothing and ``rejected`` says why.
+    it, or nothing and ``rejected`` says why. ``first``: build the listed plans in cuDNN's order until
+    one builds, the rest left unbuilt (what the heuristic tries: Note [the heuristic's one plan]).
 
     Note [one plan]: building every listed plan of a graph (20 to 40 of them) took most of
     planning a batch size (docs/probes.md, first_graph.py), for one plan used when the choice comes from
     the plan cache: each build goes through the frontend's per-index exclusion check, which
     walks every listed plan again (scripts/probes/train_timeline.py --profile plan#1).
+
+    Note [the heuristic's one plan]: a search under ``--algo heuristic`` tries each engine's first candidate
+    that runs and is exact, so a first run (no stored choice) had built every listed plan of every graph it
+    searched and tried the first. It now builds them in order until one builds (``first``), as a stored choice
+    builds its one plan; the listed plans past it are built only by a search that times them (exhaustive), or
+    that names one. A graph's first plan that builds but is not exact leaves that graph without a candidate at
+    that size (the search then tries the next graph, unfused, and the other engines).
     """
 
     _kind = "Graph"
@@ -230,7 +238,7 @@ class ConvGraph(Owned):
     def __init__(self, handle, direction: str, x_shape, w_shape, pad=0, stride=1, dilation=1, *,
                  fuse: str = "", allow_tf32: bool = False, allow_winograd: bool = False,
                  deterministic: bool = False, workspace_limit: int | None = None, dtype: str = "float32",
-                 only: str | int | None = None):
+                 only: str | int | None = None, first: bool = False):
         cudnn = frontend()
         if direction not in FUSIONS:
             raise ValueError(f"unknown direction {direction!r}; use one of {', '.join(FUSIONS)}")
@@ -270,7 +278,7 @@ class ConvGraph(Owned):
         self.rejected: dict[str, str] = {}
         self._own(id(self), self._box.clear)
         if handle is not None:   # without a handle the graph is validated, not planned (no GPU needed)
-            self._make_plans(cudnn, only)
+            self._make_plans(cudnn, only, first)
 
     @property
     def _g(self):
@@ -320,13 +328,13 @@ class ConvGraph(Owned):
             raise graph_error(e, "cudnn_frontend validate", self.info) from None
         return g, {role: t[role].uid for role in self.roles}
 
-    def _make_plans(self, cudnn, only: str | int | None = None) -> None:
+    def _make_plans(self, cudnn, only: str | int | None = None, first: bool = False) -> None:
         try:
-            self._plans(cudnn, only)
+            self._plans(cudnn, only, first)
         finally:
             _forget_kept(self._g)   # Note [frontend failures]
 
-    def _plans(self, cudnn, only: str | int | None = None) -> None:
+    def _plans(self, cudnn, only: str | int | None = None, first: bool = False) -> None:
         g, notes = self._g, cudnn.numerical_note
         try:
             g.build_operation_graph()
@@ -360,7 +368,7 @@ class ConvGraph(Owned):
                 _forget(e)   # Note [frontend failures]
                 text = str(e).strip()
                 self.rejected[self._name_at(i)] = text.splitlines()[0][:200] if text else type(e).__name__
-            if only is not None:
+            if only is not None or (first and self.plans):   # Notes [one plan], [the heuristic's one plan]
                 return
         if only is not None:
             self.rejected[str(only)] = "not listed by cuDNN for this graph"

@@ -136,3 +136,32 @@ def test_graph_errors_name_the_problem(handle):
     g.close()
     with pytest.raises(ValueError, match="closed"):
         g.run(g.plans[0], pack, D.Workspace(1 << 20), handle)
+
+
+@pytest.mark.parametrize("direction,epilogue", [("fwd", "bias_relu"), ("bwd-data", "drelu"), ("bwd-filter", "")])
+def test_the_heuristic_builds_each_graphs_first_plan_only(handle, direction, epilogue):
+    """Note [the heuristic's one plan]: with ``first`` a graph builds cuDNN's listed plans in order until one
+    builds: each graph's candidate is then the first of the candidates the whole graph lists, fused first, and
+    binding it (by name, as the search does) finds that graph instead of building a second."""
+    from descriptors.algorithms import AlgoPolicy
+    from descriptors.candidates import ConvSpec, GraphConvs
+
+    spec = ConvSpec(direction, 64, (6, 12, 12), (16, 6, 5, 5), epilogue=epilogue)
+    policy = AlgoPolicy()
+    whole_src, first_src = GraphConvs("graph"), GraphConvs("graph")
+    try:
+        whole, _ = whole_src.candidates(handle, spec, policy, True)
+        first, _ = first_src.candidates(handle, spec, policy, True, first=True)
+        forms = (True, False) if epilogue else (False,)
+        expected = [next(c for c in whole if c.fused == f) for f in forms if any(c.fused == f for c in whole)]
+        assert first == expected and len(whole) > len(first), (first, len(whole))
+        filters = GraphConvs.filters(policy)
+        for c in first:
+            fuse = epilogue if c.fused else ""
+            g = first_src.graph(handle, spec, fuse, filters, first=True)
+            assert [p.name for p in g.plans] == [c.name]
+            assert first_src.graph(handle, spec, fuse, filters, only=c.name) is g
+            assert first_src.offers(handle, spec, c, policy)
+    finally:
+        whole_src.close()
+        first_src.close()

@@ -257,10 +257,12 @@ class ConvEngine(Engine):
             state["convs"] = self.Source(self.name)
         return state["convs"]
 
-    def conv_candidates(self, spec, planner, policy=None):
-        """(candidates in cuDNN's heuristic order, {name: why excluded}) under the model's policy or ``policy``."""
+    def conv_candidates(self, spec, planner, policy=None, first: bool = False):
+        """(candidates in cuDNN's heuristic order, {name: why excluded}) under the model's policy or ``policy``;
+        ``first``: the search tries only the first that passes (Note [the heuristic's one plan] in
+        descriptors/graph.py)."""
         policy = policy or planner.policy
-        return self.source(planner).candidates(planner.ctx.handle, spec, policy.cudnn(), policy.fused)
+        return self.source(planner).candidates(planner.ctx.handle, spec, policy.cudnn(), policy.fused, first=first)
 
     def offers(self, spec, cand, planner) -> bool:
         return self.source(planner).offers(planner.ctx.handle, spec, cand, planner.policy.cudnn(),

@@ -324,8 +324,9 @@ class ConvSearch:
 
         spec, policy, choice = self.spec.at(s), self.policy, self.policy.choice(self.spec.direction)
         cands, excluded = [], {}
+        first = self.rule != "all"   # the heuristic's: Note [the heuristic's one plan] in descriptors/graph.py
         for e in self.engines:
-            c, ex = e.conv_candidates(spec, self.planner, policy)
+            c, ex = e.conv_candidates(spec, self.planner, policy, first=first)
             cands += [(e, x) for x in c]
             excluded.update(ex)
         if self.fixed:
