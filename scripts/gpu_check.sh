@@ -17,6 +17,8 @@
 # summary line: passed / failed / skipped,
 # programs, sanitizer, GPU, cuDNN.
 # Wheels in .whl/ (packages the machine lacks, e.g. nvmath-python) are installed to /tmp/site.
+# The GPU machine lacks nvmath-python, nvidia-cudnn-frontend (1.28.0) and the sweep extra: Optuna with alembic, colorlog,
+# mako, markupsafe, pyyaml and sqlalchemy (cp312 wheels); without the latter the sweep's GPU tests skip, which fails.
 set -u -o pipefail
 case "${1:-all}" in   # a part not named here would run nothing and pass
     all|tests|programs|racecheck|synccheck|initcheck|sanitizers|packs|packs-racecheck|packs-synccheck|packs-initcheck|arch|spread) ;;
