@@ -82,7 +82,10 @@ class LeNet:
         # With ``input_grad``, conv1 also computes the images' gradient (buf["dx"]: lenet.torch asks for it).
         self.input_grad = bool(input_grad)
         self.specs = (dataclasses.replace(STAGES[0], dx=True, dx_mask=False), *STAGES[1:]) if input_grad else STAGES
-        check_memory(self.max_batch, *cupy.cuda.runtime.memGetInfo(), self.policy, self.models)   # before allocating
+        # Before allocating. CuPy's cached blocks count as free: this process reuses them (a model made beside
+        # the data for other sizes and dropped, Note [the model beside the data] in lenet/train.py, left its there).
+        free, total = cupy.cuda.runtime.memGetInfo()
+        check_memory(self.max_batch, free + cupy.get_default_memory_pool().free_bytes(), total, self.policy, self.models)
         self.handle = Handle(stream)
         self.stream = self.handle.stream
         self.plan_cache = _store(self.handle, plan_cache)
