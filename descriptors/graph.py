@@ -229,8 +229,10 @@ class ConvGraph(Owned):
     that runs and is exact, so a first run (no stored choice) had built every listed plan of every graph it
     searched and tried the first. It now builds them in order until one builds (``first``), as a stored choice
     builds its one plan; the listed plans past it are built only by a search that times them (exhaustive), or
-    that names one. A graph's first plan that builds but is not exact leaves that graph without a candidate at
-    that size (the search then tries the next graph, unfused, and the other engines).
+    that names one. A graph's first plan that builds but is then refused (not exact, a workspace past the free
+    memory, an error when it runs) leaves that graph without a candidate at that size: the search tries the next
+    graph (unfused) and the other engines, where it had tried that graph's next plan. Where the model already
+    made the whole graph (a listing of every plan name, say), the heuristic reads its whole list, as before.
     """
 
     _kind = "Graph"

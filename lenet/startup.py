@@ -749,7 +749,14 @@ def built(key):
     if done is None:
         return None
     pre.built = None   # taken, or dropped with what it holds (a model for other sizes: its GPU memory)
-    return done[1] if done[0] == key else None
+    if done[0] == key:
+        return done[1]
+    del done
+    if key is not None:   # a model is made next: the dropped one's memory back in CuPy's pool before its check
+        import gc         # counts that free (lenet/model.py), where a reference cycle holds some of it
+
+        gc.collect()
+    return None
 
 
 def start_gpu() -> None:
