@@ -229,10 +229,12 @@ class ConvGraph(Owned):
     that runs and is exact, so a first run (no stored choice) had built every listed plan of every graph it
     searched and tried the first. It now builds them in order until one builds (``first``), as a stored choice
     builds its one plan; the listed plans past it are built only by a search that times them (exhaustive), or
-    that names one. A graph's first plan that builds but is then refused (not exact, a workspace past the free
-    memory, an error when it runs) leaves that graph without a candidate at that size: the search tries the next
-    graph (unfused) and the other engines, where it had tried that graph's next plan. Where the model already
-    made the whole graph (a listing of every plan name, say), the heuristic reads its whole list, as before.
+    that names one. A graph's first plan that builds can still be refused (not exact, as cuDNN 9.19's first
+    deterministic weight-gradient plan for conv1 at 32 images is; a workspace past the free memory; an error when
+    it runs): where an engine's first plans all are, the search takes a second look at that size with its graphs'
+    whole lists and tries the plans not yet tried in cuDNN's order (ConvSearch.picks in lenet/engines/cudnn.py),
+    so the heuristic still finds a plan wherever one passes, at the cost of the whole lists there only. Where the
+    model already made the whole graph (a listing of every plan name, say), the heuristic reads its whole list.
     """
 
     _kind = "Graph"

@@ -761,6 +761,12 @@ class _ConvLoop:
         self.cands = [(e, Candidate(e.name, f"{e.name[0]}{i}", False, 0, True, "fp32")) for e in engines for i in range(3)]
         self.bad, self.tried = set(bad), []
 
+    def offered(self, whole=frozenset()):
+        """Every candidate; with ``first_only``, as under the heuristic on cuDNN's graphs: the graph engine's
+        first alone but where ``whole`` names it."""
+        first = getattr(self, "first_only", False) and "graph" not in whole
+        return [(e, c) for e, c in self.cands if not (first and e.name == "graph" and c.name != "g0")]
+
     def ms(self, size: int, name: str) -> float:
         return size * (1.0 + int(name[1:]) / 10) * (0.9 if name[0] == "g" else 1.0) / (1 + (size == 1024))
 
@@ -771,7 +777,7 @@ class _ConvLoop:
         def try_(search, spec, c, rec):
             self.tried.append((spec.n, c.name))
             return "is far" if (spec.n, c.name) in self.bad else Trial(c, self.ms(spec.n, c.name), Check(0.0))
-        monkeypatch.setattr(cudnn.ConvSearch, "offered", lambda search, s: list(self.cands))
+        monkeypatch.setattr(cudnn.ConvSearch, "offered", lambda search, s, whole=frozenset(): self.offered(whole))
         monkeypatch.setattr(cudnn.ConvSearch, "_try", try_)
         return self
 
@@ -819,6 +825,35 @@ def test_a_reproducible_convolution_takes_the_first_that_passes(monkeypatch):
     choice = BY_NAME["cudnn"].conv_choice(loop.planner, ConvSpec("fwd", 20000, (1, 28, 28), (6, 1, 5, 5)))
     assert loop.tried == [(16384, "l0"), (16384, "l1"), (3616, "l0"), (3616, "l1"), (3616, "l2")]
     assert (choice.chunk, choice.full.candidate.name, choice.rest.candidate.name) == (16384, "l1", "l2")
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_the_heuristic_looks_at_a_graphs_whole_list_where_its_first_plan_is_refused(monkeypatch, deterministic):
+    """Note [the heuristic's one plan] in descriptors/graph.py: under the heuristic each cuDNN graph offers its
+    first plan; where an engine has none that passes (g0 not exact here, and the legacy engine's all too
+    under --deterministic), a second look offers the whole lists and tries the plans not yet tried, in order.
+    Each candidate is tried once, and a second search at that size (a batch that meets its calls) picks the
+    same without trying anything again."""
+    from descriptors.candidates import ConvSpec
+
+    legacy_bad = {(64, f"l{i}") for i in range(3)} if deterministic else set()
+    loop = _ConvLoop(Policy(deterministic=deterministic), bad={(64, "g0"), (64, "g1")} | legacy_bad).patch(monkeypatch)
+    loop.first_only = True
+    looks = []
+    offered = loop.offered
+    loop.offered = lambda whole=frozenset(): looks.append(set(whole)) or offered(whole)
+    spec = ConvSpec("fwd", 64, (1, 28, 28), (6, 1, 5, 5))
+    table = BY_NAME["cudnn"].table(loop.planner, spec).table
+    if deterministic:   # the first that passes: nothing passed in the first look, so every engine looks again
+        assert loop.tried == [(64, "l0"), (64, "l1"), (64, "l2"), (64, "g0"), (64, "g1"), (64, "g2")]
+        assert looks == [set(), {"legacy", "graph"}] and [t.candidate.name for t in table] == ["g2"]
+    else:   # each engine's first that passes: only the graph engine looks again
+        assert loop.tried == [(64, "l0"), (64, "g0"), (64, "g1"), (64, "g2")]
+        assert looks == [set(), {"graph"}] and sorted(t.candidate.name for t in table) == ["g2", "l0"]
+    n = len(loop.tried)
+    choice = BY_NAME["cudnn"].conv_choice(loop.planner, spec)
+    assert choice.full.candidate.name == ("g2" if deterministic else min(("l0", "g2"), key=lambda c: loop.ms(64, c)))
+    assert len(loop.tried) == n and len(looks) == 2
 
 
 def test_a_convolution_with_no_candidate_passing_says_why(monkeypatch):

@@ -277,6 +277,7 @@ class SizeTrials:
 
     def __init__(self):
         self.cands: list | None = None
+        self.whole = False   # cands holds every graph's whole list (Note [the heuristic's one plan])
         self.tried: dict[str, Trial | str] = {}
         self.best = math.inf
         self.kept: tuple | None = None
@@ -318,14 +319,16 @@ class ConvSearch:
                 ("conv", json.dumps(key, sort_keys=True, default=str)), SizeTrials())
         return self._sized[s]
 
-    def offered(self, s: int) -> list:
-        """(engine, candidate) pairs for ``spec`` at s images a call, in cuDNN's heuristic order."""
+    def offered(self, s: int, whole: frozenset = frozenset()) -> list:
+        """(engine, candidate) pairs for ``spec`` at s images a call, in cuDNN's heuristic order. Under the
+        heuristic each graph offers its first plan that builds, but for the engines named in ``whole`` (Note
+        [the heuristic's one plan] in descriptors/graph.py)."""
         import cupy
 
         spec, policy, choice = self.spec.at(s), self.policy, self.policy.choice(self.spec.direction)
         cands, excluded = [], {}
-        first = self.rule != "all"   # the heuristic's: Note [the heuristic's one plan] in descriptors/graph.py
         for e in self.engines:
+            first = self.rule != "all" and e.name not in whole
             c, ex = e.conv_candidates(spec, self.planner, policy, first=first)
             cands += [(e, x) for x in c]
             excluded.update(ex)
@@ -348,25 +351,40 @@ class ConvSearch:
 
     def picks(self, s: int):
         """The candidates the rule tries at s images a call, in order, each yielded before it is tried (the
-        rule reads its trial after); a size where none passes is broken, with why."""
+        rule reads its trial after); a size where none passes is broken, with why. Under the heuristic an
+        engine that offered no candidate that passes offers its graphs' whole lists in a second look, whose
+        candidates not yet tried follow (Note [the heuristic's one plan] in descriptors/graph.py)."""
         rec = self.sized(s)
         if s not in self.broken and rec.cands is None:
             try:
                 rec.cands = self.offered(s)
+                rec.whole = self.rule == "all"
             except AlgorithmNotSupportedError as e:
                 self._broke(s, e)
         if s in self.broken:
             return
-        passed = set()
-        for _, c in rec.cands:
-            if (self.rule == "first" and passed) or (self.rule == "first-per-engine" and c.engine in passed):
-                continue
-            if not isinstance(rec.tried.get(c.label), str):
-                yield c
-            if s in self.broken:
-                return
-            if isinstance(rec.tried.get(c.label), Trial):
-                passed.add(c.engine)
+        passed, seen = set(), set()
+        while True:
+            for _, c in rec.cands:
+                if (self.rule == "first" and passed) or (self.rule == "first-per-engine" and c.engine in passed):
+                    continue
+                if c.label in seen:
+                    continue   # the first look's
+                if not isinstance(rec.tried.get(c.label), str):
+                    yield c
+                if s in self.broken:
+                    return
+                if isinstance(rec.tried.get(c.label), Trial):
+                    passed.add(c.engine)
+            lacking = frozenset(e.name for e in self.engines if e.name not in passed and
+                                (self.rule == "first-per-engine" or not passed))
+            if rec.whole or not lacking:
+                break
+            seen, rec.whole = {c.label for _, c in rec.cands}, True
+            try:
+                rec.cands = self.offered(s, whole=lacking)
+            except AlgorithmNotSupportedError:
+                break   # nothing fits: the first look's refusals say why
         if not passed and all(c.label in rec.tried for _, c in rec.cands):
             self._broke(s, AlgorithmNotSupportedError(
                 f"no candidate for {self.spec.direction} {self.spec.at(s)} under {self.policy} passed: "
