@@ -277,7 +277,7 @@ class SizeTrials:
 
     def __init__(self):
         self.cands: list | None = None
-        self.whole = False   # cands holds every graph's whole list (Note [the heuristic's one plan])
+        self.whole = False   # no second look left: cands lists every plan the rule may try (ConvSearch.picks)
         self.tried: dict[str, Trial | str] = {}
         self.best = math.inf
         self.kept: tuple | None = None
