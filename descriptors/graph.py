@@ -231,10 +231,12 @@ class ConvGraph(Owned):
     builds its one plan; the listed plans past it are built only by a search that times them (exhaustive), or
     that names one. A graph's first plan that builds can still be refused (not exact, as cuDNN 9.19's first
     deterministic weight-gradient plan for conv1 at 32 images is; a workspace past the free memory; an error when
-    it runs): where an engine's first plans all are, the search takes a second look at that size with its graphs'
-    whole lists and tries the plans not yet tried in cuDNN's order (ConvSearch.picks in lenet/engines/cudnn.py),
-    so the heuristic still finds a plan wherever one passes, at the cost of the whole lists there only. Where the
-    model already made the whole graph (a listing of every plan name, say), the heuristic reads its whole list.
+    it runs): once every candidate offered at that size was tried, an engine left without one that passes (under
+    --deterministic's rule, the first that passes: every engine, where none passed) takes a second look with its
+    graphs' whole lists and tries the plans not yet tried in cuDNN's order (ConvSearch.picks in
+    lenet/engines/cudnn.py), so the heuristic still finds a plan wherever one passes, at the cost of the whole
+    lists there only. Where the model already made the whole graph (a listing of every plan name, say), the
+    heuristic reads its whole list.
     """
 
     _kind = "Graph"

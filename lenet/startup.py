@@ -204,8 +204,9 @@ def _bytecode_of_imported(folder: str) -> None:
 # ours had a valid twin beside its source; and the program's end waited for it: 0.4-1.1 s of a first run's exit
 # on an H200 machine (`train_timeline.py --cold`, the fast recipe, bytecode present beside every source). The
 # child copies such a file instead (valid: this interpreter's magic number, and the source's mtime and size in its
-# header, or the source's hash in a hash-based one, checked here where the import would not check it: a package
-# installed with unchecked-hash bytecode and then edited) and compiles the rest.
+# header, or the source's hash in a checked hash-based one) and compiles the rest, unchecked hash-based files
+# among them: in our folder, the only one Python reads under a cache prefix, an unchecked file would be taken
+# however its source changed later (a package installed with unchecked-hash bytecode, then edited).
 _COMPILE_CHILD = """
 import importlib.util, os, py_compile, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)   # a ^C at the terminal: each file's write finishes (then the run's end)
@@ -220,10 +221,10 @@ def beside(src):   # Note [bytecode beside the source]: that file's bytes, where
     if len(data) < 16 or data[:4] != importlib.util.MAGIC_NUMBER:
         return None
     flags = int.from_bytes(data[4:8], "little")
-    if flags & 1:   # hash-based, checked or not: copied where it is its source's
+    if flags & 1:   # hash-based: a checked one copied where it is its source's; an unchecked one compiled
         try:
             with open(src, "rb") as f:
-                return data if flags in (1, 3) and data[8:16] == importlib.util.source_hash(f.read()) else None
+                return data if flags == 3 and data[8:16] == importlib.util.source_hash(f.read()) else None
         except OSError:
             return None
     if flags or data[8:12] != (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") \\

@@ -856,6 +856,34 @@ def test_the_heuristic_looks_at_a_graphs_whole_list_where_its_first_plan_is_refu
     assert len(loop.tried) == n and len(looks) == 2
 
 
+def test_the_second_look_waits_until_the_first_looks_candidates_are_tried(monkeypatch):
+    """A chunk size whose remainder cannot be tried (its candidates not offered) has its full calls' candidates
+    yielded but never tried: no engine passed there, yet nothing was refused, so no second look is taken (it
+    would build every whole list and fix that size's order for later searches); a later search at that size
+    tries the first look, and takes the second only for the engine whose first plan is refused."""
+    from descriptors.candidates import ConvSpec
+    from lenet.engines import cudnn
+
+    loop = _ConvLoop(bad={(1024, "g0")}).patch(monkeypatch)
+    loop.first_only = True
+    looks = []
+
+    def offered(search, s, whole=None):
+        looks.append((s, set(whole or ())))
+        if s == 64:
+            raise AlgorithmNotSupportedError("nothing fits at 64")
+        return loop.offered(whole or frozenset())
+    monkeypatch.setattr(cudnn.ConvSearch, "offered", offered)
+    spec = ConvSpec("bwd-filter", 2112, (1, 28, 28), (6, 1, 5, 5))   # chunks of 1024 or 2048 leave 64
+    choice = BY_NAME["cudnn"].conv_choice(loop.planner, spec)
+    assert choice.chunk == 2112 and choice.rest is None
+    assert all(not whole for _, whole in looks), looks   # first looks only
+    assert not any(s in (1024, 2048) for s, _ in loop.tried)
+    BY_NAME["cudnn"].conv_choice(loop.planner, spec.at(1024))
+    assert [(s, w) for s, w in looks if w] == [(1024, {"graph"})]
+    assert [c for s, c in loop.tried if s == 1024] == ["l0", "g0", "g1"]
+
+
 def test_a_convolution_with_no_candidate_passing_says_why(monkeypatch):
     from descriptors.candidates import ConvSpec
 

@@ -399,8 +399,9 @@ def test_a_first_runs_bytecode_is_compiled_in_a_child_and_no_lazy_module_is_impo
 def test_the_bytecode_child_copies_valid_bytecode_beside_a_source_and_compiles_a_stale_one(tmp_path, monkeypatch):
     """Note [bytecode beside the source]: a module whose bytecode lies valid beside its source (as pip leaves a
     package) has that file copied into the cache folder, not compiled again; one whose file there is stale (its
-    source changed since) is compiled from the source. Hash-based files likewise, by the source's hash, an
-    unchecked one too (which the import would take however stale)."""
+    source changed since) is compiled from the source. A checked hash-based file is copied where it holds its
+    source's hash; an unchecked one is compiled (in our folder the import would take it however its source
+    changed, then or later)."""
     import importlib.util
     import marshal
     import py_compile
@@ -430,7 +431,7 @@ def test_the_bytecode_child_copies_valid_bytecode_beside_a_source_and_compiles_a
         got[name] = ns["X"]
     assert got == {"kept_probe": 2, "stale_probe": 1}, got   # 2: the file beside, copied; 1: compiled from the source
     hashed = []
-    for name, mode in (("kept_hash", "UNCHECKED_HASH"), ("stale_hash", "UNCHECKED_HASH"), ("checked_hash", "CHECKED_HASH")):
+    for name, mode in (("unchecked_hash", "UNCHECKED_HASH"), ("stale_hash", "CHECKED_HASH"), ("checked_hash", "CHECKED_HASH")):
         path = src / f"{name}.py"
         path.write_text("X = 2\n")
         beside = src / "__pycache__" / f"{name}.{sys.implementation.cache_tag}.pyc"
@@ -443,10 +444,10 @@ def test_the_bytecode_child_copies_valid_bytecode_beside_a_source_and_compiles_a
     monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)   # py_compile's own default: timestamps
     startup._bytecode_of_imported(str(folder))
     flags = {name: int.from_bytes((folder / f"{name}.pyc").read_bytes()[4:8], "little")
-             for name in ("kept_hash", "stale_hash", "checked_hash")}
-    assert flags == {"kept_hash": 1, "stale_hash": 0, "checked_hash": 3}, flags   # 0: compiled from the source
-    assert sorted(p.name for p in folder.iterdir()) == ["checked_hash.pyc", "kept_hash.pyc", "kept_probe.pyc",
-                                                        "stale_hash.pyc", "stale_probe.pyc"]   # no partial file left
+             for name in ("unchecked_hash", "stale_hash", "checked_hash")}
+    assert flags == {"unchecked_hash": 0, "stale_hash": 0, "checked_hash": 3}, flags   # 0: compiled from the source
+    assert sorted(p.name for p in folder.iterdir()) == ["checked_hash.pyc", "kept_probe.pyc", "stale_hash.pyc",
+                                                        "stale_probe.pyc", "unchecked_hash.pyc"]   # no partial file left
 
 
 def test_the_bytecode_child_compiles_at_the_programs_optimization_level(tmp_path):

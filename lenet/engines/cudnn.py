@@ -277,7 +277,7 @@ class SizeTrials:
 
     def __init__(self):
         self.cands: list | None = None
-        self.whole = False   # no second look left: cands lists every plan the rule may try (ConvSearch.picks)
+        self.whole = False   # the second look taken (or not the heuristic's): cands stays (ConvSearch.picks)
         self.tried: dict[str, Trial | str] = {}
         self.best = math.inf
         self.kept: tuple | None = None
@@ -319,16 +319,16 @@ class ConvSearch:
                 ("conv", json.dumps(key, sort_keys=True, default=str)), SizeTrials())
         return self._sized[s]
 
-    def offered(self, s: int, whole: frozenset = frozenset()) -> list:
+    def offered(self, s: int, whole: frozenset | None = None) -> list:
         """(engine, candidate) pairs for ``spec`` at s images a call, in cuDNN's heuristic order. Under the
-        heuristic each graph offers its first plan that builds, but for the engines named in ``whole`` (Note
-        [the heuristic's one plan] in descriptors/graph.py)."""
+        heuristic each graph offers its first plan that builds (Note [the heuristic's one plan] in
+        descriptors/graph.py); ``whole``: only the engines of these names, each graph's whole list."""
         import cupy
 
         spec, policy, choice = self.spec.at(s), self.policy, self.policy.choice(self.spec.direction)
         cands, excluded = [], {}
-        for e in self.engines:
-            first = self.rule != "all" and e.name not in whole
+        for e in self.engines if whole is None else [e for e in self.engines if e.name in whole]:
+            first = self.rule != "all" and whole is None
             c, ex = e.conv_candidates(spec, self.planner, policy, first=first)
             cands += [(e, x) for x in c]
             excluded.update(ex)
@@ -351,9 +351,12 @@ class ConvSearch:
 
     def picks(self, s: int):
         """The candidates the rule tries at s images a call, in order, each yielded before it is tried (the
-        rule reads its trial after); a size where none passes is broken, with why. Under the heuristic an
-        engine that offered no candidate that passes offers its graphs' whole lists in a second look, whose
-        candidates not yet tried follow (Note [the heuristic's one plan] in descriptors/graph.py)."""
+        rule reads its trial after); a size where none passes is broken, with why. Under the heuristic each
+        graph offers its first plan, and a second look follows where the rule found nothing once every
+        candidate offered was tried: the engines without a passing candidate (under the rule "first", every
+        engine) offer their graphs' whole lists in place of their first look's, the other engines' entries
+        kept as they were, and the candidates not seen yet are yielded in order (Note [the heuristic's one
+        plan] in descriptors/graph.py)."""
         rec = self.sized(s)
         if s not in self.broken and rec.cands is None:
             try:
@@ -378,13 +381,16 @@ class ConvSearch:
                     passed.add(c.engine)
             lacking = frozenset(e.name for e in self.engines if e.name not in passed and
                                 (self.rule == "first-per-engine" or not passed))
-            if rec.whole or not lacking:
-                break
-            seen, rec.whole = {c.label for _, c in rec.cands}, True
+            if rec.whole or not lacking or not all(c.label in rec.tried for e, c in rec.cands if e.name in lacking):
+                break   # no second look left, none needed, or not yet (a candidate offered is not tried yet)
             try:
-                rec.cands = self.offered(s, whole=lacking)
+                more = self.offered(s, whole=lacking)
             except AlgorithmNotSupportedError:
-                break   # nothing fits: the first look's refusals say why
+                more = []   # nothing more fits: the first look's refusals say why
+            seen, rec.whole = {c.label for _, c in rec.cands}, True
+            rec.cands = [(e, c) for e in self.engines   # an engine whose whole list offers nothing keeps its first look
+                         for c in ((e.name in lacking and [c for x, c in more if x is e]) or
+                                   [c for x, c in rec.cands if x is e])]
         if not passed and all(c.label in rec.tried for _, c in rec.cands):
             self._broke(s, AlgorithmNotSupportedError(
                 f"no candidate for {self.spec.direction} {self.spec.at(s)} under {self.policy} passed: "

@@ -55,23 +55,30 @@ PLAN_PARTS = ("lenet.plan:Planner.plan", "lenet.plan:Planner.plan_whole", "lenet
 # the seconds spent inside them (inclusive: a function's callees are in its time; a call inside a call of the same
 # function is not counted twice), on whichever thread ran them. Unlike --profile's cProfile it adds about a
 # microsecond a call and is not skewed by the other threads' holding the GIL, so the plans' parts can be read on
-# the preload thread while the main thread reads the data. The wrapped modules are imported at the child's start
-# on the main thread (an import the run makes anyway, moved earlier: the imports' own times shift, the plans'
-# do not). A name imported into a module (``from x import f``) is wrapped where it is called: name that module.
+# the preload thread while the main thread reads the data. The wrapped modules are imported on the main thread
+# just after the program's start-up begins (startup.begin: its environment set first, as the program does), an
+# import the run makes anyway, moved earlier: the imports' own times shift, the plans' do not. A name imported into
+# a module (``from x import f``) is wrapped where it is called: name that module. (The table in
+# docs/performance.md was measured with these imports before startup.begin, NumPy's among them.)
 def sum_wraps(specs: list[str], totals: dict) -> None:
+    import functools
     import importlib
+    import inspect
     import threading
 
-    inside = threading.local()
+    inside, lock = threading.local(), threading.Lock()
     for spec in specs:
         mod_name, _, attr = spec.partition(":")
         owner = importlib.import_module(mod_name)
         *path, name = attr.split(".")
         for part in path:
             owner = getattr(owner, part)
-        fn = getattr(owner, name)
+        raw = inspect.getattr_static(owner, name)   # a class's staticmethod or classmethod as such, inherited too
+        kind = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+        fn = raw.__func__ if kind else raw
         totals[spec] = [0, 0.0]
 
+        @functools.wraps(fn)
         def timed(*a, __fn=fn, __spec=spec, **k):
             depth = getattr(inside, __spec, 0)
             setattr(inside, __spec, depth + 1)
@@ -81,13 +88,12 @@ def sum_wraps(specs: list[str], totals: dict) -> None:
             finally:
                 setattr(inside, __spec, depth)
                 if depth == 0:
-                    row = totals[__spec]
-                    row[0] += 1
-                    row[1] += time.perf_counter() - t0
+                    with lock:
+                        row = totals[__spec]
+                        row[0] += 1
+                        row[1] += time.perf_counter() - t0
 
-        if isinstance(owner, type) and isinstance(owner.__dict__.get(name), staticmethod):
-            timed = staticmethod(timed)
-        setattr(owner, name, timed)
+        setattr(owner, name, kind(timed) if kind else timed)
 
 
 def child(program: str, train_args: list[str], events_path: str, profile: list[str], sums: list[str]) -> None:
@@ -96,8 +102,6 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
 
     t_start = time.perf_counter() - startup.process_seconds()   # the process's start on perf_counter's scale
     events, profiles, totals = [], {}, {}
-    if sums:
-        sum_wraps(sums, totals)
 
     def at() -> float:
         return time.perf_counter() - t_start
@@ -163,6 +167,8 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
                                     Popen=traced_popen)
 
     startup.begin(then=plot.start_early if program == "train" else None)
+    if sums:
+        sum_wraps(sums, totals)
     from lenet import cli
 
     starting = startup.starting
