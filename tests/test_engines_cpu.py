@@ -884,6 +884,52 @@ def test_the_second_look_waits_until_the_first_looks_candidates_are_tried(monkey
     assert [c for s, c in loop.tried if s == 1024] == ["l0", "g0", "g1"]
 
 
+@pytest.mark.parametrize("bad,second,picked", [({"F0"}, False, "U0"), ({"F0", "U0"}, True, "F1"),
+                                               ({"F0", "U0"}, "raises", None)])
+def test_a_reproducible_second_look_follows_cudnns_order_and_stays_chosen(monkeypatch, bad, second, picked):
+    """Under --deterministic (the rule "first") on one engine of two graphs, fused (F) and unfused (U), three
+    plans each: the first look offers F0 and U0; only where both are refused does the second look offer the
+    whole lists, in cuDNN's order (fused first), and the first that passes is taken; a second search at that
+    size (the model's shared trials) picks the same without trying anything again. A second look that cannot
+    offer anything (nothing fits) leaves the size broken with the first look's refusals."""
+    from types import SimpleNamespace
+
+    from descriptors.candidates import Candidate, ConvSpec
+    from lenet.engines import cudnn
+
+    loop = _ConvLoop(Policy(deterministic=True), bad={(64, b) for b in bad}).patch(monkeypatch)
+    graph = SimpleNamespace(name="graph", version=lambda: "1")
+    loop.planner.part_engines = lambda kind, part, policy=None: [graph]
+    whole = [(graph, Candidate("graph", f"{g}{i}", g == "F", 0, True, "fp32")) for g in "FU" for i in range(3)]
+    looks = []
+
+    def offered(search, s, whole_of=None):
+        looks.append(bool(whole_of))
+        if whole_of and second == "raises":
+            raise AlgorithmNotSupportedError("no graph candidate fits")
+        return list(whole) if whole_of else [whole[0], whole[3]]
+    monkeypatch.setattr(cudnn.ConvSearch, "offered", lambda search, s, whole=None: offered(search, s, whole))
+    spec = ConvSpec("fwd", 64, (1, 28, 28), (6, 1, 5, 5))
+
+    def passing(search):
+        out = []
+        for c in search.picks(64):
+            if not isinstance(search.measure(64, c), str):
+                out.append(c.name)
+        return out
+    got = passing(cudnn.ConvSearch(BY_NAME["cudnn"], loop.planner, spec))
+    assert looks == ([False, True] if second else [False])
+    if picked is None:
+        search = cudnn.ConvSearch(BY_NAME["cudnn"], loop.planner, spec)
+        assert got == [] and passing(search) == []
+        assert "graph:F0 (fused) is far; graph:U0 is far" in search.broken[64]
+        return
+    order = ["F0", "U0"] + (["F1"] if second else [])
+    assert got == [picked] and [c for _, c in loop.tried] == order
+    assert passing(cudnn.ConvSearch(BY_NAME["cudnn"], loop.planner, spec)) == [picked]
+    assert [c for _, c in loop.tried] == order and len(looks) == (2 if second else 1)
+
+
 def test_a_convolution_with_no_candidate_passing_says_why(monkeypatch):
     from descriptors.candidates import ConvSpec
 
