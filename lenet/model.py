@@ -26,6 +26,7 @@ from descriptors import Handle
 from .checks import (bytes_per_image, check_batch, check_memory, check_pack, models_that_fit,  # noqa: F401
                      policy_of, settings_of)
 from .engines import Policy
+from .engines.context import free_memory
 from .evaluation import Evaluation
 from .inputs import Inputs
 from .network import BUFFERS, CLASSES, IMAGE, STAGES, buffers, operations  # noqa: F401
@@ -82,10 +83,9 @@ class LeNet:
         # With ``input_grad``, conv1 also computes the images' gradient (buf["dx"]: lenet.torch asks for it).
         self.input_grad = bool(input_grad)
         self.specs = (dataclasses.replace(STAGES[0], dx=True, dx_mask=False), *STAGES[1:]) if input_grad else STAGES
-        # Before allocating. CuPy's cached blocks count as free: this process reuses them (a model made beside
-        # the data for other sizes and dropped, Note [the model beside the data] in lenet/train.py, left its there).
-        free, total = cupy.cuda.runtime.memGetInfo()
-        check_memory(self.max_batch, free + cupy.get_default_memory_pool().free_bytes(), total, self.policy, self.models)
+        # Before allocating; CuPy's cached blocks count as free (a model made beside the data for other sizes and
+        # dropped, Note [the model beside the data] in lenet/train.py, leaves its blocks there).
+        check_memory(self.max_batch, *free_memory(), self.policy, self.models)
         self.handle = Handle(stream)
         self.stream = self.handle.stream
         self.plan_cache = _store(self.handle, plan_cache)

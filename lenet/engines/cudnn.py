@@ -54,6 +54,7 @@ from descriptors.exact import reference, tolerance
 from .. import params as P
 from ..kernels import distance, prefetch
 from .base import Check, Decision, Engine, Named, PlannedOp, Trial
+from .context import free_memory
 
 CHUNK_SIZES = (1024, 2048, 4096, 8192, 16384)
 DETERMINISTIC_CHUNK = 16384
@@ -323,8 +324,6 @@ class ConvSearch:
         """(engine, candidate) pairs for ``spec`` at s images a call, in cuDNN's heuristic order. Under the
         heuristic each graph offers its first plan that builds (Note [the heuristic's one plan] in
         descriptors/graph.py); ``whole``: only the engines of these names, each graph's whole list."""
-        import cupy
-
         spec, policy, choice = self.spec.at(s), self.policy, self.policy.choice(self.spec.direction)
         cands, excluded = [], {}
         for e in self.engines if whole is None else [e for e in self.engines if e.name in whole]:
@@ -337,8 +336,7 @@ class ConvSearch:
             if not named:
                 raise AlgorithmNotSupportedError(_unsupported_message(spec, policy, choice, cands, excluded))
             cands = named
-        free = cupy.cuda.runtime.memGetInfo()[0] + cupy.get_default_memory_pool().free_bytes()   # CuPy's cached blocks too
-        cands = within_free_memory(cands, free, excluded)
+        cands = within_free_memory(cands, free_memory()[0], excluded)
         if not cands:
             raise AlgorithmNotSupportedError(
                 f"no {spec.direction} candidate fits {spec} under {policy}; excluded: "
@@ -387,10 +385,11 @@ class ConvSearch:
                 more = self.offered(s, whole=lacking)
             except AlgorithmNotSupportedError:
                 more = []   # nothing more fits: the first look's refusals say why
-            seen, rec.whole = {c.label for _, c in rec.cands}, True
-            rec.cands = [(e, c) for e in self.engines   # an engine whose whole list offers nothing keeps its first look
-                         for c in ((e.name in lacking and [c for x, c in more if x is e]) or
-                                   [c for x, c in rec.cands if x is e])]
+            seen, rec.whole, looked = {c.label for _, c in rec.cands}, True, []
+            for e in self.engines:   # an engine whose whole list offers nothing keeps its first look
+                whole = [c for x, c in more if x is e] if e.name in lacking else []
+                looked += [(e, c) for c in whole or [c for x, c in rec.cands if x is e]]
+            rec.cands = looked
         if not passed and all(c.label in rec.tried for _, c in rec.cands):
             self._broke(s, AlgorithmNotSupportedError(
                 f"no candidate for {self.spec.direction} {self.spec.at(s)} under {self.policy} passed: "
