@@ -262,6 +262,16 @@ class AlgoResult:
     math_type: str
 
 
+def free_memory() -> tuple[int, int]:
+    """(free, total) bytes of the current GPU as this process may allocate them (a Workspace, an array):
+    CuPy's cached blocks count as free, since this process reuses them (a model made and dropped leaves its
+    blocks in the pool)."""
+    import cupy
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return free + cupy.get_default_memory_pool().free_bytes(), total
+
+
 class Workspace:
     """One device buffer shared by every convolution call, grown to the largest need.
 
@@ -359,6 +369,6 @@ def _filter_reason(r: AlgoResult, policy: AlgoPolicy, fixed: bool = False) -> st
     return None
 
 
-__all__ = ["Direction", "AlgoPolicy", "AlgoResult", "Workspace", "supported_algorithms", "workspace_size",
+__all__ = ["Direction", "AlgoPolicy", "AlgoResult", "Workspace", "free_memory", "supported_algorithms", "workspace_size",
            "algorithm_id", "algorithm_name", "is_graph_plan_name", "check_choice", "parse_choices", "describe_policy",
            "ALGORITHM_NAMES", "CALLS", "POLICIES", "UnknownAlgorithmError", "AlgorithmNotSupportedError"]

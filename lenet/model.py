@@ -21,12 +21,12 @@ import dataclasses
 import numpy as np
 
 from descriptors import Handle
+from descriptors.algorithms import free_memory
 
 # Re-exported where callers have long found them: the checks before any GPU work, the network's shapes.
 from .checks import (bytes_per_image, check_batch, check_memory, check_pack, models_that_fit,  # noqa: F401
                      policy_of, settings_of)
 from .engines import Policy
-from .engines.context import free_memory
 from .evaluation import Evaluation
 from .inputs import Inputs
 from .network import BUFFERS, CLASSES, IMAGE, STAGES, buffers, operations  # noqa: F401

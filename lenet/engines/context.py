@@ -24,15 +24,6 @@ from descriptors.algorithms import Workspace
 from ..blas import Blas, LazyLt
 
 
-def free_memory() -> tuple[int, int]:
-    """(free, total) bytes of the current GPU as this process may use them: CuPy's cached blocks count as
-    free, since this process reuses them (a model made and dropped leaves its blocks in the pool)."""
-    import cupy
-
-    free, total = cupy.cuda.runtime.memGetInfo()
-    return free + cupy.get_default_memory_pool().free_bytes(), total
-
-
 class SideStream:
     """Work off the step's critical path, forked from the main stream and joined back before the update
     (Note [side stream]): on lane 0 (``stream``) the weight gradients' sums, on lane 1 the loss's total

@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 
 from descriptors import PoolingDescriptor, TensorDescriptor
-from descriptors.algorithms import AlgorithmNotSupportedError, Workspace
+from descriptors.algorithms import AlgorithmNotSupportedError, Workspace, free_memory
 from descriptors.candidates import BATCH_ROLES, Candidate
 from descriptors.errors import CudnnError
 from descriptors.exact import reference, tolerance
@@ -54,7 +54,6 @@ from descriptors.exact import reference, tolerance
 from .. import params as P
 from ..kernels import distance, prefetch
 from .base import Check, Decision, Engine, Named, PlannedOp, Trial
-from .context import free_memory
 
 CHUNK_SIZES = (1024, 2048, 4096, 8192, 16384)
 DETERMINISTIC_CHUNK = 16384
