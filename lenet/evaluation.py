@@ -22,7 +22,7 @@ class Evaluation:
 
     def batch(self, n: int) -> None:
         """Forward only on the loaded batch of n; adds its summed loss and right answers to the totals."""
-        step = self.plans.plan(n)
+        step = self.plans.plan_forward(n)
         step.forward()
         step.loss.evaluate()
 
@@ -38,7 +38,7 @@ class Evaluation:
         batch = min(batch, self.plans.max_batch, dataset.size)
         sizes = [min(batch, dataset.size - s) for s in range(0, dataset.size, batch)]
         for n in set(sizes):   # planned first: planning must not be captured
-            self.plans.plan(n)
+            self.plans.plan_forward(n)
         # The key holds the dataset: its graph reads the dataset's buffers, which must outlive it.
         self.runner.run(("eval", dataset, batch, bool(tta)), lambda: self._run(dataset, batch, sizes, tta),
                         self.cuda_graph)
@@ -54,7 +54,7 @@ class Evaluation:
                 device_copy(w.params_aside, w.params)
                 device_copy(w.params, w.ema)
         for start, n in zip(range(0, dataset.size, batch), sizes):
-            step, rows = self.plans.plan(n), self.slots.models * n
+            step, rows = self.plans.plan_forward(n), self.slots.models * n
             self.slots.gather_eval(self.inputs, dataset, start, n, False)
             step.forward()
             if tta:

@@ -130,6 +130,11 @@ class LeNet:
         """Every operation planned for batch size n (made once, then cached)."""
         return self.plans.plan(n)
 
+    def plan_forward(self, n: int) -> Step:
+        """What an evaluation at batch size n runs: the training Step where n has one, else the operations
+        planned forward only (Note [forward-only plans] in lenet/ops.py)."""
+        return self.plans.plan_forward(n)
+
     def set_policy(self, policy: Policy, fused: bool | None = None) -> None:
         """Choose every operation again under ``policy`` (and ``fused``, when given) for every
         planned batch size."""
@@ -147,7 +152,7 @@ class LeNet:
 
     def close(self) -> None:
         """Free what the engines made for this model (cuDNN's descriptors and graphs) now, not at exit."""
-        self._steps.clear()
+        self.plans.clear()
         self.runner.clear()
         self.planner.close()
         self.handle.close()

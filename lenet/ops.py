@@ -3,6 +3,7 @@ how. An engine (lenet/engines/) runs an operation; the planner (lenet/plan.py) c
 
     stage    conv (5x5, valid) + bias + ReLU + 2x2/2 max-pool, forward and backward
     head     fc1 + ReLU + fc2, forward and backward (an engine may fuse the loss into it)
+             (either one forward only, for a batch size that is only evaluated: Note [forward-only plans])
     loss     softmax cross-entropy, mean over the batch, and its gradient
     update   SGD with momentum (plain or Nesterov), weight decay, and the weights' moving average
     step     all of the above for one training step, as one operation (an engine may run it whole:
@@ -16,6 +17,14 @@ step. A batch of n images per model is then the first K n rows of each activatio
 [m n, (m + 1) n); the flat parameter buffers are (K, TOTAL), model m's row its own, and the tensors
 an operation holds (w, b, the head's weights) are model 0's views. An engine that cannot take the
 model from its grid refuses a pack.
+
+Note [forward-only plans]: a batch size only an evaluation runs (the evaluation's own, the last batch of a
+split) needs the forward alone. Its stages and head are then planned as ``forward_only`` operations
+(``forward_only(op)``): the planner times their forward alone, and an engine may bind no backward (cuDNN
+searches no gradient convolution, ours checks no backward kernel), which is what a search at a size costs
+most. On a first run of the fast recipe the evaluation's batch of 1000 cost a whole step's plan (0.21-0.24 s
+of the start-up's critical path, docs/performance.md). Their keys name it, so a stored choice of one form is
+never taken for the other; a size a step then trains at is planned whole (lenet/steps.py: Plans).
 """
 
 from __future__ import annotations
@@ -172,6 +181,16 @@ def _pack_key(key: dict, models: int) -> dict:
     return key if models == 1 else {**key, "models": int(models)}
 
 
+def _forward_key(key: dict, forward_only: bool) -> dict:
+    """A forward-only operation's key names it; the whole one's is the key stored before."""
+    return {**key, "forward_only": True} if forward_only else key
+
+
+def forward_only(op):
+    """The stage or head ``op`` for a batch size only evaluated (Note [forward-only plans])."""
+    return dataclasses.replace(op, forward_only=True)
+
+
 @dataclass(frozen=True, eq=False)
 class Stage:
     kind = "stage"
@@ -179,13 +198,14 @@ class Stage:
     tensors: StageTensors
     max_batch: int
     models: int = 1
+    forward_only: bool = False   # Note [forward-only plans]
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     def key(self) -> dict:
-        return _pack_key(self.spec.key(), self.models)
+        return _forward_key(_pack_key(self.spec.key(), self.models), self.forward_only)
 
     def totals(self) -> tuple:
         """The device totals its planning must put back: none (lenet/plan.py)."""
@@ -204,12 +224,14 @@ class Head:
     max_batch: int
     models: int = 1
     dx_mask: bool = True
+    forward_only: bool = False   # Note [forward-only plans]
     name = "fc1+fc2"
 
     def key(self) -> dict:
         k = _pack_key({"fc1": list(self.tensors.w["fc1.weight"].shape),
                        "fc2": list(self.tensors.w["fc2.weight"].shape)}, self.models)
-        return k if self.dx_mask else {**k, "dx_mask": False}   # the masked form's key: the one stored before
+        k = k if self.dx_mask else {**k, "dx_mask": False}   # the masked form's key: the one stored before
+        return _forward_key(k, self.forward_only)
 
     def totals(self) -> tuple:
         """The device totals a training forward adds to, which planning puts back (lenet/plan.py)."""
@@ -265,4 +287,4 @@ class WholeStep:
 
 
 __all__ = ["StageSpec", "StageTensors", "HeadTensors", "LossTensors", "UpdateTensors", "Stage", "Head", "Loss",
-           "Update", "WholeStep"]
+           "Update", "WholeStep", "forward_only"]

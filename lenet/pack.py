@@ -241,9 +241,11 @@ class Pack:
         self._turn = 0
         for k, c in enumerate(configs):
             self.assign(k, c, fresh=False)
-        for n in {self.B, train.size - (self.steps - 1) * self.B, self.eval_batch,
-                  evals.size % self.eval_batch or self.eval_batch}:
+        steps = {self.B, train.size - (self.steps - 1) * self.B}
+        for n in steps:
             m.plan(n)   # every batch size now: the search stays out of the epochs
+        for n in {self.eval_batch, evals.size % self.eval_batch or self.eval_batch} - steps:
+            m.plan_forward(n)   # Note [forward-only plans] in lenet/ops.py
 
     # ---------------------------------------------------------------- slots
 

@@ -260,15 +260,19 @@ class Planner:
 
     def time_step(self, op, planned) -> float:
         """ms of what a training step runs of a planned stage or head: its forward (the head's with the
-        loss), then its backward with the side stream's work joined; the loss totals put back after."""
+        loss), then its backward with the side stream's work joined; the loss totals put back after. A
+        forward-only one's: its forward alone, as an evaluation runs it."""
         from .kernels import copy_of, device_copy
 
         ctx = self.ctx
         kept = op.totals()
         with ctx.stream:
             saved = [copy_of(a) for a in kept]
-        fwd = ctx.side.joined(planned.forward_loss)   # a loss beside it: joined
-        ms = sum(time_forward_backward(fwd, ctx.side.joined(planned.backward), ctx.stream, graph=ctx.captured))
+        if op.forward_only:   # what an evaluation runs of it (Note [forward-only plans] in lenet/ops.py)
+            ms = time_launcher(planned.forward, ctx.stream, graph=ctx.captured)
+        else:
+            fwd = ctx.side.joined(planned.forward_loss)   # a loss beside it: joined
+            ms = sum(time_forward_backward(fwd, ctx.side.joined(planned.backward), ctx.stream, graph=ctx.captured))
         with ctx.stream:
             for a, s in zip(kept, saved):
                 device_copy(a, s)

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .engines.base import forward_only_error
+from .ops import forward_only
+
 
 @dataclass
 class Step:
@@ -28,6 +31,7 @@ class Step:
     side: object   # lenet.engines.context.SideStream
     update: object = None   # the planned update (lenet.engines.base.PlannedOp)
     whole: object = None    # the whole step, where it beats the chain (Note [a whole step]), else None
+    forward_only: bool = False   # planned for an evaluation alone (Note [forward-only plans] in lenet/ops.py)
 
     @property
     def layers(self) -> list:
@@ -48,6 +52,8 @@ class Step:
     def train(self) -> None:
         """One training step: the forward with the loss, every gradient, the update (the whole step's one or
         two launches where it was chosen)."""
+        if self.forward_only:
+            raise forward_only_error("the step", self.n)
         if self.whole is not None:
             self.whole.train()
             return
@@ -90,35 +96,64 @@ class Step:
 
 class Plans:
     """The Steps of a model's operations (lenet.network.Operations), planned by ``planner`` (lenet/plan.py)
-    for batch sizes 1 to ``max_batch``; choices stored in ``store`` (lenet/plancache.py) when given."""
+    for batch sizes 1 to ``max_batch``; choices stored in ``store`` (lenet/plancache.py) when given. A batch
+    size only evaluated is planned forward only (``plan_forward``; Note [forward-only plans] in lenet/ops.py)."""
 
     def __init__(self, planner, operations, max_batch: int, store=None, update=None):
         self.planner, self.operations, self.max_batch, self.store = planner, operations, max_batch, store
         self.update = update   # the planned update, which a training step runs after the chain
         self.steps: dict[int, Step] = {}
+        self.forward_steps: dict[int, Step] = {}   # sizes planned forward only, and not (yet) for training
 
     def plan(self, n: int) -> Step:
         """Every operation planned for batch size n (made once, then kept)."""
         step = self.steps.get(n)
         if step is not None:
             return step
+        step = self._make(n, False)
+        if self.update is not None:
+            step.whole = self.planner.plan_whole(self.operations.step, n, step.chain)
+        self.steps[n] = step
+        self._flush()
+        return step
+
+    def plan_forward(self, n: int) -> Step:
+        """What an evaluation at batch size n runs: the Step planned for training where there is one, else one
+        planned forward only (made once, then kept)."""
+        step = self.steps.get(n) or self.forward_steps.get(n)
+        if step is not None:
+            return step
+        step = self.forward_steps[n] = self._make(n, True)
+        self._flush()
+        return step
+
+    def _make(self, n: int, forward: bool) -> Step:
         if not 1 <= n <= self.max_batch:
             raise ValueError(f"batch size {n} is outside 1..{self.max_batch} (this model's max_batch)")
         plan, ops = self.planner.plan, self.operations
-        stages = [plan(s, n) for s in ops.stages]
-        head = plan(ops.head_unmasked if stages[-1].masks_dy else ops.head, n)
-        step = Step(n, stages, head, plan(ops.loss, n), self.planner.ctx.side, self.update)
+
+        def form(op):
+            return forward_only(op) if forward else op
+        stages = [plan(form(s), n) for s in ops.stages]
+        head = plan(form(ops.head_unmasked if stages[-1].masks_dy else ops.head), n)
+        step = Step(n, stages, head, plan(ops.loss, n), self.planner.ctx.side, None if forward else self.update,
+                    forward_only=forward)
         self.planner.ctx.workspace.reserve(step.workspace_bytes)   # may re-allocate: see Note [re-capture]
-        if self.update is not None:
-            step.whole = self.planner.plan_whole(ops.step, n, step.chain)
-        self.steps[n] = step
-        if self.store is not None:
-            self.store.flush()
         return step
 
-    def replan(self) -> None:
-        """Every planned batch size's Step made again (under the planner's policy now)."""
-        sizes = list(self.steps)
+    def _flush(self) -> None:
+        if self.store is not None:
+            self.store.flush()
+
+    def clear(self) -> None:
         self.steps.clear()
+        self.forward_steps.clear()
+
+    def replan(self) -> None:
+        """Every planned batch size's Step made again (under the planner's policy now), in its form."""
+        sizes, forward = list(self.steps), [n for n in self.forward_steps if n not in self.steps]
+        self.clear()
         for n in sizes:
             self.plan(n)
+        for n in forward:
+            self.plan_forward(n)

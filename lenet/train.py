@@ -594,29 +594,34 @@ class Trainer:
         return 0
 
 
-def run_shape(args, train_images: int, test_images: int) -> tuple[int, tuple[int, ...]]:
-    """(the model's max_batch, every batch size the run steps or evaluates at) for splits of these sizes. A
-    batch larger than its split is the whole split: the model is sized by what a step can hold (a
-    --batch-size of 1,000,000 on 200 images is no 45 GB model)."""
+def run_shape(args, train_images: int, test_images: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(the model's max_batch, every batch size the run steps at, every other one it evaluates at) for splits
+    of these sizes. A batch larger than its split is the whole split: the model is sized by what a step can
+    hold (a --batch-size of 1,000,000 on 200 images is no 45 GB model)."""
     B, E = args.batch_size, args.eval_batch_size
     most = max(min(B, train_images), min(E, test_images))
     last = train_images - (math.ceil(train_images / B) - 1) * B
-    return most, tuple(dict.fromkeys((min(B, train_images), last, min(E, test_images), test_images % E or E)))
+    steps = tuple(dict.fromkeys((min(B, train_images), last)))
+    return most, steps, tuple(n for n in dict.fromkeys((min(E, test_images), test_images % E or E)) if n not in steps)
 
 
 def build_model(args, policy, shape):
-    """The run's LeNet, every batch size of ``shape`` (run_shape) planned: the searches stay out of the epochs."""
+    """The run's LeNet, every batch size of ``shape`` (run_shape) planned: the searches stay out of the epochs.
+    A size only evaluated is planned forward only (Note [forward-only plans] in lenet/ops.py)."""
     from .model import LeNet
 
-    most, sizes = shape
+    most, steps, evaluated = shape
     model = LeNet(max_batch=most, policy=policy, seed=args.seed,
                   momentum=args.momentum, weight_decay=args.weight_decay, nesterov=args.nesterov,
                   label_smoothing=args.label_smoothing, ema_decay=args.ema, cuda_graph=args.cuda_graph,
                   fused=args.fused, plan_cache=args.plan_cache)
     startup.mark("model made")
-    for n in sizes:
+    for n in steps:
         model.plan(n)
         startup.mark(f"batch size {n} planned")
+    for n in evaluated:
+        model.plan_forward(n)
+        startup.mark(f"batch size {n} planned forward only")
     return model
 
 

@@ -286,6 +286,44 @@ def test_evaluation_totals(torch_ref):
     assert abs(loss - ref_loss) <= 1e-4 * ref_loss and correct == ref_correct
 
 
+@pytest.mark.parametrize("engine", ["legacy", "graph", "ours"])
+def test_a_batch_size_only_evaluated_is_planned_forward_only(torch_ref, engine):
+    """Note [forward-only plans] in lenet/ops.py: an evaluation's own batch size binds no backward (no gradient
+    convolution searched, no backward kernel of ours), its totals are PyTorch's, a training step at that size
+    is refused by the forward-only plan and planned whole when asked, and the evaluation then runs that."""
+    from lenet.model import LeNet
+    from torch_lenet import from_state
+    torch, n = torch_ref, 45
+    model = LeNet(max_batch=64, seed=5, policy=Policy.parse("heuristic", engine=engine))
+    try:
+        step = model.plan_forward(n)
+        assert step.forward_only and n not in model.plans.steps
+        rows = model.plan_forward(n).describe()
+        assert {r["engine"] for r in conv_rows(rows)} <= ({"legacy", "graph"} if engine != "ours" else {"ours"})
+        assert not [r for r in rows if r["layer"] in ("conv1", "conv2") and "bwd" in r["op"]], rows
+        m = from_state(model.state_dict())
+        x, y = batch(n, 9)
+        model.load_batch(x, y)
+        model.evaluate_begin()
+        model.evaluate_batch(n)
+        loss, correct = model.evaluate_end()
+        with torch.no_grad():
+            lg = m(torch.as_tensor(x, device="cuda"))
+        ty = torch.as_tensor(y, device="cuda").long()
+        ref_loss = float(torch.nn.functional.cross_entropy(lg, ty, reduction="sum"))
+        assert abs(loss - ref_loss) <= 1e-4 * ref_loss and correct == int((lg.argmax(1) == ty).sum())
+        with pytest.raises(RuntimeError, match="planned forward only"):
+            step.stages[0].backward()
+        with pytest.raises(RuntimeError, match="planned forward only"):
+            step.train()
+        whole = model.plan(n)
+        assert not whole.forward_only and model.plan_forward(n) is whole
+        assert [r for r in conv_rows(whole.describe()) if r["op"].startswith("bwd")]
+        check_one_step(torch, model, n, what=f"{engine} at {n} after its forward-only plan")
+    finally:
+        model.close()
+
+
 @pytest.mark.parametrize("bad,msg", [
     (lambda x, y: (x, np.where(np.arange(len(y)) == 3, 10, y)), r"labels must be in \[0, 10\)"),
     (lambda x, y: (x, y - 1 - y), r"labels must be in \[0, 10\)"),

@@ -404,15 +404,18 @@ def test_a_signal_as_the_plotting_child_starts_leaves_no_child_and_no_folder(tmp
 
 
 @pytest.mark.parametrize("batch,eval_batch,train_n,test_n,want", [
-    (128, 1000, 60000, 10000, (1000, (128, 96, 1000))),      # the fast recipe on Fashion-MNIST
-    (64, 1000, 60000, 10000, (1000, (64, 32, 1000))),
-    (100, 100, 1000, 500, (100, (100,))),                     # every batch whole
-    (1000000, 1000, 200, 20, (200, (200, 20))),               # a batch past its split: the split
-    (7, 3, 40, 20, (7, (7, 5, 3, 2))),
+    (128, 1000, 60000, 10000, (1000, (128, 96), (1000,))),   # the fast recipe on Fashion-MNIST
+    (64, 1000, 60000, 10000, (1000, (64, 32), (1000,))),
+    (100, 100, 1000, 500, (100, (100,), ())),                 # every batch whole: the evaluation's is a step's
+    (1000000, 1000, 200, 20, (200, (200,), (20,))),           # a batch past its split: the split
+    (7, 3, 40, 20, (7, (7, 5), (3, 2))),
+    (8, 5, 40, 20, (8, (8,), (5,))),
+    (8, 8, 44, 20, (8, (8, 4), ())),                          # the test split's last batch is a step's size
 ])
 def test_the_run_plans_every_batch_size_it_steps_or_evaluates_at(batch, eval_batch, train_n, test_n, want):
     """What Trainer plans, and what the preload thread plans from the headers' counts (Note [the model beside
-    the data] in lenet/train.py): max_batch, then each size once, a step's first."""
+    the data] in lenet/train.py): max_batch, then each size a step runs once, then each size only an evaluation
+    runs (planned forward only: Note [forward-only plans] in lenet/ops.py)."""
     from lenet import train
 
     args = train.parser().parse_args(["--batch-size", str(batch), "--eval-batch-size", str(eval_batch)])

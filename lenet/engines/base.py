@@ -172,6 +172,12 @@ class PlannedOp:
         return []
 
 
+def forward_only_error(name: str, n: int) -> RuntimeError:
+    """What a backward of an operation planned forward only raises (Note [forward-only plans] in lenet/ops.py)."""
+    return RuntimeError(f"{name} at batch {n} was planned forward only (a batch size only evaluated): "
+                        f"plan the batch size for training first")
+
+
 class Chosen(PlannedOp):
     """What the planner hands back for an operation: the winning engine's planned operation (``op``), its
     time, the time of every candidate (``times``: label -> ms), and why each other engine was refused

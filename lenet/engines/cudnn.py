@@ -53,7 +53,7 @@ from descriptors.exact import reference, tolerance
 
 from .. import params as P
 from ..kernels import distance, prefetch
-from .base import Check, Decision, Engine, Named, PlannedOp, Trial
+from .base import Check, Decision, Engine, Named, PlannedOp, Trial, forward_only_error
 
 CHUNK_SIZES = (1024, 2048, 4096, 8192, 16384)
 DETERMINISTIC_CHUNK = 16384
@@ -190,7 +190,7 @@ class Cudnn(Engine):
             c, dc = own["c"][m * n:(m + 1) * n], own["dc"][m * n:(m + 1) * n]
             act = t.x if (t.dx is not None and spec.dx_mask) else None   # the images' gradient takes no mask
             conv = PlannedConv(self, planner, spec.name, spec.conv, n, x=t.x, w=t.w, b=t.b, y=c, dy=dc, dw=t.dw,
-                               db=t.db, dx=t.dx, act=act, bias_scratch=own["bias"])
+                               db=t.db, dx=t.dx, act=act, bias_scratch=own["bias"], forward_only=op.forward_only)
             pool = PlannedPool(self, planner, spec.name.replace("conv", "pool"), n, x=c, y=t.y, dx=dc, dy=t.dy)
             plans.append(CudnnPlan(self.name, conv, pool))
         return plans[0] if op.models == 1 else CudnnPackPlan(self.name, plans)
@@ -527,6 +527,8 @@ class CudnnPlan(PlannedOp):
         self.pool.forward()
 
     def backward(self) -> None:
+        if self.conv.wgrad is None:
+            raise forward_only_error(self.conv.name, self.conv.n)
         self.pool.backward()
         self.conv.backward()
 
@@ -611,17 +613,20 @@ class PlannedConv:
     """conv + bias + ReLU of one stage at batch n, bound to its tensors: the forward, the weight and bias
     gradient, and (when ``dx`` is given) the data gradient masked by ``act > 0``. ``x``, ``y``, ``dy``,
     ``dx``, ``act`` are the batch's rows; ``conv(direction, n, epilogue)`` makes the ConvSpec of each
-    direction; ``bias_scratch`` holds C*H*W floats of y for the bias gradient."""
+    direction; ``bias_scratch`` holds C*H*W floats of y for the bias gradient. ``forward_only``: no gradient
+    convolution is searched or bound (Note [forward-only plans] in lenet/ops.py)."""
 
     def __init__(self, engine: Cudnn, planner, name: str, conv, n: int, *, x, w, b, y, dy, dw, db, dx=None, act=None,
-                 bias_scratch):
+                 bias_scratch, forward_only: bool = False):
         self.name, self.n = name, n
 
         def bound(direction, epilogue, arrays):
             return BoundConv(engine, planner, engine.conv_choice(planner, conv(direction, n, epilogue)), arrays)
         self.forward = bound("fwd", "bias_relu", {"x": x, "w": w, "b": b.reshape(1, -1, 1, 1), "y": y})
+        self.wgrad = self.dgrad = self._bias = None
+        if forward_only:
+            return
         self.wgrad = bound("bwd-filter", "", {"x": x, "dy": dy, "dw": dw})
-        self.dgrad = None
         if dx is not None:
             arrays = {"dy": dy, "w": w, "dx": dx}
             if act is not None:
@@ -630,6 +635,8 @@ class PlannedConv:
         self._bias = _bias_gradient(planner.ctx.blas, planner.ctx.ones, dy, db, bias_scratch)
 
     def backward(self) -> None:
+        if self.wgrad is None:
+            raise forward_only_error(self.name, self.n)
         self.wgrad()
         self._bias()
         if self.dgrad is not None:
@@ -641,8 +648,9 @@ class PlannedConv:
 
     def describe(self) -> list[dict]:
         rows = [c.describe(self.name) for c in (self.forward, self.wgrad, self.dgrad) if c is not None]
-        rows.append({"layer": self.name, "op": "bias-grad", "engine": "cublas", "algo": "2 x gemv",
-                     "chunk": self.n, "chunks": 1})
+        if self._bias is not None:
+            rows.append({"layer": self.name, "op": "bias-grad", "engine": "cublas", "algo": "2 x gemv",
+                         "chunk": self.n, "chunks": 1})
         return rows
 
 

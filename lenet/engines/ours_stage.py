@@ -10,7 +10,7 @@ from .. import params as P
 from ..kernels import pack_module, prefetch, sm_count
 from ..kernels import stages
 from ..kernels.stages import Backward, Forward
-from .base import LONE_SUMS_PER_SM, Check, PlannedOp, Trial
+from .base import LONE_SUMS_PER_SM, Check, PlannedOp, Trial, forward_only_error
 from .ours_check import OurChecks
 
 
@@ -63,6 +63,8 @@ class OurStages(OurChecks):
         own = self._scratch(planner, ("stage", op.name), make)
         t, arg = op.tensors.rows(K * n), own["arg"][: K * n]
         fwds, bwds = self.stage_candidates(spec, planner.policy, share * n)   # a pack fills the GPU as K n images do
+        if op.forward_only:   # Note [forward-only plans] in lenet/ops.py: no backward checked, timed or bound
+            bwds = []
         prefetch({pack_module(m, K) for m in {ks.module(c).name for c in fwds + bwds} | {"stage_reduce"}})   # at once
 
         def forward(c):
@@ -74,6 +76,8 @@ class OurStages(OurChecks):
                                         side if side.fits(K * c.grid(n, share)) else None, K, P.TOTAL, share)
             return run, side.joined(run)
         fwd = self._direction(op, n, "fwd", fwds, forward, planner)
+        if op.forward_only:
+            return OursStagePlan(self.name, spec, n, fwd.best, None)
         bwd = self._direction(op, n, "bwd", bwds, backward, planner, before=fwd.best.plan)
         return OursStagePlan(self.name, spec, n, fwd.best, bwd.best)
 
@@ -104,7 +108,8 @@ class OurStages(OurChecks):
             b = dec.best
             return {"name": b.candidate.name, "ms": b.ms, "error": b.check.error, "ties": b.check.ties}
         lone = {"lone_grids": self.share(op, n, planner.policy) == 1} if op.models > 1 else {}   # which sums
-        key = planner.key(f"stage {op.name} {d}", {"n": n, **op.key(), **lone}, (self,))
+        shape = {k: v for k, v in op.key().items() if k != "forward_only"}   # a forward's choice serves both forms
+        key = planner.key(f"stage {op.name} {d}", {"n": n, **shape, **lone}, (self,))
         return planner.choose(key, cands, trial, recall=recall, encode=encode,
                               what=f"the {d} kernel of ours for stage {op.name}")
 
@@ -118,18 +123,25 @@ class OursStagePlan(PlannedOp):
     masks_dy = True   # the argmax byte's ReLU bit (Note [the ReLU bit] in lenet/kernels/stage_common.cu)
 
     def __init__(self, engine: str, spec, n: int, fwd, bwd):
+        """``bwd`` None: planned forward only (Note [forward-only plans] in lenet/ops.py)."""
         self.engine, self.spec, self.n, self.fwd, self.bwd = engine, spec, n, fwd, bwd
-        self.forward, self.backward = fwd.plan, bwd.plan
+        self.forward = fwd.plan
+        if bwd is not None:
+            self.backward = bwd.plan
+
+    def backward(self) -> None:
+        raise forward_only_error(self.spec.name, self.n)
 
     def describe(self, ms: float | None = None) -> list[dict]:
         name, f, b = self.spec.name, self.fwd, self.bwd
-        return [
-            {"layer": name, "op": "fwd+bias_relu_pool", "engine": self.engine, "algo": f.candidate.name, "fused": True,
-             "chunk": self.n, "chunks": 1, "time_ms": f.ms, "workspace_bytes": 0, "error": f.check.error,
-             "ties": f.check.ties, "deterministic": True, "math": "fp32"},
-            {"layer": name, "op": "bwd" + ("+data" if self.spec.dx else "") + "+filter+bias", "engine": self.engine,
-             "algo": b.candidate.name, "fused": True, "chunk": self.n, "chunks": 1, "time_ms": b.ms,
-             "workspace_bytes": 0, "error": b.check.error, "deterministic": True, "math": "fp32"},
-        ]
+        rows = [{"layer": name, "op": "fwd+bias_relu_pool", "engine": self.engine, "algo": f.candidate.name,
+                 "fused": True, "chunk": self.n, "chunks": 1, "time_ms": f.ms, "workspace_bytes": 0,
+                 "error": f.check.error, "ties": f.check.ties, "deterministic": True, "math": "fp32"}]
+        if b is not None:
+            rows.append({"layer": name, "op": "bwd" + ("+data" if self.spec.dx else "") + "+filter+bias",
+                         "engine": self.engine, "algo": b.candidate.name, "fused": True, "chunk": self.n, "chunks": 1,
+                         "time_ms": b.ms, "workspace_bytes": 0, "error": b.check.error, "deterministic": True,
+                         "math": "fp32"})
+        return rows
 
 
