@@ -287,14 +287,15 @@ def test_evaluation_totals(torch_ref):
 
 
 @pytest.mark.parametrize("engine", ["legacy", "graph", "ours"])
-def test_a_batch_size_only_evaluated_is_planned_forward_only(torch_ref, engine):
+@pytest.mark.parametrize("n", [45, 1000])   # 1000: the evaluation's own size in the fast recipe
+def test_a_batch_size_only_evaluated_is_planned_forward_only(torch_ref, engine, n):
     """Note [forward-only plans] in lenet/ops.py: an evaluation's own batch size binds no backward (no gradient
     convolution searched, no backward kernel of ours), its totals are PyTorch's, a training step at that size
     is refused by the forward-only plan and planned whole when asked, and the evaluation then runs that."""
     from lenet.model import LeNet
     from torch_lenet import from_state
-    torch, n = torch_ref, 45
-    model = LeNet(max_batch=64, seed=5, policy=Policy.parse("heuristic", engine=engine))
+    torch = torch_ref
+    model = LeNet(max_batch=n, seed=5, policy=Policy.parse("heuristic", engine=engine))
     try:
         step = model.plan_forward(n)
         assert step.forward_only and n not in model.plans.steps

@@ -243,3 +243,29 @@ def test_our_engine_starts_compiling_the_forms_offered_at_the_programs_batch_siz
     got.clear()
     ours.Ours().warm((8, 1000))
     assert got and not [n for n in got if n.startswith("step_")]
+
+
+def test_a_forward_only_operation_names_it_in_its_key_and_the_whole_ones_key_is_the_one_stored_before():
+    """Note [forward-only plans] in lenet/ops.py: a stored choice of a stage or head planned forward only is never
+    recalled for the whole operation (nor the other way), and a whole one's key is what stores already hold."""
+    from lenet.network import STAGES
+    from lenet.ops import Head, HeadTensors, Stage, StageTensors, forward_only
+
+    stage = Stage(STAGES[1], StageTensors(*[None] * 7), 128)
+    assert stage.key() == STAGES[1].key() and "forward_only" not in stage.key()
+    assert forward_only(stage).key() == {**stage.key(), "forward_only": True}
+    assert forward_only(stage).tensors is stage.tensors and not stage.forward_only
+    w = {"fc1.weight": SimpleNamespace(shape=(120, 256)), "fc2.weight": SimpleNamespace(shape=(10, 120))}
+    head = Head(HeadTensors(None, None, None, None, None, None, w, {}, None), None, 128)
+    assert head.key() == {"fc1": [120, 256], "fc2": [10, 120]}
+    assert forward_only(head).key() == {**head.key(), "forward_only": True}
+
+
+def test_a_step_planned_forward_only_refuses_to_train_naming_it():
+    from lenet.engines.base import forward_only_error
+    from lenet.steps import Step
+
+    step = Step(1000, [], None, None, None, forward_only=True)
+    with pytest.raises(RuntimeError, match="the step at batch 1000 was planned forward only"):
+        step.train()
+    assert "plan the batch size for training first" in str(forward_only_error("conv1", 7))

@@ -59,10 +59,12 @@ class OurHead(OurScratch):
         try:
             if share > 1 or K == 1:   # Note [tuned matmuls] in lenet/blas.py
                 mats = [fc_matmuls(lt.get(), op.tensors, n, K, names=names, bias_grads=False, algos=TUNED_ALGOS)]
-                for product in ("fc1", "dp2"):
+                # forward only (Note [forward-only plans] in lenet/ops.py): the gradients' products untuned
+                for product in ("fc1",) if op.forward_only else ("fc1", "dp2"):
                     mats[0][product].use(self._matmul_pick(lt.get(), op, n, product, mats[0][product], planner).algo)
-                pick = self._matmul_pick(lt.get(), op, n, "dW1", mats[0]["dW1"], planner)
-                mats[0]["dW1"] = self._dw1(lt.get(), op, n, mats[0]["dW1"], pick.algo, pick.slices, planner)[1]
+                if not op.forward_only:
+                    pick = self._matmul_pick(lt.get(), op, n, "dW1", mats[0]["dW1"], planner)
+                    mats[0]["dW1"] = self._dw1(lt.get(), op, n, mats[0]["dW1"], pick.algo, pick.slices, planner)[1]
             else:
                 mats = [fc_matmuls(lt.get(), op.tensors, n, K, model=m, names=names, bias_grads=False)
                         for m in range(K)]
@@ -96,7 +98,8 @@ class OurHead(OurScratch):
                 op.models == 1 and c.slices in DW1_SLICES and n // c.slices >= DW1_MIN_ROWS and c.algo < TUNED_ALGOS)
             return Trial(c, stored.get("ms"), Check()) if ok else None
 
-        key = planner.key(f"head tail {product}", {"n": n, **op.key()}, (self,))
+        shape = {k: v for k, v in op.key().items() if k != "forward_only"}   # one product's choice serves both forms
+        key = planner.key(f"head tail {product}", {"n": n, **shape}, (self,))
         return planner.choose(key, cands, trial, recall=recall,
                               encode=lambda d: {**d.best.candidate.encode(), "ms": d.best.ms},
                               what=f"the tail's cuBLASLt algorithm for {product} at batch {n}").best.candidate
