@@ -128,7 +128,11 @@ class LeNet:
 
     def plan(self, n: int) -> Step:
         """Every operation planned for batch size n (made once, then cached)."""
-        return self.plans.plan(n)
+        superseded = n in self.plans.forward_steps and n not in self.plans.steps
+        step = self.plans.plan(n)
+        if superseded:   # an evaluation's graph captured with the forward-only Step: captured again with this one
+            self.runner.clear()
+        return step
 
     def plan_forward(self, n: int) -> Step:
         """What an evaluation at batch size n runs: the training Step where n has one, else the operations

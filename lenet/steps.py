@@ -52,8 +52,7 @@ class Step:
     def train(self) -> None:
         """One training step: the forward with the loss, every gradient, the update (the whole step's one or
         two launches where it was chosen)."""
-        if self.forward_only:
-            raise forward_only_error("the step", self.n)
+        self._trains()
         if self.whole is not None:
             self.whole.train()
             return
@@ -61,12 +60,14 @@ class Step:
 
     def chain(self) -> None:
         """One training step of the planned operations, one after another."""
+        self._trains()
         self.forward_loss()
         self.backward()
         self.update()
 
     def backward(self) -> None:
         """Every gradient, the side stream's work included (Note [side stream] in lenet/engines/context.py)."""
+        self._trains()
         for layer in reversed(self.layers):
             layer.backward()
         self.side.join()
@@ -74,10 +75,17 @@ class Step:
     def backward_given(self) -> None:
         """Every gradient from dlogits the caller wrote after ``forward()`` (a loss of its own:
         lenet/torch.py), the side stream's work included."""
+        self._trains()
         self.head.backward_given()
         for stage in reversed(self.stages):
             stage.backward()
         self.side.join()
+
+    def _trains(self) -> None:
+        """Refuses, before any launch, what a Step planned forward only cannot run (a head of it may have bound a
+        backward, which would write gradients before a stage refused)."""
+        if self.forward_only:
+            raise forward_only_error("the step", self.n)
 
     @property
     def workspace_bytes(self) -> int:

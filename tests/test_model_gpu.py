@@ -315,9 +315,12 @@ def test_a_batch_size_only_evaluated_is_planned_forward_only(torch_ref, engine, 
         assert abs(loss - ref_loss) <= 1e-4 * ref_loss and correct == int((lg.argmax(1) == ty).sum())
         with pytest.raises(RuntimeError, match="planned forward only"):
             step.stages[0].backward()
-        with pytest.raises(RuntimeError, match="planned forward only"):
-            step.train()
+        for what in (step.train, step.backward):
+            with pytest.raises(RuntimeError, match="planned forward only"):
+                what()
+        model.runner._graphs["an evaluation's"] = None   # what a graph captured with the forward-only Step leaves
         whole = model.plan(n)
+        assert not model.runner._graphs   # captured again with the whole Step
         assert not whole.forward_only and model.plan_forward(n) is whole
         assert [r for r in conv_rows(whole.describe()) if r["op"].startswith("bwd")]
         check_one_step(torch, model, n, what=f"{engine} at {n} after its forward-only plan")

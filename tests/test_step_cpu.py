@@ -265,7 +265,12 @@ def test_a_step_planned_forward_only_refuses_to_train_naming_it():
     from lenet.engines.base import forward_only_error
     from lenet.steps import Step
 
-    step = Step(1000, [], None, None, None, forward_only=True)
-    with pytest.raises(RuntimeError, match="the step at batch 1000 was planned forward only"):
-        step.train()
+    ran = []
+    head = SimpleNamespace(backward=lambda: ran.append("head"), backward_given=lambda: ran.append("head"),
+                           forward_loss=lambda: ran.append("forward"))
+    step = Step(1000, [], head, None, None, forward_only=True)
+    for what in (step.train, step.chain, step.backward, step.backward_given):
+        with pytest.raises(RuntimeError, match="the step at batch 1000 was planned forward only"):
+            what()
+    assert not ran, ran   # refused before any launch
     assert "plan the batch size for training first" in str(forward_only_error("conv1", 7))
