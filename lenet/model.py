@@ -77,7 +77,6 @@ class LeNet:
         from .kernels import require_arch
 
         require_arch(require_gpu())   # one line (NoGpuError) where there is none or it is too old
-        import cupy
 
         self.max_batch, self.policy, self.cuda_graph = int(max_batch), policy_of(policy, fused), bool(cuda_graph)
         # With ``input_grad``, conv1 also computes the images' gradient (buf["dx"]: lenet.torch asks for it).
@@ -128,7 +127,10 @@ class LeNet:
 
     def plan(self, n: int) -> Step:
         """Every operation planned for batch size n (made once, then cached)."""
-        superseded = n in self.plans.forward_steps and n not in self.plans.steps
+        step = self.plans.steps.get(n)   # every step asks: one lookup
+        if step is not None:
+            return step
+        superseded = n in self.plans.forward_steps
         step = self.plans.plan(n)
         if superseded:   # an evaluation's graph captured with the forward-only Step: captured again with this one
             self.runner.clear()

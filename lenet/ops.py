@@ -191,6 +191,11 @@ def forward_only(op):
     return dataclasses.replace(op, forward_only=True)
 
 
+def either_form_key(op) -> dict:
+    """``op``'s key whichever its form: what a choice that serves both forms is stored under (a forward's)."""
+    return {k: v for k, v in op.key().items() if k != "forward_only"}
+
+
 @dataclass(frozen=True, eq=False)
 class Stage:
     kind = "stage"
@@ -287,4 +292,4 @@ class WholeStep:
 
 
 __all__ = ["StageSpec", "StageTensors", "HeadTensors", "LossTensors", "UpdateTensors", "Stage", "Head", "Loss",
-           "Update", "WholeStep", "forward_only"]
+           "Update", "WholeStep", "forward_only", "either_form_key"]

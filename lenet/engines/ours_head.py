@@ -22,6 +22,7 @@ from .. import params as P
 from ..kernels import pack_module, prefetch
 from ..kernels import head as head_kernels
 from ..kernels.head import HeadShape
+from ..ops import either_form_key
 from .base import Check, PlannedOp, Trial
 from .ours_check import OurScratch
 
@@ -98,8 +99,7 @@ class OurHead(OurScratch):
                 op.models == 1 and c.slices in DW1_SLICES and n // c.slices >= DW1_MIN_ROWS and c.algo < TUNED_ALGOS)
             return Trial(c, stored.get("ms"), Check()) if ok else None
 
-        shape = {k: v for k, v in op.key().items() if k != "forward_only"}   # one product's choice serves both forms
-        key = planner.key(f"head tail {product}", {"n": n, **shape}, (self,))
+        key = planner.key(f"head tail {product}", {"n": n, **either_form_key(op)}, (self,))
         return planner.choose(key, cands, trial, recall=recall,
                               encode=lambda d: {**d.best.candidate.encode(), "ms": d.best.ms},
                               what=f"the tail's cuBLASLt algorithm for {product} at batch {n}").best.candidate

@@ -10,6 +10,7 @@ from .. import params as P
 from ..kernels import pack_module, prefetch, sm_count
 from ..kernels import stages
 from ..kernels.stages import Backward, Forward
+from ..ops import either_form_key
 from .base import LONE_SUMS_PER_SM, Check, PlannedOp, Trial, forward_only_error
 from .ours_check import OurChecks
 
@@ -108,8 +109,7 @@ class OurStages(OurChecks):
             b = dec.best
             return {"name": b.candidate.name, "ms": b.ms, "error": b.check.error, "ties": b.check.ties}
         lone = {"lone_grids": self.share(op, n, planner.policy) == 1} if op.models > 1 else {}   # which sums
-        shape = {k: v for k, v in op.key().items() if k != "forward_only"}   # a forward's choice serves both forms
-        key = planner.key(f"stage {op.name} {d}", {"n": n, **shape, **lone}, (self,))
+        key = planner.key(f"stage {op.name} {d}", {"n": n, **either_form_key(op), **lone}, (self,))
         return planner.choose(key, cands, trial, recall=recall, encode=encode,
                               what=f"the {d} kernel of ours for stage {op.name}")
 
