@@ -73,7 +73,7 @@ class Config:
     flip: bool = True
     cutout: int = 0
     seed: int = 0
-    batch_size: int = 128
+    batch_size: int = 150
     epochs: int = 16
     gamma: float = 1e-4
     power: float = 0.75

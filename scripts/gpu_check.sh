@@ -110,7 +110,7 @@ if [ "$part" = arch ]; then
     data=${LENET_CHECK_DATA:-data/fashion-mnist}
     for seed in 0 1 2; do
         # the fast recipe (scripts/time_to_accuracy.py's RECIPES["fast"])
-        python3 -m lenet train --epochs 16 --batch-size 128 --schedule cosine --lr 0.15 --nesterov \
+        python3 -m lenet train --epochs 16 --batch-size 150 --schedule cosine --lr 0.15 --nesterov \
             --label-smoothing 0.05 --warmup-epochs 1 --flip --tta --seed $seed --data-dir "$data" --quiet \
             > "$out/train_$seed.txt" 2>&1 || prog_rc=1
         line=$(grep "^final" "$out/train_$seed.txt")

@@ -12,7 +12,8 @@
 #                                            `lenet train` command on the test split with seeds 0, 1, 2
 #   bash scripts/sweep_targets.sh recipe3    the same around the recommended recipe: epochs, shift, cutout
 #   bash scripts/sweep_targets.sh recipe4    the same, the recommended recipe at 500 and 800 epochs, two averages
-#   bash scripts/sweep_targets.sh faster     the fast recipe's rule at batch 256 and 512, then each winner timed warm
+#   bash scripts/sweep_targets.sh faster     the fast recipe's rule at batch 256 and 512 (or $BATCHES), then each
+#                                            winner timed warm
 # The parts that report every model's test accuracy (timings, seeds16, pack3, fast16) ask for it with
 # --rank-on-test (Note [the ranked split] in lenet/sweep.py); the ones that choose hold out --validation 10000.
 # Needs the dataset ($LENET_DATA or the default places) and the project importable (PYTHONPATH).
@@ -123,8 +124,10 @@ fi
 if [ "$part" = faster ]; then   # the fast recipe's rule at larger batches: fewer, cheaper steps an epoch
     # For each batch size, the fewest epochs whose validation accuracy is >= 91.2% on every one of 8 seeds (the
     # best learning rate by mean among those that pass), then that recipe on the test split, timed warm.
-    TAIL=4 timed faster-sweep sweep --quiet --validation 10000 --batch-size 256 512 --epochs 10 12 14 16 20 \
-        --lr 0.15 0.3 0.45 --seeds 0-7 --overwrite --out "$out/faster"
+    # BATCHES, EPOCHS and LRS set the grid (e.g. BATCHES="120 125 128 150 160" EPOCHS="14 16" LRS="0.15 0.2": the
+    # sizes that divide 60,000, where an epoch has no last, smaller batch to plan).
+    TAIL=4 timed faster-sweep sweep --quiet --validation 10000 --batch-size ${BATCHES:-256 512} \
+        --epochs ${EPOCHS:-10 12 14 16 20} --lr ${LRS:-0.15 0.3 0.45} --seeds 0-7 --overwrite --out "$out/faster"
     python3 - "$out" > "$out/faster-choice.txt" <<'EOF2'
 import json, sys
 from collections import defaultdict

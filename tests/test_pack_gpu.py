@@ -159,8 +159,9 @@ def test_each_model_of_a_pack_gathers_what_its_lone_run_gathers():
 
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (700, 28, 28), dtype=np.uint8), rng.integers(0, 10, 700).astype(np.uint8)
-    configs = [Config(seed=3, flip=True, epochs=4, lr=0.2), Config(seed=8, shift=2, flip=False, epochs=4, lr=0.05),
-               Config(seed=1, schedule="step", epochs=4, lr=0.1, cutout=10)]
+    configs = [Config(seed=3, flip=True, epochs=4, lr=0.2, batch_size=128),
+               Config(seed=8, shift=2, flip=False, epochs=4, lr=0.05, batch_size=128),
+               Config(seed=1, schedule="step", epochs=4, lr=0.1, cutout=10, batch_size=128)]
     stream = cupy.cuda.Stream(non_blocking=True)
     train, test = GpuDataset(images, labels, 70.0, 80.0, stream), GpuDataset(images[:100], labels[:100], 70.0, 80.0,
                                                                               stream)

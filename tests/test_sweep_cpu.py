@@ -47,7 +47,7 @@ def test_grid_is_every_combination_seeds_innermost():
     assert [c.seed for c in configs[:5]] == [0, 1, 2, 3, 0]
     assert {c.lr for c in configs} == {0.05, 0.1, 0.2, 0.4}
     # the defaults are the fast recipe
-    assert all((c.epochs, c.batch_size, c.schedule, c.nesterov, c.flip) == (16, 128, "cosine", True, True)
+    assert all((c.epochs, c.batch_size, c.schedule, c.nesterov, c.flip) == (16, 150, "cosine", True, True)
                for c in configs)
 
 
@@ -112,10 +112,10 @@ def test_small_packs_take_the_heuristic_so_each_model_chooses_as_its_lone_run(mo
         run = {"configs": sweep.grid(args)}
         return sweep.default_algo(args, run, policy_from(args, Policy)).choice("fwd")
 
-    assert algo("--seeds", "0-2") == algo("--seeds", "0-3") == "heuristic"                    # 3 or 4 of 128
-    assert algo("--seeds", "0-4") == algo("--seeds", "0-15") == "exhaustive"                  # 640, 2048 images
+    assert algo("--seeds", "0-2") == algo("--seeds", "0-3", "--batch-size", "128") == "heuristic"   # 450, 512 images
+    assert algo("--seeds", "0-3") == algo("--seeds", "0-15") == "exhaustive"                  # 600, 2400 images
     assert algo("--seeds", "0-7", "--batch-size", "64") == "heuristic"                       # 8 of 64
-    assert algo("--seeds", "0-15", "--pack-size", "4") == "heuristic"                         # packs of 4
+    assert algo("--seeds", "0-15", "--pack-size", "3") == "heuristic"                         # packs of 3
     assert algo("--seeds", "0-2", "--algo", "exhaustive") == "exhaustive"                     # given: kept
     assert algo("--seeds", "0-15", "--deterministic") == "heuristic"
     assert "every pack holds at most 4 images per SM, heuristic" in " ".join(sweep.parser().format_help().split())
@@ -124,7 +124,7 @@ def test_small_packs_take_the_heuristic_so_each_model_chooses_as_its_lone_run(mo
 def test_train_flags_name_the_lone_run():
     flags = " ".join(Config(lr=0.2, seed=3, ema=0.999, shift=2, cutout=6).train_flags(tta=True))
     for part in ("--lr 0.2", "--seed 3", "--ema 0.999", "--shift 2", "--cutout 6", "--nesterov", "--label-smoothing 0.05",
-                 "--warmup-epochs 1", "--flip", "--tta", "--schedule cosine", "--epochs 16", "--batch-size 128"):
+                 "--warmup-epochs 1", "--flip", "--tta", "--schedule cosine", "--epochs 16", "--batch-size 150"):
         assert part in flags
     assert "--ema" not in " ".join(Config().train_flags()) and "--cutout" not in " ".join(Config().train_flags())
     # an Optuna trial's value reads back as itself, not rounded to six digits
