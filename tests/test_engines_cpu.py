@@ -969,3 +969,56 @@ def test_a_heads_loss_is_planned_before_the_head_as_its_own_operation(monkeypatc
     assert bound[1][2] is loss.op and len(bound) == 2
     with pytest.raises(AlgorithmNotSupportedError, match="was not planned before it"):
         planner.loss(head, 16)
+
+
+def _pool_reference_by_windows(c, dy_raw):
+    """pool_reference as it was first written (Note [the pooling on the host]): each window's four values on a
+    last axis of a transposed copy, np.argmax, the two largest by maxima and minima over that axis (a sort's
+    last two, the same values), the routing's product over it."""
+    import numpy as np
+
+    m, k, h, ww = c.shape
+    win = c.reshape(m, k, h // 2, 2, ww // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(m, k, h // 2, ww // 2, 4)
+    arg = win.argmax(axis=-1).astype(np.uint8)
+    a, b, cc, d = (win[..., q] for q in range(4))
+    hi1, lo1, hi2, lo2 = np.maximum(a, b), np.minimum(a, b), np.maximum(cc, d), np.minimum(cc, d)
+    top, second = np.maximum(hi1, hi2), np.maximum(np.minimum(hi1, hi2), np.maximum(lo1, lo2))
+    ordered = np.sort(win, axis=-1)
+    assert np.array_equal(top, ordered[..., 3]) and np.array_equal(second, ordered[..., 2])   # as values
+    flat = (win == win[..., :1]).all(axis=-1) & (top > 0)
+    dy = (dy_raw * (top > 0)).astype(np.float32)
+    routed = (np.arange(4, dtype=np.uint8) == arg[..., None]) * dy[..., None]
+    dc = np.ascontiguousarray(routed.reshape(m, k, h // 2, ww // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
+                              .reshape(m, k, h, ww), dtype=np.float32)
+    return np.maximum(top, np.float32(0)), arg, top, second, flat, dy, dc
+
+
+@pytest.mark.parametrize("case", ["normal", "quantized", "constant", "zeros and signs"])
+def test_the_host_pooling_is_the_window_forms_bit_for_bit(case):
+    """Note [the pooling on the host] (lenet/engines/reference.py): the reference's pooling over four strided
+    views gives every array the window form gave, bit for bit (-0.0 where a routed gradient is 0 * a negative
+    one), on what real data holds: exact ties at every level, constant windows, zeros of both signs, all at
+    once; first maxima taken in the kernels' order."""
+    import numpy as np
+
+    from lenet.engines.reference import pool_reference
+
+    rng = np.random.default_rng(7)
+    shape = (9, 3, 8, 12)
+    c = rng.standard_normal(shape, dtype=np.float32)
+    if case == "quantized":   # few levels: most windows hold a tie somewhere, some at their maximum
+        c = (rng.integers(-2, 3, shape) / np.float32(4)).astype(np.float32)
+    elif case == "constant":   # constant windows at a level above, at and below zero, and constant rows
+        c = np.repeat(np.repeat(rng.integers(-1, 2, (9, 3, 4, 6)).astype(np.float32), 2, axis=2), 2, axis=3)
+        c[:, 0, 0, :] = 0.5
+    elif case == "zeros and signs":
+        c = rng.choice(np.array([0.0, -0.0, 1.0, -1.0, 2.0], np.float32), shape)
+    dy_raw = rng.standard_normal((9, 3, 4, 6), dtype=np.float32)
+    dy_raw[0, 0, 0, :] = -0.0
+    got, want = pool_reference(c, dy_raw), _pool_reference_by_windows(c, dy_raw)
+    for name, g, w in zip(("y", "arg", "top", "second", "flat", "dy", "dc"), got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, name
+        assert np.array_equal(g, w), name
+        if g.dtype == np.float32:
+            assert np.array_equal(np.signbit(g), np.signbit(w)), name   # -0.0 where the window form has it
+    assert got[1].max() > 0 and got[4].any() == (case in ("constant", "quantized", "zeros and signs"))

@@ -119,20 +119,40 @@ def distance(out, ref) -> float:
     return num / den if den > 0 else num
 
 
-def _windows(c, k, h, ww):
-    m = c.shape[0]
-    return c.reshape(m, k, h // 2, 2, ww // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(m, k, h // 2, ww // 2, 4)
+def _quarters(c):
+    """A pooling window's four values as four strided views of c (N, K, H, W), in the order our kernels
+    number them (q = 2 * dy + dx): top-left, top-right, bottom-left, bottom-right. No copy: Note [the
+    pooling on the host]."""
+    return c[:, :, 0::2, 0::2], c[:, :, 0::2, 1::2], c[:, :, 1::2, 0::2], c[:, :, 1::2, 1::2]
 
 
-def _two_largest(win):
-    """(the largest, the second largest) of each window's four values (the last axis): a sort's last two,
-    from elementwise maxima and minima, the same values (np.sort of rows of four: 46 ms a stage in a first
-    run's profiled plan on a GPU machine, 7-8 ms alone on a CPU, where this takes 1-3)."""
+def pool_reference(c, dy_raw):
+    """The pooling's decisions and the gradient routed through them, from the conv output plus bias c (N, K,
+    H, W) and the pooled gradient dy_raw (N, K, H/2, W/2), on the host: (y, arg, top, second, flat, dy, dc),
+    where arg is each window's first maximum (np.argmax over its four values), top and second its two
+    largest values, flat whether its four values are equal and top > 0 (a live constant window), dy dy_raw
+    masked by top > 0, and dc (N, K, H, W)
+    dy routed to each window's argmax, every other element 0 * dy.
+
+    Note [the pooling on the host]: written over the window's four values as a last axis of a transposed
+    copy (reshape, transpose, argmax, an equality over the axis, the routing's product over it, a transpose
+    back) it took 30 ms for conv1's 256 images on a CPU, on a first run's critical path (the preload thread's
+    first plan); over four strided views of c, 14 ms (conv2's: 7 -> 3), and the same values bit for bit, -0.0
+    included
+    (tests/test_engines_cpu.py holds it to the window form)."""
     import numpy as np
 
-    a, b, c, d = (win[..., q] for q in range(4))
-    hi1, lo1, hi2, lo2 = np.maximum(a, b), np.minimum(a, b), np.maximum(c, d), np.minimum(c, d)
-    return np.maximum(hi1, hi2), np.maximum(np.minimum(hi1, hi2), np.maximum(lo1, lo2))
+    a, b, cc, d = _quarters(c)
+    hi1, lo1, hi2, lo2 = np.maximum(a, b), np.minimum(a, b), np.maximum(cc, d), np.minimum(cc, d)
+    top, second = np.maximum(hi1, hi2), np.maximum(np.minimum(hi1, hi2), np.maximum(lo1, lo2))
+    arg = np.where(a == top, 0, np.where(b == top, 1, np.where(cc == top, 2, 3))).astype(np.uint8)
+    flat = (a == a) & (b == a) & (cc == a) & (d == a)
+    on = top > 0
+    dy = (dy_raw * on).astype(np.float32)
+    dc = np.empty(c.shape, np.float32)
+    for q, part in enumerate(_quarters(dc)):
+        np.multiply(arg == q, dy, out=part)
+    return np.maximum(top, np.float32(0)), arg, top, second, flat & on, dy, dc
 
 
 def stage_reference(handle, spec, m: int = CHECK_BATCH, legacy=None) -> StageReference:
@@ -147,19 +167,11 @@ def stage_reference(handle, spec, m: int = CHECK_BATCH, legacy=None) -> StageRef
         c = cupy.empty((m, k, h, ww), cupy.float32)
     reference(handle, spec.conv("fwd", m), {"x": x, "w": w, "y": c}, legacy)
     ch = c.get(stream=handle.stream) + bh.reshape(1, k, 1, 1)
-    win = _windows(ch, k, h, ww)
-    arg = win.argmax(axis=-1).astype(np.uint8)   # the first maximum, as our kernels take it
-    top, second = _two_largest(win)
+    y, arg, top, second, flat, dy, dc = pool_reference(ch, dy_raw)   # arg: the first maximum, as our kernels take it
     scale = TIE_RTOL * float(np.abs(ch).max())
-    flat = (win == win[..., :1]).all(axis=-1) & (top > 0)
     decided = (top > 0) & ((top - second > scale) | flat)
     live = np.abs(top) > scale
-    y = np.maximum(top, np.float32(0))
-    dy = (dy_raw * (top > 0)).astype(np.float32)
     arg_bits = arg | np.where(top > 0, 0, ARG_OFF).astype(np.uint8)
-    routed = (np.arange(4, dtype=np.uint8) == arg[..., None]) * dy[..., None]
-    dc = np.ascontiguousarray(routed.reshape(m, k, h // 2, ww // 2, 2, 2).transpose(0, 1, 2, 4, 3, 5)
-                              .reshape(m, k, h, ww), dtype=np.float32)
     db = dc.sum(axis=(0, 2, 3), dtype=np.float64).astype(np.float32)
     with handle.stream:
         dcd, dyd, argd = cupy.asarray(dc), cupy.asarray(dy_raw), cupy.asarray(arg_bits)
