@@ -131,15 +131,13 @@ def pool_reference(c, dy_raw):
     H, W) and the pooled gradient dy_raw (N, K, H/2, W/2), on the host: (y, arg, top, second, flat, dy, dc),
     where arg is each window's first maximum (np.argmax over its four values), top and second its two
     largest values, flat whether its four values are equal and top > 0 (a live constant window), dy dy_raw
-    masked by top > 0, and dc (N, K, H, W)
-    dy routed to each window's argmax, every other element 0 * dy.
+    masked by top > 0, and dc (N, K, H, W) dy routed to each window's argmax, every other element 0 * dy.
 
     Note [the pooling on the host]: written over the window's four values as a last axis of a transposed
     copy (reshape, transpose, argmax, an equality over the axis, the routing's product over it, a transpose
     back) it took 30 ms for conv1's 256 images on a CPU, on a first run's critical path (the preload thread's
     first plan); over four strided views of c, 14 ms (conv2's: 7 -> 3), and the same values bit for bit, -0.0
-    included
-    (tests/test_engines_cpu.py holds it to the window form)."""
+    included (tests/test_engines_cpu.py holds it to the window form)."""
     import numpy as np
 
     a, b, cc, d = _quarters(c)
