@@ -97,7 +97,20 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # noqa: D102
         from .files import escaped
 
-        self.exit(2, f"{self.prog}: error: {escaped(message)}\n")
+        self.exit(2, f"{self.prog}: error: {escaped(message)}{self._did_you_mean(message)}\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        """For argparse's "unrecognized arguments: ...": this program's flags nearest to the unknown ones
+        (``--batchsize`` -> --batch-size, sweep's ``--seed`` -> --seeds), or nothing."""
+        import difflib
+
+        head = "unrecognized arguments: "
+        if not message.startswith(head):
+            return ""
+        ours = [o for o in self._option_string_actions if o.startswith("--")]
+        near = [m for word in message[len(head):].split() if word.startswith("--")
+                for m in difflib.get_close_matches(word.split("=", 1)[0], ours, n=1, cutoff=0.75)]
+        return f" (did you mean {' '.join(dict.fromkeys(near))}?)" if near else ""
 
     def exit(self, status=0, message=None):  # noqa: D102
         from .interrupt import last_line

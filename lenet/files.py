@@ -127,7 +127,8 @@ def finished(tmp: str) -> None:
 # $XDG_CACHE_HOME/lenet when XDG_CACHE_HOME is an absolute path (the XDG spec ignores a relative one),
 # else $HOME/.cache/lenet when HOME is a folder that exists (HOME=/nonexistent, the home of Debian's
 # nobody, made a root run create /nonexistent/.cache); it is made once per process, and where it cannot
-# be (HOME=/proc, a read-only HOME), the run goes on without its caches after one warning line.
+# be (HOME=/proc, a read-only HOME), the run goes on without its caches after one warning line, printed once
+# the program's checks passed (a bad flag or dataset is the one line it prints then).
 _root: dict = {}
 
 
@@ -160,8 +161,9 @@ def _cache_root() -> Path | None:
         except OSError as e:
             why = f"{show(base / 'lenet')} cannot be made ({e.strerror or e})"
     _root[(xdg, home)] = root
-    if root is None:   # one line a run, however many caches ask
-        print(f"warning: no cache folder ({why}); running without the caches of earlier runs", file=sys.stderr)
+    if root is None:   # one line a run, however many caches ask, once the checks passed (a bad flag's line alone)
+        line = f"warning: no cache folder ({why}); running without the caches of earlier runs"
+        after_checks(lambda: print(line, file=sys.stderr, flush=True))
     return root
 
 

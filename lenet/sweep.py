@@ -70,9 +70,17 @@ def on_off(text: str) -> bool:
 
 
 def ema_value(text: str):
+    """A decay in (0, 1), a range of two (--search optuna), or off."""
+    import argparse
+
     if text.strip().lower() in ("off", "none", "no"):
         return None
-    return ranged(cli.open_unit_interval)(text)
+    try:
+        return ranged(cli.open_unit_interval)(text)
+    except argparse.ArgumentTypeError as e:
+        if ":" in text:   # a range's own words
+            raise
+        raise argparse.ArgumentTypeError(f"{e}, or off") from None
 
 
 # Every list a flag expands is bounded before it is built: a seed range of a hundred million took 4.7 GB

@@ -39,6 +39,8 @@ def test_train_step_help_lists_every_flag():
     (["--steps", "0"], "--steps: invalid value '0'"),
     (["--workspace-limit", "lots"], "invalid size 'lots'"),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--batchsize", "64"], "unrecognized arguments: --batchsize 64 (did you mean --batch-size?)"),
+    (["--step", "3", "--synthtic"], "unrecognized arguments: --synthtic (did you mean --synthetic?)"),
     (["--engine", "ours", "--no-fused"], "--engine ours runs our fused stage kernels only"),
     (["--engine", "ours", "--chunk", "16"], "--chunk applies to cuDNN's engines only"),
     (["--engine", "ours", "--algo", "fft"], "engine ours runs no cuDNN convolution"),

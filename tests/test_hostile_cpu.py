@@ -141,6 +141,24 @@ def test_a_home_that_cannot_be_written_runs_without_caches(dataset, tmp_path, wh
     assert not list(work.iterdir()), f"{what}: wrote into the current folder: {list(work.iterdir())}"
 
 
+
+@pytest.mark.parametrize("program,args", [
+    ("lenet.train", ["--batch-size", "0"]),
+    ("lenet.train", ["--data-dir", "NODATA"]),
+    ("lenet", ["sweep", "--seeds", "3-1"]),
+    ("lenet.train_step", ["--engine", "nope"]),
+])
+def test_a_bad_input_is_one_line_where_there_is_no_cache_folder(tmp_path, program, args):
+    """Note [cache folders] in lenet/files.py: the warning that a run goes on without caches is printed once the
+    checks passed, so a bad flag or dataset where HOME cannot hold one is the error's line alone."""
+    args = [str(tmp_path / "no-such-data") if a == "NODATA" else a for a in args]
+    out = run(program, *args, env={"HOME": "/proc", "XDG_CACHE_HOME": None}, cwd=tmp_path)
+    lines = [x for x in out.stderr.splitlines() if x.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "error:" in lines[0] and "Traceback" not in out.stderr, \
+        out.stderr
+    assert not list(tmp_path.iterdir()), list(tmp_path.iterdir())
+
+
 _CACHES = """
 import json, os
 from lenet import files

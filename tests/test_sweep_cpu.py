@@ -154,6 +154,7 @@ def test_schedule_table_is_the_schedule_step_by_step(kind):
     (["--lr", "0.01:0.5"], "ranges are for --search optuna"),
     (["--no-fused"], "a pack of 2 models"),
     (["--schedule", "linear"], "use one of"),
+    (["--ema", "off", "1.5"], "invalid value '1.5': must be a number in (0, 1), or off"),
     (["--search", "optuna", "--trials", "4", "--storage", "/no/such/folder/study.log", "--lr", "0.1", "0.2"],
      "does not exist"),
     (["--search", "optuna", "--trials", "4", "--storage", "sqlite:////no/such/folder/study.db", "--lr", "0.1", "0.2"],
