@@ -155,11 +155,17 @@ FLAG_TYPES = {
 }
 
 
+SWITCHES = [d for d, (kind, _) in FLAG_TYPES.items() if kind is on_off]   # lenet train's switches: bare is on
+
+
 class _Parser(cli.Parser):
     """--algo's default follows --deterministic (its help says how)."""
 
     def parse_known_args(self, args=None, namespace=None):
         ns, rest = super().parse_known_args(args, namespace)
+        for dest in SWITCHES:   # a bare --flip or --nesterov, as lenet train takes it: on
+            if getattr(ns, dest, None) == []:
+                setattr(ns, dest, [True])
         if getattr(ns, "algo", "") is None:   # small packs take the heuristic once the GPU is known: main()
             ns.algo, ns.algo_default = ("heuristic" if ns.deterministic else "exhaustive"), True
         return ns, rest
@@ -194,8 +200,9 @@ def _grid_flags(p) -> None:
     for dest, (kind, what) in FLAG_TYPES.items():
         default = getattr(FAST, dest)
         shown = "off" if default is None else ("on" if default is True else "off" if default is False else default)
-        g.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind, nargs="+", default=[default],
-                       metavar="V", help=f"{what} (default: {shown})")
+        g.add_argument("--" + dest.replace("_", "-"), dest=dest, type=kind, nargs="*" if dest in SWITCHES else "+",
+                       default=[default], metavar="V",
+                       help=f"{what}{'; alone, on' if dest in SWITCHES else ''} (default: {shown})")
     g.add_argument("--seeds", type=seeds, nargs="+", default=[[0]], metavar="SPEC",
                    help="seeds of the init and data order: integers and ranges, e.g. 0-15 or 0-3,8 (default: 0)")
     g.add_argument("--tta", action=__import__("argparse").BooleanOptionalAction, default=True,

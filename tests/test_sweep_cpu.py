@@ -57,6 +57,23 @@ def test_seed_specs_and_repeated_values():
     assert [c.seed for c in sweep.grid(args)] == [0, 1, 2]   # each configuration once
 
 
+def test_the_fast_recipes_train_flags_are_the_sweeps_defaults_as_given():
+    """lenet train's switches (--nesterov, --flip) alone mean on here too, so the README's fast recipe, pasted
+    as lenet train takes it, is a sweep of one model: the defaults."""
+    import shlex
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import time_to_accuracy as tta
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    args = parse(*shlex.split(tta.RECIPES["fast"]))
+    assert sweep.grid(args) == [Config()] and args.tta
+    assert [c.flip for c in sweep.grid(parse("--flip", "on", "off"))] == [True, False]
+    assert {c.nesterov for c in sweep.grid(parse("--nesterov", "--lr", 0.1))} == {True}
+
+
 def test_nesterov_without_momentum_is_left_out_of_the_grid():
     args = parse("--momentum", 0, 0.9, "--nesterov", "on", "off")
     assert {(c.momentum, c.nesterov) for c in sweep.grid(args)} == {(0.0, False), (0.9, True), (0.9, False)}
