@@ -77,8 +77,10 @@ class Parser(argparse.ArgumentParser):
             if self._unknown_flag(args[i]):
                 from .files import show
 
-                self.error(f"unrecognized argument '{show(args[i])}': none of this program's flags; an input whose "
-                           f"name starts with '-' is given as ./{show(args[i])}")
+                near = self._nearest([args[i]])
+                self.error(f"unrecognized argument '{show(args[i])}': none of this program's flags"
+                           + (f" (did you mean {near}?)" if near else "")
+                           + f"; an input whose name starts with '-' is given as ./{show(args[i])}")
             out.append(args[i])
             i += 1
         return super().parse_known_args(out, namespace)
@@ -102,15 +104,18 @@ class Parser(argparse.ArgumentParser):
     def _did_you_mean(self, message: str) -> str:
         """For argparse's "unrecognized arguments: ...": this program's flags nearest to the unknown ones
         (``--batchsize`` -> --batch-size, sweep's ``--seed`` -> --seeds), or nothing."""
+        head = "unrecognized arguments: "
+        near = self._nearest(message[len(head):].split()) if message.startswith(head) else ""
+        return f" (did you mean {near}?)" if near else ""
+
+    def _nearest(self, words) -> str:
+        """This program's flags nearest to the unknown ones among ``words``, space-separated ('' for none)."""
         import difflib
 
-        head = "unrecognized arguments: "
-        if not message.startswith(head):
-            return ""
         ours = [o for o in self._option_string_actions if o.startswith("--")]
-        near = [m for word in message[len(head):].split() if word.startswith("--")
+        near = [m for word in words if word.startswith("--")
                 for m in difflib.get_close_matches(word.split("=", 1)[0], ours, n=1, cutoff=0.75)]
-        return f" (did you mean {' '.join(dict.fromkeys(near))}?)" if near else ""
+        return " ".join(dict.fromkeys(near))
 
     def exit(self, status=0, message=None):  # noqa: D102
         from .interrupt import last_line

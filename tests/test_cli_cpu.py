@@ -53,6 +53,17 @@ def test_bad_flags_exit_2_with_one_line(args, msg):
     assert out.stdout == ""
 
 
+@pytest.mark.parametrize("module,args,words", [
+    ("lenet.predict", ["--chekpoint", "x.npz", "img.png"], "none of this program's flags (did you mean --checkpoint?); "
+                                                             "an input whose name starts with '-' is given as ./--chekpoint"),
+    ("lenet.predict", ["--zz", "img.png"], "unrecognized argument '--zz': none of this program's flags; an input"),
+    ("lenet", ["sweep", "--seed", "0-1"], "unrecognized arguments: --seed 0-1 (did you mean --seeds?)"),
+])
+def test_an_unknown_flag_names_the_nearest_of_ours(module, args, words):
+    out = run(module, *args)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and words in out.stderr, out.stderr
+
+
 def test_no_gpu_is_one_plain_sentence():
     out = run("lenet.train_step", "--synthetic", hide_gpu=True)
     assert out.returncode == 2
