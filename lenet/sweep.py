@@ -738,13 +738,13 @@ def default_algo(args, run, policy):
 def check_pack_memory(args, run, policy) -> None:
     """More models in a pack than the GPU holds: without --pack-size, packs of as many as fit (a line says so);
     with it, one line naming how many fit, before any allocation."""
-    import cupy
+    from descriptors.algorithms import free_memory
 
     from .checks import check_memory, models_that_fit
 
     sizes = [k for k, _ in pack_shapes(args, run)]
     batch = max(max(args.batch_size), min(args.eval_batch_size, len(run["evals"][0])))
-    free, total = cupy.cuda.runtime.memGetInfo()
+    free, total = free_memory()
     fit = models_that_fit(batch, free, policy)
     if args.pack_size is None and 2 <= fit < max(sizes):
         args.pack_size = fit
