@@ -162,6 +162,10 @@ class Planner:
                                              + "; ".join(f"{k} {v}" for k, v in why_not.items()))
         by_name = {e.name: e for e in engines}
         timed = op.kind in ("stage", "head")
+        lead = self.lead(op.kind) if len(engines) > 1 else None   # one engine: no other to time it against
+        if lead in by_name:   # Note [the heuristic's engine] in lenet/engines/registry.py: its first that passes
+            engines = [by_name[lead], *(e for e in engines if e.name != lead)]
+        untimed = self.policy.reproducible or lead in by_name
 
         def trial(c, best):
             try:
@@ -186,7 +190,7 @@ class Planner:
 
         key = self.key(f"{op.kind} {op.name}", {"n": n, **op.key()}, engines)
         d = self.choose(key, lambda: [c for e in engines for c in e.candidates(op, n, self)], trial,
-                        rule="first" if self.policy.reproducible else "fastest", recall=recall if timed else None,
+                        rule="first" if untimed else "fastest", recall=recall if timed else None,
                         encode=encode if timed else None, what=f"{op.kind} {op.name} at batch {n}")
         return Chosen(d.best.plan, d.best.ms, {label(t.candidate): t.ms for t in d.table}, why_not)
 
@@ -238,6 +242,13 @@ class Planner:
         if d.best.candidate == CHAIN:
             return None
         return Chosen(d.best.plan, d.best.ms, {label(t.candidate): t.ms for t in d.table}, why_not)
+
+    def lead(self, kind: str) -> str | None:
+        """The engine the heuristic takes for operations of ``kind`` on this GPU without timing the others (Note
+        [the heuristic's engine] in lenet/engines/registry.py); None: they are timed against each other."""
+        from .kernels import arch
+
+        return registry.measured_first(kind, self.policy, arch())
 
     def loss(self, head, n: int) -> Chosen:
         """The planned loss after ``head`` at batch n, for a head that leaves the loss to it (planned before

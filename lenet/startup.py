@@ -491,11 +491,12 @@ def start_gpu_driver() -> threading.Thread:
 
 # ---------------------------------------------------------------- the imports' thread
 
-def preload(engine, driver: threading.Thread | None = None) -> None:
+def preload(engine, driver: threading.Thread | None = None, policy=lambda: None) -> None:
     """In order: locate libcudnn through cuda.pathfinder and hand its path to the driver's
     thread; import CuPy and the cuBLAS and cuBLASLt bindings; once the driver's thread has the
     context, start the CUDA runtime; then call ``engine()``, which waits until the program has
-    parsed its flags and returns the engine's name. Only then import our libcudnn wrappers
+    parsed its flags and returns the engine's name (``policy()``: the flags' Policy then, where the program
+    gave one). Only then import our libcudnn wrappers
     (descriptors) and lenet.model: the flag parse imports descriptors on the main thread. Then
     record the GPU's status (require_gpu() finds it cached) and, where the engine may use the graph
     API, import its frontend, wait for cuDNN's one-time set-up on the driver's thread (Note [cuDNN's
@@ -511,7 +512,7 @@ def preload(engine, driver: threading.Thread | None = None) -> None:
     mark("preload thread: descriptors, lenet.model imported")
     up = driver is not None and gpu_status()[0]
     if uses_frontend(name):
-        _first_graph(name, up, driver)
+        _first_graph(name, up, driver, policy())
 
 
 def _preload_stack(driver: threading.Thread | None) -> None:
@@ -549,14 +550,14 @@ def _preload_stack(driver: threading.Thread | None) -> None:
             pass
 
 
-def _first_graph(name: str, up: bool, driver: threading.Thread | None) -> None:
+def _first_graph(name: str, up: bool, driver: threading.Thread | None, policy=None) -> None:
     """The frontend imported and, with a GPU up, one tiny graph built and dropped (unless no stored choice
-    of --engine auto runs cuDNN)."""
+    of --engine auto runs cuDNN, nor would its search under ``policy``)."""
     from descriptors import Handle
     from descriptors.graph import ConvGraph, available
 
-    if up and name == "auto" and not _cudnn_stored():   # before the frontend's import, which costs too
-        mark("preload thread: no first cuDNN graph (no stored choice runs cuDNN)")   # nor the frontend
+    if up and name == "auto" and not _cudnn_stored(policy):   # before the frontend's import, which costs too
+        mark("preload thread: no first cuDNN graph (no choice stored or searched runs cuDNN)")   # nor the frontend
         return
     if not available()[0]:   # imports the frontend (once: cached)
         return
@@ -569,22 +570,28 @@ def _first_graph(name: str, up: bool, driver: threading.Thread | None) -> None:
         mark("preload thread: first cuDNN graph built")
 
 
-def _cudnn_stored() -> bool:
+def _cudnn_stored(policy=None) -> bool:
     """Note [a first graph only where one runs]: the preload's first tiny graph pays the frontend's own
     first-graph costs (on top of cuDNN's set-up: Note [cuDNN's first call]; docs/performance.md)
     ahead of the model, and the main thread waits for it. A later run of --engine auto whose stored
     choices are all of our kernels and cuBLASLt (the plan cache: lenet/plancache.py) builds no graph,
     so the preload builds none where the store names no cuDNN stage. Where it is wrong (a choice not
     stored yet, whose search then times cuDNN's graphs) the first graph is built by the search, on the
-    main thread, as a run with no plan cache builds it. Where the store cannot be read: built."""
+    main thread, as a run with no plan cache builds it. Where the store cannot be read: built. Where it holds
+    no choice (a first run), built unless the search under the flags' ``policy`` takes, untimed, an engine
+    that runs no cuDNN stage on this GPU (Note [the heuristic's engine] in lenet/engines/registry.py)."""
     try:
-        from .engines import cudnn_stages
+        from .engines import cudnn_stages, registry
+        from .kernels import nvrtc
         from .plancache import stored_engines
 
         engines = stored_engines()
+        if engines is None:
+            arch = nvrtc.requested_arch() or (_gpu0[0] if _gpu0 is not None else None)
+            return policy is None or arch is None or registry.heuristic_runs_cudnn_stage("auto", policy, arch)
     except Exception:   # noqa: BLE001 (the program reads the store itself, and says what is wrong)
         return True
-    return engines is None or cudnn_stages(engines)
+    return cudnn_stages(engines)
 
 
 # Note [opening cuBLASLt without the GIL]: CuPy's import opens libcublasLt (cuda.pathfinder loads it as
@@ -687,6 +694,7 @@ class _Preload:
     def __init__(self):
         self.engine: str | None = None
         self.batches: tuple = ()   # the batch sizes the program will plan, when it knows them
+        self.policy = None         # the flags' Policy, when the program gives it
         self.engine_known = threading.Event()
         self.build = None          # (key, fn) handed by build_beside: Note [the model beside the data]
         self.built = None          # (key, what fn returned), once it returned
@@ -705,7 +713,7 @@ class _Preload:
     def _run(self) -> None:
         _importing.acquire()
         try:
-            preload(self._engine, driver=start_gpu_driver())
+            preload(self._engine, driver=start_gpu_driver(), policy=lambda: self.policy)
             if not self.last_call.is_set():
                 _let_go()   # waiting, not importing
                 try:
@@ -843,7 +851,7 @@ def starting(engine: str, batches=(), pack: bool = False, policy=None):
     of models (lenet sweep), which no whole step runs; ``policy``: the flags' (lenet.engines.Policy), whose
     rules may let no whole step run either."""
     pre = _start_preload()
-    pre.engine, pre.batches = engine, tuple(batches)
+    pre.engine, pre.batches, pre.policy = engine, tuple(batches), policy
     _start_compiles(engine, pre.batches, pack, policy)
     pre.engine_known.set()
     wait, failed = True, True

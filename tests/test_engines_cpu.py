@@ -168,6 +168,62 @@ def test_the_planners_loop_checks_times_picks_stores_and_recalls():
         _Planner().p.choose(key, cands[2:3], trial, what="the thing")
 
 
+@pytest.mark.parametrize("spec,arch,fails,bound", [
+    ("heuristic", 90, (), ["ours"]),                       # taken untimed: cuDNN's stage never bound
+    ("heuristic", 90, ("ours",), ["ours", "cudnn"]),       # ours offers none that passes: the next engine
+    ("exhaustive", 90, (), ["ours", "cudnn"]),              # every engine timed
+    ("heuristic", 80, (), ["ours", "cudnn"]),               # a generation without measured rows: timed
+    ("heuristic", 75, (), ["ours", "cudnn"]),
+])
+def test_the_heuristic_takes_the_measured_engine_without_timing_the_others(monkeypatch, spec, arch, fails, bound):
+    """Note [the heuristic's engine] in lenet/engines/registry.py: on generation 90 the heuristic plans a stage with
+    our kernels alone (cuDNN's stage is bound only where ours offers none that passes); exhaustive, and the
+    generations without measured rows, bind and time every engine's."""
+    from types import SimpleNamespace
+
+    from lenet.engines.base import PlannedOp
+    from lenet.kernels import nvrtc
+    from lenet.plan import Planner
+
+    monkeypatch.setattr(nvrtc, "_arch", lambda: arch)
+    seen = []
+
+    def bind_of(name):
+        def bind(op, n, c, planner):
+            seen.append(name)
+            if name in fails:
+                raise AlgorithmNotSupportedError(f"{name} refused")
+            planned = PlannedOp()
+            planned.engine = name
+            return planned
+        return bind
+    for name in ("ours", "cudnn"):
+        monkeypatch.setattr(BY_NAME[name], "bind", bind_of(name))
+    monkeypatch.setattr(Planner, "time_step", lambda self, op, planned: {"ours": 1.0, "cudnn": 3.0}[planned.engine])
+    planner = Planner.__new__(Planner)
+    planner.policy, planner.store, planner.decisions, planner._losses = Policy.parse(spec), None, {}, {}
+    planner.ctx = SimpleNamespace(device_id=0, captured=True, workspace=SimpleNamespace(reserve=lambda b: None))
+    chosen = planner.plan(stage(), 8)
+    assert seen == bound and chosen.engine == ("cudnn" if fails else "ours")
+    assert list(chosen.times) == [f"{e}:{'fused kernels' if e == 'ours' else 'cuDNN by parts'}"
+                                  for e in (["ours", "cudnn"] if bound == ["ours", "cudnn"] and not fails else bound[-1:])]
+
+
+def test_the_start_up_builds_no_first_graph_where_the_heuristic_runs_no_cudnn_stage():
+    """What start-up asks with no stored choice (Note [a first graph only where one runs] in lenet/startup.py):
+    on generation 90 the heuristic's first search runs our stages alone under --engine auto, unless the flags
+    keep our kernels out or ask every engine timed; on generations without measured rows it may run cuDNN's."""
+    ask = registry.heuristic_runs_cudnn_stage
+    assert not ask("auto", Policy(), 90) and not ask("auto", Policy(), 97)
+    assert registry.measured_first("stage", Policy(), 90) == "ours" == registry.measured_first("head", Policy(), 90)
+    for policy in (Policy.parse("exhaustive"), Policy(fused=False), Policy(chunk=64), Policy(deterministic=True),
+                   Policy.parse("fwd=implicit_gemm")):
+        assert ask("auto", policy, 90), policy
+    for arch in (75, 80, 86, 89, 100, 120):
+        assert ask("auto", Policy(), arch), arch
+    assert ask("graph", Policy(), 90) and ask("legacy", Policy(), 90)
+
+
 def test_no_engine_for_an_operation_is_one_line_naming_each_reason():
     from lenet.plan import Planner
 

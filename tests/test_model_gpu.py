@@ -102,6 +102,28 @@ def test_parity_engines_and_policies(torch_ref, models, n, policy, engine, fused
     check_one_step(torch_ref, model, n, what=f"n={n} {engine} {policy} {'fused' if fused else 'unfused'}")
 
 
+def test_the_heuristic_takes_the_measured_engine_untimed(models):
+    """Note [the heuristic's engine] (lenet/engines/registry.py): where this GPU's generation has measured rows (an
+    H100's or H200's), the heuristic plans the stages and the head on our kernels with no other engine timed;
+    exhaustive times cuDNN's stage and cuBLASLt's head beside them; elsewhere both time every engine."""
+    from lenet.engines import registry
+    from lenet.kernels import arch
+
+    model = models[256]
+    try:
+        for spec in ("heuristic", "exhaustive"):
+            model.set_policy(Policy.parse(spec, engine="auto"), True)
+            rows = model.describe(256)
+            stages, head = conv_rows(rows), next(r for r in rows if r["layer"] == "fc1+fc2")
+            untimed = registry.measured_first("stage", model.policy, arch()) == "ours"
+            for r in [*stages, head]:
+                engines = {k.split(":")[0] for k in r["candidates_ms"]}
+                assert r["engine"] == "ours" or not untimed, r
+                assert (engines == {"ours"}) == untimed, (spec, r)
+    finally:
+        model.set_policy(Policy(), True)
+
+
 def conv_rows(rows):
     from lenet.cli import conv_rows as f
     return f(rows)

@@ -19,7 +19,11 @@ _SEQUENCE = """
 import json, sys
 from lenet import startup
 startup.start_gpu()
-with startup.starting(sys.argv[1]):
+policy = None
+if len(sys.argv) > 2:   # the flags' policy, as python -m lenet.train hands it once parsed
+    from lenet.engines import Policy
+    policy = Policy.parse(sys.argv[2])
+with startup.starting(sys.argv[1], policy=policy):
     pass
 print(json.dumps([label for label, _ in startup.MARKS]))
 """
@@ -84,19 +88,28 @@ def test_the_plan_caches_engines_are_read_without_a_handle(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("engine,stored,graph", [("auto", (), True), ("auto", ("ours", "cudnn"), True),
-                                                 ("auto", ("ours", "cublaslt"), False), ("legacy", (), False)])
-def test_threads_run_every_phase_on_a_gpu(tmp_path, engine, stored, graph):
+@pytest.mark.parametrize("engine,stored,spec,graph", [
+    ("auto", (), None, True), ("auto", ("ours", "cudnn"), None, True), ("auto", ("ours", "cublaslt"), None, False),
+    ("legacy", (), None, False), ("auto", (), "exhaustive", True), ("auto", ("ours", "cudnn"), "heuristic", True),
+    ("auto", (), "heuristic", "the rule")])
+def test_threads_run_every_phase_on_a_gpu(tmp_path, engine, stored, spec, graph):
     """Every phase of the two threads; the first cuDNN graph under an engine that may build graphs, unless
-    the plan cache's choices name no cuDNN stage (Note [a first graph only where one runs])."""
-    out = _run(_SEQUENCE, engine, LENET_PLAN_CACHE=_plans(tmp_path, *stored))
+    the plan cache's choices name no cuDNN stage, or with none stored, unless the flags' policy lets the
+    heuristic take our stages untimed on this GPU (Note [a first graph only where one runs]; on an H100 or
+    H200, no graph: Note [the heuristic's engine])."""
+    if graph == "the rule":
+        from lenet.engines import Policy, registry
+        from lenet.kernels import arch
+
+        graph = registry.heuristic_runs_cudnn_stage(engine, Policy.parse(spec), arch())
+    out = _run(_SEQUENCE, engine, *([spec] if spec else []), LENET_PLAN_CACHE=_plans(tmp_path, *stored))
     assert out.returncode == 0 and out.stderr == "", out.stderr
     marks = json.loads(out.stdout)
     for m in ("driver thread: cuInit + primary context done", "driver thread: cuDNN's one-time set-up done",
               "preload thread: CUDA runtime started", "preload thread: descriptors, lenet.model imported"):
         assert m in marks, (m, marks)
     assert ("preload thread: first cuDNN graph built" in marks) == graph, marks
-    assert ("preload thread: no first cuDNN graph (no stored choice runs cuDNN)" in marks) == (
+    assert ("preload thread: no first cuDNN graph (no choice stored or searched runs cuDNN)" in marks) == (
         engine == "auto" and not graph), marks
     assert ("preload thread: frontend imported" in marks) == (engine == "auto" and graph), marks   # legacy: none
 
@@ -491,7 +504,7 @@ def test_the_bytecode_switch_waits_for_the_preloads_imports(monkeypatch, tmp_pat
     pre, got = startup._Preload(), []
     importing, waiting = threading.Event(), threading.Event()
 
-    def preload(engine, driver=None):   # the preload's shape: imports, the engine's wait, imports
+    def preload(engine, driver=None, policy=None):   # the preload's shape: imports, the engine's wait, imports
         importing.set()
         assert waiting.wait(10)
         got.append(engine())

@@ -4,7 +4,8 @@ filters the candidates, and how the step may run them (fusion, chunks). The flag
 
 Per direction (fwd, bwd-data, bwd-filter):
   heuristic   each engine's first-ranked candidate (cuDNN's own ranking; ours by rule), the engines
-              then timed against each other
+              then timed against each other; where this GPU's generation has measured rows, the engine
+              they name, untimed (Note [the heuristic's engine] in lenet/engines/registry.py)
   exhaustive  every candidate timed
   NAME        one fixed candidate: a descriptor-API algorithm as cuDNN names it (``implicit_gemm``,
               ``fft``, ``algo_1``...), a graph-API plan as train_step prints it (``eng18_k11=0``), or

@@ -74,6 +74,40 @@ def serving_parts(kind: str, part, policy) -> list:
     return [e for e in offering(kind) if refusal(e, None, policy) is None and e.refuses(part, policy) is None]
 
 
+# Note [the heuristic's engine]: under --algo heuristic each engine offers its first-ranked candidate, and the
+# planner used to time them against each other. On the generations where our measurements found one engine
+# fastest for a kind of operation at every batch size measured, the heuristic takes that engine's first candidate
+# that passes its check without timing the others, as cuDNN's heuristic names an algorithm without timing one;
+# the other engines, in the registry's order, only where it offers none that passes. Keyed by generation (a
+# compute capability's tens: 90 is sm_90 and sm_9x), for the code our kernels are compiled for (LENET_KERNEL_ARCH's
+# where set: an H100 running generation 75's code times the engines, as a T4 does). Measured on H100 and H200
+# (2026-11-24 to 29, bench.py, --engine legacy / graph against auto): our stages and head against cuDNN's at 1 /
+# 64 / 128 / 8192 / 65536 images 20 / 29 / 40 / 365 / 2477 us a step against 76 / 142 / 146 / 2507 / 19237, and no
+# search under auto took a cuDNN stage or cuBLASLt's head (docs/performance.md); on a first run of the fast recipe
+# the timing of cuDNN's candidates was 0.15-0.25 s of the preload's plans. --algo exhaustive still times every
+# engine's every candidate, --engine legacy|graph runs cuDNN alone, and --deterministic keeps the registry's
+# order (Note [reproducible choices] in lenet/plan.py). Other generations (75 and 80 were measured only as PTX
+# on an sm_90 GPU) keep the timing.
+MEASURED_FIRST = {90: {"stage": "ours", "head": "ours"}}
+
+
+def measured_first(kind: str, policy, arch: int) -> str | None:
+    """The engine the heuristic takes for operations of ``kind`` without timing the others, on compute capability
+    ``arch`` under ``policy`` (Note [the heuristic's engine]); None: the engines are timed against each other."""
+    if not policy.heuristic or policy.reproducible:
+        return None
+    return MEASURED_FIRST.get(int(arch) // 10 * 10, {}).get(kind)
+
+
+def heuristic_runs_cudnn_stage(flag: str, policy, arch: int) -> bool:
+    """Whether a first search under ``flag`` and ``policy`` on ``arch`` may run a stage on cuDNN (and so build
+    cuDNN's graphs): what the start-up asks before it builds its first tiny graph with no choice stored (Note [a
+    first graph only where one runs] in lenet/startup.py). False only where the heuristic takes, untimed, an
+    engine that runs no cuDNN stage and whose flags' rules let it run."""
+    lead = BY_NAME.get(measured_first("stage", policy, arch) or "")
+    return lead is None or lead.cudnn_stage or flag not in flags_of(lead) or lead.refuses_flags(policy) is not None
+
+
 def pins(name: str) -> tuple[str, ...]:
     """The policy directions an engine's own candidate name fixes (none: the name is cuDNN's, or no
     one's): what lets --algo name a candidate of ours as train_step prints it."""
@@ -139,4 +173,4 @@ def close(states: dict) -> None:
 
 __all__ = ["ENGINES", "BY_NAME", "FLAGS", "by_flag", "offering", "flags_of", "refusal", "serving", "serving_parts",
            "pins", "owner", "runs_convolutions", "flag_errors", "unavailable", "warm", "uses_frontend",
-           "cudnn_stages", "close"]
+           "cudnn_stages", "close", "MEASURED_FIRST", "measured_first", "heuristic_runs_cudnn_stage"]
