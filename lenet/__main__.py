@@ -37,7 +37,7 @@ def train_step() -> None:
     """The lenet-train-step command, started as python -m lenet.train_step is."""
     from . import startup
 
-    startup.begin()
+    startup.begin(reads=("train",))
     from .train_step import run
 
     run()

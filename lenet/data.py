@@ -9,32 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import math
 import os
-import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from . import files
+from . import files, sources
+# Re-exported where callers have long found them: the splits' files, where datasets are looked for, the cache's
+# folder and index (lenet/sources.py, which needs no NumPy).
+from .sources import (KNOWN, SPLITS, SYSTEM_DIRS, DataError, NotAFile, cache_dir, candidates,  # noqa: F401
+                      entry_path, forget, remembered, source_digest)
 
-SPLITS = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-          "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-KNOWN = ("fashion-mnist", "mnist", "kmnist", "emnist")
-SYSTEM_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)   # Debian: apt-get install dataset-fashion-mnist
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
           0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
-
-
-class DataError(ValueError):
-    """A dataset that is missing, truncated or corrupt; names the file and what is wrong."""
-
-
-class NotAFile(DataError):
-    """Something other than a regular file where a dataset's file should be."""
 
 
 # More than any IDX dataset this reads (EMNIST's largest split is ~0.6 GB): a header that
@@ -90,7 +80,8 @@ def _whole(f, shown: str) -> bytes:
     return f.read()
 
 
-def read_idx(path, *, ndim: int | None = None, data: bytes | None = None, label: str = "") -> np.ndarray:
+def read_idx(path, *, ndim: int | None = None, data: bytes | None = None, label: str = "",
+             inflated: bytes | None = None) -> np.ndarray:
     """Read one IDX file (raw or gzipped), validating magic, dims and size.
 
     Note [bounded IDX reading]: the header is read first and the data after it is read up to
@@ -98,7 +89,9 @@ def read_idx(path, *, ndim: int | None = None, data: bytes | None = None, label:
     header says is an error found after reading that much, never a memory spike. A gzip file's
     compressed bytes are read whole (a file of more than MAX_BYTES is refused first), then
     inflated as far as that (Note [inflating beside threads]). ``data``: the file's bytes, when
-    the caller read them already; ``label``: the flag that named the file (its messages name it).
+    the caller read them already; ``inflated``: a gzip file's whole inflated stream, when the caller has
+    that too (Note [the images read from the first line] in lenet/sources.py), read as its inflate would
+    give it; ``label``: the flag that named the file (its messages name it).
     """
     shown = files.show(path) if not label else f"{label} {files.show(path)}"
     f = files.open_input(path, label, "IDX file", DataError) if data is None else io.BytesIO(data)
@@ -107,7 +100,8 @@ def read_idx(path, *, ndim: int | None = None, data: bytes | None = None, label:
         gz = f.read(2) == b"\x1f\x8b"
         f.seek(0)
         try:
-            src = _Gunzip(data if data is not None else _whole(f, path)) if gz else f
+            src = (io.BytesIO(inflated) if inflated is not None else
+                   _Gunzip(data if data is not None else _whole(f, path))) if gz else f
             head = src.read(4)
             if len(head) < 4:
                 raise DataError(f"{path}: too short for an IDX header ({len(head)} bytes)")
@@ -157,98 +151,7 @@ def _file(root: Path, stem: str) -> Path:
     raise DataError(f"{files.show(root)}: no {stem} or {stem}.gz")
 
 
-def cache_dir() -> Path | None:
-    """Where inflated copies of gzipped IDX files are kept (Note [dataset cache]):
-    $LENET_DATA_CACHE, else $XDG_CACHE_HOME/lenet/data, else ~/.cache/lenet/data; None where there is no
-    cache folder (Note [cache folders] in lenet/files.py)."""
-    if os.environ.get("LENET_DATA_CACHE"):
-        return Path(os.environ["LENET_DATA_CACHE"])
-    return files.cache_path("data")
-
-
 CACHE_LIMIT_BYTES = 512 << 20   # the dataset cache keeps its most recently used entries up to this size
-INDEX_LIMIT = 64                # index.json remembers at most this many files, the most recent
-
-
-def _current(key: str, entry) -> bool:
-    """Whether an index entry still describes its file (there, the same size and modification time)."""
-    try:
-        st = os.stat(key)
-    except OSError:
-        return False
-    return isinstance(entry, dict) and entry.get("state") == [st.st_size, st.st_mtime_ns]
-
-
-def _remember(cache: Path, key: str, entry) -> None:
-    """index.json with ``key`` set (or dropped, for None), entries of files gone or changed dropped, and at
-    most INDEX_LIMIT kept, the newest (Note [dataset cache])."""
-    with _index_lock:
-        index = {k: v for k, v in _index(cache).items() if k != key and _current(k, v)}
-        if entry is not None:
-            index[key] = entry   # newest last
-        for k in list(index)[: max(0, len(index) - INDEX_LIMIT)]:
-            del index[k]
-        files.write_atomic(cache / "index.json", json.dumps(index).encode())
-
-
-def _index(cache: Path) -> dict:
-    """index.json as a dict of entries; {} where it is missing, not a regular file, or not an object."""
-    try:
-        v = files.json_of(files.read_input(cache / "index.json", limit=64 << 20).decode())
-        return v if isinstance(v, dict) else {}
-    except (OSError, ValueError):   # files.InputError is a ValueError: a pipe there is never read
-        return {}
-
-
-_index_lock = threading.Lock()   # index.json's read-modify-write, from the threads of load_splits
-
-
-def _remembered(path: Path, cache: Path | None) -> tuple[str, list, str | None]:
-    """(index key, state, the digest index.json remembers for the file as it is now, or None)."""
-    st = path.stat()
-    key, state = os.path.realpath(path), [st.st_size, st.st_mtime_ns]
-    hit = _index(cache).get(key) if cache is not None else None
-    if isinstance(hit, dict) and hit.get("state") == state and isinstance(hit.get("digest"), str):
-        return key, state, hit["digest"]
-    return key, state, None
-
-
-def source_digest(path: Path, cache: Path | None = None, data: bytes | None = None) -> str:
-    """A digest of a file's bytes (BLAKE2b, 16 bytes as hex), remembered in the cache's index.json by
-    the file's path, size and modification time so a second run does not read it again; ``data``:
-    the file's bytes, when the caller read them already."""
-    path = Path(path)
-    key, state, digest = _remembered(path, cache)
-    if digest is not None:
-        return digest
-    h = hashlib.blake2b(digest_size=16)
-    if data is not None:
-        h.update(data)
-    else:
-        with files.open_input(path, "", "IDX file", DataError) as f:   # 16 MB a read: the GIL is taken back once a block
-            for block in iter(lambda: f.read(16 << 20), b""):
-                h.update(block)
-    digest = h.hexdigest()
-    if cache is not None:   # once the checks passed (Note [nothing written before the checks] in lenet/files.py)
-        files.write_when_allowed(_remember_quietly, cache, key, {"state": state, "digest": digest})
-    return digest
-
-
-def _remember_quietly(cache: Path, key: str, entry) -> None:
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        _remember(cache, key, entry)
-    except (OSError, ValueError):
-        pass   # a cache that cannot be written costs the speed only
-
-
-def forget(path: Path, cache: Path | None) -> None:
-    """Drop ``path`` from the cache's index (a file that did not validate: nothing to remember of it)."""
-    if cache is None:
-        return
-    files.write_when_allowed(_remember_quietly, cache, os.path.realpath(path), None)
-
-
 def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None = None) -> np.ndarray:
     """read_idx, through an inflated copy in ``cache`` for a .gz file.
 
@@ -264,13 +167,15 @@ def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None
     missing, truncated or unreadable entry is read from the source again; a cache folder that
     cannot be written costs nothing but the speed. Raw IDX files are read directly."""
     path = Path(path)
+    early = sources.taken(path)   # read from the program's first line (Note [the images read from the first line])
+    given = {} if early is None else {"data": early.raw, "inflated": early.inflated}
     if cache is None or path.suffix != ".gz" or not path.is_file():
-        return read_idx(path, ndim=ndim)
-    raw, digest = None, _remembered(path, cache)[2]
+        return read_idx(path, ndim=ndim, **given)
+    raw, digest = None, remembered(path, cache)[2]
     if digest is None:   # a first read: its bytes are hashed and inflated from one read
-        raw = _gzip_bytes(path)
-        digest = source_digest(path, cache, raw)
-    entry = cache / f"{digest}-{path.name[:-3]}.npy"
+        raw = _gzip_bytes(path) if early is None else early.raw
+        digest = source_digest(path, cache, raw, None if early is None else early.digest)
+    entry = entry_path(cache, digest, path)
     try:
         if files.what_is(entry)[0] != "file":   # not there, or a pipe or a link to nothing: never read
             raise FileNotFoundError(entry)
@@ -284,7 +189,7 @@ def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None
     except (OSError, ValueError):
         pass   # not there yet, or damaged: read the source, and write it again once validated
     try:
-        a = read_idx(path, ndim=ndim, data=raw)
+        a = read_idx(path, ndim=ndim, **(given or {"data": raw}))
     except DataError:
         forget(path, cache)   # an invalid file is not remembered
         raise
@@ -381,18 +286,6 @@ def fingerprint(root, cache: Path | None = None) -> str:
         for stem in SPLITS[split]:
             h.update(source_digest(_file(Path(root), stem), cache).encode())
     return h.hexdigest()
-
-
-def candidates(data_dir=None) -> list[Path]:
-    """Where a dataset is looked for, in order."""
-    if data_dir is not None:
-        return [Path(data_dir)]
-    out = []
-    if os.environ.get("LENET_DATA"):
-        out.append(Path(os.environ["LENET_DATA"]))
-    out += [Path("data") / name for name in KNOWN]
-    out += list(SYSTEM_DIRS)
-    return out
 
 
 def _complete(root: Path) -> bool:

@@ -333,13 +333,14 @@ def prune_bytecode(folder: str, limit: int = BYTECODE_LIMIT) -> None:
         pass
 
 
-def begin(then=None) -> None:
+def begin(then=None, reads=("train", "test")) -> None:
     """What python -m lenet.train and lenet.train_step run first, before their own imports: the
-    bytecode cache (Note [bytecode cache]), then the GPU's start-up threads (start_gpu); ``then``,
-    when given, runs with the command line once the threads are going, before the compiles' imports
-    (lenet.train starts its plotting child there: Note [the plotting child's first run] in
+    bytecode cache (Note [bytecode cache]), the reads of the images of the splits ``reads`` (Note [the
+    images read from the first line] in lenet/sources.py), then the GPU's start-up threads (start_gpu);
+    ``then``, when given, runs with the command line once the threads are going, before the compiles'
+    imports (lenet.train starts its plotting child there: Note [the plotting child's first run] in
     lenet/plot.py)."""
-    from . import files, interrupt
+    from . import files, interrupt, sources
 
     interrupt.guard()   # Note [signals from the first line] in lenet/interrupt.py
     files.hold_writes()   # Note [nothing written before the checks] in lenet/files.py
@@ -351,6 +352,7 @@ def begin(then=None) -> None:
         return
     if any(a == "--gpus" or a.startswith("--gpus=") for a in args):   # lenet sweep's workers' parent: no
         return   # CUDA context of its own, its workers each start theirs (lenet/workers.py)
+    sources.read_early(args, reads)
     _start_preload()   # the driver's and the imports' threads first
     if then is not None:
         then(args)

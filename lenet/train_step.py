@@ -11,7 +11,7 @@ from __future__ import annotations
 if __name__ == "__main__":   # python -m lenet.train_step: the GPU's start-up threads begin before the imports below
     from lenet.startup import begin   # (Notes [bytecode cache], [overlapped start-up] in lenet/startup.py)
 
-    begin()
+    begin(reads=("train",))   # its training split only
 
 import json
 
