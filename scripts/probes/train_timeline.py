@@ -166,6 +166,12 @@ def child(program: str, train_args: list[str], events_path: str, profile: list[s
     plot.subprocess.__dict__.update({k: v for k, v in vars(subprocess).items() if not k.startswith("__")},
                                     Popen=traced_popen)
 
+    try:   # Note [the images read from the first line] in lenet/sources.py (a tree before them has none)
+        from lenet import sources
+
+        wrap(sources, "_read", "images read from the first line (a thread)")
+    except ImportError:
+        pass
     startup.begin(then=plot.start_early if program == "train" else None)
     if sums:
         sum_wraps(sums, totals)
