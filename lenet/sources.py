@@ -15,7 +15,9 @@ stream, where the file is still as it was read, and the IDX checks are data.read
 the file's own inflate would give it (a file of several gzip members, or one that ends in other bytes, a
 corrupt one, one larger than EARLY_LIMIT_BYTES: nothing taken, read as before). A later run, whose copy is in
 the dataset cache, reads nothing early (the index names the file's digest, the copy is there). Only regular
-files are read (a pipe is never opened for reading: O_NONBLOCK, then fstat), and nothing is written.
+files are read (a pipe is never opened for reading: O_NONBLOCK, then fstat), and nothing is written. With it
+and the heuristic's engine, the installed package's first runs of the fast recipe took 1.74 / 1.74 / 1.55 s
+against 2.04 / 1.94 s before (docs/performance.md, "Time to accuracy").
 """
 
 from __future__ import annotations
