@@ -20,8 +20,8 @@ import numpy as np
 from . import files, sources
 # Re-exported where callers have long found them: the splits' files, where datasets are looked for, the cache's
 # folder and index (lenet/sources.py, which needs no NumPy).
-from .sources import (KNOWN, SPLITS, SYSTEM_DIRS, DataError, NotAFile, cache_dir, candidates,  # noqa: F401
-                      entry_path, forget, remembered, source_digest)
+from .sources import (KNOWN, SPLITS, SYSTEM_DIRS, DataError, NotAFile, _file, cache_dir, candidates,  # noqa: F401
+                      complete, entry_path, forget, remembered, source_digest)
 
 _TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: np.dtype(">i2"), 0x0C: np.dtype(">i4"),
           0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
@@ -152,19 +152,9 @@ def idx_bytes(a: np.ndarray) -> bytes:
     return bytes([0, 0, 0x08, a.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in a.shape) + a.tobytes()
 
 
-def _file(root: Path, stem: str) -> Path:
-    for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
-        p = root / name
-        kind, words = files.what_is(p)
-        if kind == "file":
-            return p
-        if kind != "missing":   # a folder, a pipe, a link to nothing where the file should be: say what it is
-            raise NotAFile(f"{files.show(p)} is {words}, " + ("not an IDX file" if kind == "folder" else
-                                                               "not a regular file holding an IDX file"))
-    raise DataError(f"{files.show(root)}: no {stem} or {stem}.gz")
-
-
 CACHE_LIMIT_BYTES = 512 << 20   # the dataset cache keeps its most recently used entries up to this size
+
+
 def read_idx_cached(path, *, ndim: int, cache: Path | None, pending: list | None = None) -> np.ndarray:
     """read_idx, through an inflated copy in ``cache`` for a .gz file.
 
@@ -287,9 +277,12 @@ def load_splits(root, splits=("train", "test"), cache: Path | None = None, pendi
     """load_split of each of ``splits``, read at once on threads of their own (zlib and the file
     reads let go of the GIL: Fashion-MNIST's test split is read while its training images inflate);
     the first split's error is raised first, as one after the other would."""
-    with ThreadPoolExecutor(len(splits), thread_name_prefix="lenet-read") as pool:
-        futures = [pool.submit(load_split, root, s, cache, pending) for s in splits]
-        return [f.result() for f in futures]
+    try:
+        with ThreadPoolExecutor(len(splits), thread_name_prefix="lenet-read") as pool:
+            futures = [pool.submit(load_split, root, s, cache, pending) for s in splits]
+            return [f.result() for f in futures]
+    finally:
+        sources.drop_early()   # reads from the first line of files not read here (a folder guessed wrong): let go
 
 
 def fingerprint(root, cache: Path | None = None) -> str:
@@ -299,16 +292,6 @@ def fingerprint(root, cache: Path | None = None) -> str:
         for stem in SPLITS[split]:
             h.update(source_digest(_file(Path(root), stem), cache).encode())
     return h.hexdigest()
-
-
-def _complete(root: Path) -> bool:
-    try:
-        for pair in SPLITS.values():
-            for stem in pair:
-                _file(root, stem)
-        return True
-    except DataError:
-        return False
 
 
 def find_dataset(data_dir=None) -> Path | None:
@@ -325,7 +308,7 @@ def find_dataset(data_dir=None) -> Path | None:
         return None   # --data-dir '': no folder at all (not_found_message says so), never the current one
     for root in candidates(data_dir):
         try:
-            if root.is_dir() and _complete(root):
+            if root.is_dir() and complete(root):
                 return root
         except OSError:   # a name the system refuses: not a dataset (not_found_message says why)
             continue

@@ -162,7 +162,8 @@ class Planner:
                                              + "; ".join(f"{k} {v}" for k, v in why_not.items()))
         by_name = {e.name: e for e in engines}
         timed = op.kind in ("stage", "head")
-        lead = self.lead(op.kind) if len(engines) > 1 else None   # one engine: no other to time it against
+        # one engine: no other to time it against; a pack (lenet sweep): its engines were not measured against each other
+        lead = self.lead(op.kind) if len(engines) > 1 and getattr(op, "models", 1) == 1 else None
         if lead in by_name:   # Note [the heuristic's engine] in lenet/engines/registry.py: its first that passes
             engines = [by_name[lead], *(e for e in engines if e.name != lead)]
         untimed = self.policy.reproducible or lead in by_name

@@ -7,17 +7,21 @@ Note [the images read from the first line]: on a first run (the dataset cache em
 training images (26 MB of gzip, 47 MB of pixels) took 0.41-0.52 s of an H200 machine's main thread, which
 reached it 0.7 s into the run, after its imports; with the plans on the preload thread no longer the longest
 way to the first step (Note [the heuristic's engine] in lenet/engines/registry.py), the main thread was, by
-0.10-0.28 s. So ``read_early`` starts, on a thread a file, the read, digest and inflate of the images files a
-program's command line names (its --data-dir, else $LENET_DATA, else the first folder ``candidates`` lists that
-holds them) as the program starts, beside its imports: zlib and hashlib let go of the GIL for a whole call.
-Nothing is decided there: ``taken`` hands data.read_idx_cached the bytes read, their digest and the inflated
-stream, where the file is still as it was read, and the IDX checks are data.read_idx's, on the whole stream as
-the file's own inflate would give it (a file of several gzip members, or one that ends in other bytes, a
-corrupt one, one larger than EARLY_LIMIT_BYTES: nothing taken, read as before). A later run, whose copy is in
-the dataset cache, reads nothing early (the index names the file's digest, the copy is there). Only regular
-files are read (a pipe is never opened for reading: O_NONBLOCK, then fstat), and nothing is written. With it
-and the heuristic's engine, the installed package's first runs of the fast recipe took 1.74 / 1.74 / 1.55 s
-against 2.04 / 1.94 s before (docs/performance.md, "Time to accuracy").
+0.10-0.28 s. So ``read_early`` starts, on a thread a file, the read, digest and inflate of the gzipped images
+files of the dataset folder a program's command line names (its --data-dir, else $LENET_DATA, else the first
+folder ``candidates`` lists that holds a whole dataset, as data.find_dataset looks) as the program starts,
+beside its imports: zlib and hashlib let go of the GIL for a whole call. Nothing is decided there: ``taken``
+hands data.read_idx_cached the bytes read, their digest and the inflated stream where the file there is still
+the one read (its inode, size, modification and change times), and the IDX checks are data.read_idx's, on the
+whole stream as the file's own inflate would give it (a stream cut short, of several gzip members, or followed
+by other bytes, a corrupt one, one larger than EARLY_LIMIT_BYTES: nothing taken, read as before). A later run,
+whose copy is in the dataset cache, reads nothing early (the index names the file's digest, the copy is there);
+data.load_splits lets go of the reads nobody took (a folder guessed wrong). Only regular files are opened (a
+pipe or a device never is: a writer waiting on a pipe stays waiting), nothing is written, and on a machine of
+fewer than EARLY_MIN_CPUS CPUs nothing is read early (on a 2-CPU machine the reads slowed the imports: a bad
+flag's one line came 0.15-0.3 s later). With it and the heuristic's engine, the installed package's first runs
+of the fast recipe took 1.74 / 1.74 / 1.55 s against 2.04 / 1.94 s before (docs/performance.md, "Time to
+accuracy").
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ KNOWN = ("fashion-mnist", "mnist", "kmnist", "emnist")
 SYSTEM_DIRS = (Path("/usr/share/datasets/fashion-mnist"),)   # Debian: apt-get install dataset-fashion-mnist
 INDEX_LIMIT = 64                 # index.json remembers at most this many files, the most recent
 EARLY_LIMIT_BYTES = 256 << 20    # read_early inflates no file whose gzip trailer declares more
+EARLY_MIN_CPUS = 4               # ... and reads nothing on a machine of fewer CPUs
 
 
 class DataError(ValueError):
@@ -58,6 +63,31 @@ def candidates(data_dir=None) -> list[Path]:
     out += [Path("data") / name for name in KNOWN]
     out += list(SYSTEM_DIRS)
     return out
+
+
+def _file(root: Path, stem: str) -> Path:
+    """The file of ``stem`` in the dataset folder ``root``: the raw file, else the gzipped one (either name
+    form); a one-line DataError where there is none, NotAFile where something else stands there."""
+    for name in (stem, stem + ".gz", stem.replace("-idx", ".idx"), stem.replace("-idx", ".idx") + ".gz"):
+        p = root / name
+        kind, words = files.what_is(p)
+        if kind == "file":
+            return p
+        if kind != "missing":   # a folder, a pipe, a link to nothing where the file should be: say what it is
+            raise NotAFile(f"{files.show(p)} is {words}, " + ("not an IDX file" if kind == "folder" else
+                                                               "not a regular file holding an IDX file"))
+    raise DataError(f"{files.show(root)}: no {stem} or {stem}.gz")
+
+
+def complete(root: Path) -> bool:
+    """Whether the folder ``root`` holds a file of each of a dataset's four."""
+    try:
+        for pair in SPLITS.values():
+            for stem in pair:
+                _file(root, stem)
+        return True
+    except DataError:
+        return False
 
 
 # ------------------------------------------------------------------ the dataset cache's index (Note [dataset cache])
@@ -163,9 +193,9 @@ def forget(path: Path, cache: Path | None) -> None:
 # ------------------------------------------------------------------ reads from the first line
 
 class Early:
-    """One file's read begun by ``read_early``: ``done`` once it ended; then ``state`` (the file's size and
-    modification time as read), ``raw`` (its bytes), ``digest`` and ``inflated`` (its whole inflated stream),
-    or None where nothing is to be taken."""
+    """One file's read begun by ``read_early``: ``done`` once it ended; then ``state`` (the file's identity as
+    read: ``_identity``), ``raw`` (its bytes), ``digest`` and ``inflated`` (its whole inflated stream), or None
+    where nothing is to be taken."""
 
     def __init__(self):
         self.done = threading.Event()
@@ -177,8 +207,9 @@ _early: dict[str, Early] = {}   # a file's real path -> its read
 
 def read_early(args: list[str], splits=("train", "test")) -> None:
     """Note [the images read from the first line]: start reading the gzipped images files of ``splits`` in the
-    dataset folder the command line ``args`` names, each on a thread of its own."""
-    if "--synthetic" in args:   # train_step's random batches: no dataset read
+    dataset folder the command line ``args`` names, each on a thread of its own; on a machine of fewer than
+    EARLY_MIN_CPUS CPUs, none (the reads would take a CPU the imports need)."""
+    if "--synthetic" in args or _cpus() < EARLY_MIN_CPUS:   # train_step's random batches: no dataset read
         return
     try:
         root = _named_folder(args)
@@ -186,46 +217,71 @@ def read_early(args: list[str], splits=("train", "test")) -> None:
             return
         cache = cache_dir()
         for split in splits:
-            path = root / f"{SPLITS[split][0]}.gz"
+            path = _file(root, SPLITS[split][0])   # the file the program reads: a raw one is read as it is
             key = os.path.realpath(path)
-            if key in _early:
+            if path.suffix != ".gz" or key in _early:
                 continue
             _early[key] = Early()
             threading.Thread(target=_read, args=(path, cache, _early[key]), name="lenet-read-early",
                              daemon=True).start()
-    except (OSError, ValueError, TypeError):
-        return   # a folder the program's own checks will name
+    except (OSError, ValueError, TypeError):   # DataError too: a folder the program's own checks will name
+        return
+
+
+def drop_early() -> None:
+    """Let go of the reads nobody took (a folder guessed wrong): called once a program has read its data."""
+    _early.clear()
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _named_folder(args: list[str]) -> Path | None:
     """The dataset folder the program will read, as far as the command line says it plainly: the last
-    --data-dir (as argparse takes it), else $LENET_DATA, else the first of ``candidates`` that holds the
-    training images gzipped; None where that is not plain (the program finds its own, as ever)."""
+    --data-dir (as argparse takes it, abbreviations from --data on), else $LENET_DATA, else the first of
+    ``candidates`` that holds a whole dataset (as data.find_dataset looks); None where that is not plain (the
+    program finds its own, as ever)."""
     given = None
     for i, a in enumerate(args):
-        if a == "--data-dir" and i + 1 < len(args):
-            given = args[i + 1]
-        elif a.startswith("--data-dir="):
-            given = a.split("=", 1)[1]
+        name, eq, value = a.partition("=")
+        if len(name) >= len("--data") and "--data-dir".startswith(name):
+            if eq:
+                given = value
+            elif i + 1 < len(args):
+                given = args[i + 1]
     if given is not None:
         return Path(given) if given else None   # --data-dir '': no folder at all
     if os.environ.get("LENET_DATA"):
         return Path(os.environ["LENET_DATA"])
-    return next((r for r in candidates() if (r / f"{SPLITS['train'][0]}.gz").is_file()), None)
+    return next((r for r in candidates() if r.is_dir() and complete(r)), None)
+
+
+def _identity(st: os.stat_result) -> tuple:
+    """What says a file is the one read: its device, inode, size, modification and change times (a file of the
+    same size and modification time renamed into its place is another inode)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
 def _read(path: Path, cache: Path | None, early: Early) -> None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))   # a pipe: never waits
+        first = os.stat(path)
+        if not stat.S_ISREG(first.st_mode) or not 18 <= first.st_size <= EARLY_LIMIT_BYTES:
+            return   # a pipe, a device: never opened (a writer waiting on a pipe stays waiting)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))   # replaced meanwhile by a pipe: never waits
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or not 18 <= st.st_size <= EARLY_LIMIT_BYTES:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or _identity(st)[:2] != _identity(first)[:2]:
                 return
-            _, state, digest = remembered(path, cache, st)
+            os.set_blocking(fd, True)
+            _, _, digest = remembered(path, cache, st)
             if digest is not None and cache is not None and entry_path(cache, digest, path).is_file():
                 return   # a later run: the copy is mapped from the cache
             raw = f.read()
-        if len(raw) != st.st_size:
+        if not isinstance(raw, bytes) or len(raw) != st.st_size:
             return
         digest = digest if digest is not None else _digest(raw)
         if cache is not None and entry_path(cache, digest, path).is_file():
@@ -236,18 +292,18 @@ def _read(path: Path, cache: Path | None, early: Early) -> None:
         d = zlib.decompressobj(wbits=31)
         inflated = d.decompress(raw, want)
         if not d.eof or d.unused_data or d.unconsumed_tail or len(inflated) >= want:
-            return   # several members, bytes after the member, or more than its trailer says: read as before
-        early.state, early.raw, early.digest, early.inflated = state, raw, digest, inflated
-    except (OSError, ValueError, zlib.error, MemoryError):
-        early.state = early.raw = early.inflated = None
+            return   # cut short, several members, bytes after the member, more than its trailer says: as before
+        early.state, early.raw, early.digest, early.inflated = _identity(st), raw, digest, inflated
+    except Exception:   # noqa: BLE001 (nothing is taken: the program reads the file itself, and says what is wrong)
+        early.state = early.raw = early.digest = early.inflated = None
     finally:
         early.done.set()
 
 
 def taken(path: Path) -> Early | None:
-    """The read ``read_early`` began of ``path`` once it ended (waiting for it), where it read the file as the
-    file is now (its size and modification time); None where it began none, or has nothing to give. Taken
-    once: its bytes are the caller's from then on."""
+    """The read ``read_early`` began of ``path`` once it ended (waiting for it), where it read the file that is
+    there now (the same inode, size, modification and change times); None where it began none, or has nothing to
+    give. Taken once: its bytes are the caller's from then on."""
     early = _early.pop(os.path.realpath(path), None) if _early else None
     if early is None:
         return None
@@ -256,4 +312,4 @@ def taken(path: Path) -> Early | None:
         st = os.stat(path)
     except OSError:
         return None
-    return early if early.raw is not None and early.state == [st.st_size, st.st_mtime_ns] else None
+    return early if early.raw is not None and early.state == _identity(st) else None

@@ -64,7 +64,7 @@ def make_batch(args) -> tuple[np.ndarray, np.ndarray, str]:
         y = rng.integers(0, 10, n).astype(np.int32)
         return (x - 0.5) / 0.25, y, f"synthetic (seeded uniform pixels, seed {args.seed})"
     cache, pending = cli.data_cache(args), []
-    images, labels = data.load_split(root, "train", cache, pending)
+    (images, labels), = data.load_splits(root, ("train",), cache, pending)
     if pending:
         files.write_later(data.commit, pending, cache)   # Note [dataset cache] in lenet/data.py
     size = images.shape[0]

@@ -17,6 +17,7 @@ from lenet import data, sources
 @pytest.fixture(autouse=True)
 def _no_reads_left(monkeypatch, tmp_path):
     monkeypatch.setattr(sources, "_early", {})
+    monkeypatch.setattr(sources, "EARLY_MIN_CPUS", 1)   # this machine may have fewer: a test of its own below
     monkeypatch.setenv("LENET_DATA_CACHE", str(tmp_path / "cache"))   # the cache the early reads look in
 
 
@@ -68,6 +69,7 @@ def test_without_a_cache_folder_the_early_read_is_taken_too(tmp_path):
     (lambda raw: (lambda z: z[:-8] + bytes([z[-8] ^ 1]) + z[-7:])(gzip.compress(raw, mtime=0)), "corrupt gzip data"),
     (lambda raw: gzip.compress(raw + b"\0" * 100, mtime=0), "inflates beyond the size its header declares"),
     (lambda raw: gzip.compress(raw[:-100], mtime=0), "truncated"),
+    (lambda raw: gzip.compress(raw, mtime=0)[:-50], "corrupt gzip data"),   # the stream cut short
 ])
 def test_what_the_early_read_cannot_vouch_for_is_read_as_before(tmp_path, wrap, error):
     """Several members, bytes after the member, a wrong CRC, a stream longer or shorter than its header
@@ -96,32 +98,97 @@ def test_a_file_changed_after_its_early_read_is_read_again(tmp_path):
     assert np.array_equal(x, imgs)
 
 
-def test_a_pipe_where_the_images_should_be_is_never_waited_on(tmp_path):
+def test_a_file_of_the_same_size_and_time_renamed_into_place_is_read_again(tmp_path):
+    """What cp -p, rsync -t or tar leave: another file of the same size and modification time (another inode)."""
+    root, other = tmp_path / "d", tmp_path / "other"
+    root.mkdir(), other.mkdir()
+    _split(root, seed=0)
+    imgs, _ = _split(other, seed=3)
+    name = "train-images-idx3-ubyte.gz"
+    st = (root / name).stat()
+    assert (other / name).stat().st_size == st.st_size
+    os.utime(other / name, ns=(st.st_atime_ns, st.st_mtime_ns))
+    sources.read_early(["--data-dir", str(root)], ("train",))
+    assert sources._early[os.path.realpath(root / name)].done.wait(10)
+    os.replace(other / name, root / name)
+    os.replace(other / "train-labels-idx1-ubyte.gz", root / "train-labels-idx1-ubyte.gz")
+    x, _ = data.load_split(root, "train", tmp_path / "cache")
+    assert np.array_equal(x, imgs)
+
+
+def test_reads_nobody_took_are_let_go_once_the_data_is_read(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for root in (a, b):
+        _split(root), _split(root, n=7, split="test", seed=1)
+    sources.read_early(["--data-dir", str(a)])   # guessed a, the program reads b
+    assert len(sources._early) == 2
+    data.load_splits(b, ("train", "test"), tmp_path / "cache")
+    assert not sources._early
+
+
+def test_a_pipe_where_the_images_should_be_is_never_opened(tmp_path):
+    """Never waited on, and never opened: a writer blocked on the pipe stays blocked (an open for reading would
+    let it go, and close it with SIGPIPE)."""
+    import subprocess
+    import sys
+
     root = tmp_path / "d"
     root.mkdir()
     _split(root)
     images = root / "train-images-idx3-ubyte.gz"
     images.unlink()
     os.mkfifo(images)
-    t = time.monotonic()
-    sources.read_early(["--data-dir", str(root)], ("train",))
-    assert sources.taken(images) is None and time.monotonic() - t < 5
+    writer = subprocess.Popen([sys.executable, "-c", f"open({str(images)!r}, 'wb').write(b'x' * 100)"])
+    try:
+        sources.read_early(["--data-dir", str(root)], ("train",))
+        early = sources._early.get(os.path.realpath(images))
+        assert early is None or early.done.wait(5), "the read waited on the pipe"
+        time.sleep(0.3)
+        assert writer.poll() is None, "the pipe was opened: its writer was let go"
+        assert sources.taken(images) is None
+    finally:
+        writer.kill()
+        writer.wait()
     with pytest.raises(data.DataError, match="not a regular file"):
         data.load_split(root, "train", tmp_path / "cache")
+
+
+def test_nothing_is_read_early_on_a_machine_of_few_cpus(tmp_path, monkeypatch):
+    root = tmp_path / "d"
+    root.mkdir()
+    _split(root)
+    monkeypatch.setattr(sources, "EARLY_MIN_CPUS", 10 ** 6)
+    sources.read_early(["--data-dir", str(root)])
+    assert not sources._early
+
+
+def test_a_raw_file_beside_the_gzip_one_is_what_is_read(tmp_path):
+    root = tmp_path / "d"
+    root.mkdir()
+    _split(root)
+    (root / "train-images-idx3-ubyte").write_bytes(gzip.decompress((root / "train-images-idx3-ubyte.gz").read_bytes()))
+    sources.read_early(["--data-dir", str(root)], ("train",))
+    assert not sources._early   # data._file takes the raw file: nothing to inflate
 
 
 def test_the_folder_is_the_one_the_command_line_names(tmp_path, monkeypatch):
     named = sources._named_folder
     monkeypatch.delenv("LENET_DATA", raising=False)
     assert named(["--epochs", "3", "--data-dir", "a", "--data-dir=b"]) == sources.Path("b")   # the last, as argparse
+    assert named(["--data", "c"]) == sources.Path("c") == named(["--data-d=c"])   # argparse's abbreviations
+    assert named(["--dat", "c", "--data-dirs", "d"]) != sources.Path("c")   # not ours: another flag's, or none
     assert named(["--data-dir=", "--seed", "1"]) is None   # no folder at all
     monkeypatch.setenv("LENET_DATA", str(tmp_path / "env"))
     assert named([]) == tmp_path / "env" and named(["--data-dir", "x"]) == sources.Path("x")
     monkeypatch.delenv("LENET_DATA")
     monkeypatch.chdir(tmp_path)
-    assert named([]) is None or named([]).is_absolute()   # no ./data here: a system folder, or none
+    system = named([])   # no ./data here: a system folder, or none
+    assert system is None or system.is_absolute()
     (tmp_path / "data" / "mnist").mkdir(parents=True)
-    (tmp_path / "data" / "mnist" / "train-images-idx3-ubyte.gz").write_bytes(b"")
+    _split(tmp_path / "data" / "mnist")
+    assert named([]) == system   # the training split alone: no dataset
+    _split(tmp_path / "data" / "mnist", split="test")
     assert named([]) == sources.Path("data") / "mnist"
     sources.read_early(["--synthetic"])   # train_step's random batches: nothing read
     assert not sources._early

@@ -87,6 +87,22 @@ def test_the_plan_caches_engines_are_read_without_a_handle(tmp_path):
         assert stored_engines(bad) is None, text
 
 
+@pytest.mark.parametrize("stored,spec,arch,graph", [
+    (None, "heuristic", 90, False), (None, "exhaustive", 90, True), (None, None, 90, True), (None, "heuristic", 80, True),
+    (None, "heuristic", None, True), ({"ours", "cublaslt"}, "exhaustive", 90, False), ({"ours", "cudnn"}, "heuristic", 90, True),
+])
+def test_the_first_graph_is_built_where_a_search_may_run_cudnn(monkeypatch, stored, spec, arch, graph):
+    """Note [a first graph only where one runs] in lenet/startup.py, without a GPU: the stored choices decide where
+    there are some; with none, the flags' policy on the GPU's generation (none known: built)."""
+    from lenet import plancache, startup
+    from lenet.engines import Policy
+
+    monkeypatch.setattr(plancache, "stored_engines", lambda: stored)
+    monkeypatch.setattr(startup, "_gpu0", None if arch is None else (arch, 132))
+    monkeypatch.delenv("LENET_KERNEL_ARCH", raising=False)
+    assert startup._cudnn_stored(None if spec is None else Policy.parse(spec)) == graph
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("engine,stored,spec,graph", [
     ("auto", (), None, True), ("auto", ("ours", "cudnn"), None, True), ("auto", ("ours", "cublaslt"), None, False),

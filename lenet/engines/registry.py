@@ -84,7 +84,9 @@ def serving_parts(kind: str, part, policy) -> list:
 # (2026-11-24 to 29, bench.py, --engine legacy / graph against auto): our stages and head against cuDNN's at 1 /
 # 64 / 128 / 8192 / 65536 images 20 / 29 / 40 / 365 / 2477 us a step against 76 / 142 / 146 / 2507 / 19237, and no
 # search under auto took a cuDNN stage or cuBLASLt's head (docs/performance.md); on a first run of the fast recipe
-# the timing of cuDNN's candidates was 0.15-0.25 s of the preload's plans. --algo exhaustive still times every
+# the timing of cuDNN's candidates was 0.15-0.25 s of the preload's plans. For one model: a pack's engines (lenet
+# sweep) were not timed against each other, and are still timed. A choice stored by a search before (timed) is
+# recalled as every stored choice is. --algo exhaustive still times every
 # engine's every candidate, --engine legacy|graph runs cuDNN alone, and --deterministic keeps the registry's
 # order (Note [reproducible choices] in lenet/plan.py). Other generations (75 and 80 were measured only as PTX
 # on an sm_90 GPU) keep the timing.
