@@ -245,7 +245,9 @@ def add_algorithm_flags(p: argparse.ArgumentParser, flags: tuple, parse, algo: s
                         "ours: our fused stage kernels only; legacy: cuDNN's descriptor API only; graph: "
                         "cuDNN's graph API only (needs nvidia-cudnn-frontend) (default: auto)")
     g.add_argument("--algo", type=algo_spec(parse), default=algo, metavar="SPEC",
-                   help="heuristic (each engine's first-ranked candidate, timed against the others'), "
+                   help="heuristic (each engine's first-ranked candidate, timed against the others'; on an "
+                        "H100 or H200 our kernels for one model's stages and head, untimed where they pass their "
+                        "check), "
                         "exhaustive (time every candidate), one cuDNN algorithm or graph plan name for every "
                         "direction that has it (e.g. fft, implicit_gemm, eng0; the stages then run on cuDNN), "
                         f"or per direction: fwd=NAME,bwd-data=NAME,bwd-filter=NAME (default: {algo_default or algo})")
