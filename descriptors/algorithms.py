@@ -370,5 +370,6 @@ def _filter_reason(r: AlgoResult, policy: AlgoPolicy, fixed: bool = False) -> st
 
 
 __all__ = ["Direction", "AlgoPolicy", "AlgoResult", "Workspace", "free_memory", "supported_algorithms",
-           "workspace_size", "algorithm_id", "algorithm_name", "is_graph_plan_name", "check_choice", "parse_choices", "describe_policy",
-           "ALGORITHM_NAMES", "CALLS", "POLICIES", "UnknownAlgorithmError", "AlgorithmNotSupportedError"]
+           "workspace_size", "algorithm_id", "algorithm_name", "is_graph_plan_name", "check_choice",
+           "parse_choices", "describe_policy", "ALGORITHM_NAMES", "CALLS", "POLICIES", "UnknownAlgorithmError",
+           "AlgorithmNotSupportedError"]

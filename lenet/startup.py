@@ -589,8 +589,9 @@ def _cudnn_stored(policy=None) -> bool:
 
         engines = stored_engines()
         if engines is None:
-            arch = nvrtc.requested_arch() or (_gpu0[0] if _gpu0 is not None else None)
-            return policy is None or arch is None or registry.heuristic_runs_cudnn_stage("auto", policy, arch)
+            if policy is None or _gpu0 is None:
+                return True
+            return registry.heuristic_runs_cudnn_stage("auto", policy, nvrtc.kernel_arch(_gpu0[0]))
     except Exception:   # noqa: BLE001 (the program reads the store itself, and says what is wrong)
         return True
     return cudnn_stages(engines)
