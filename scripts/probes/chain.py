@@ -57,47 +57,47 @@ def patch(variant: str, module: str, text: str) -> str:
 
 
 def child(variant: str, batches: list[int], steps: int) -> None:
-    import numpy as np
-
     import lenet.kernels as K
-    from lenet.engines import Policy
     from lenet.engines.base import Check
     from lenet.engines.ours import Ours
-    from lenet.model import LeNet
-    from heuristic_rows import time_steps
 
     source = K.source
     K.source = lambda name: patch(variant, name, source(name))
     if variant != "base":
         Ours.check_stage = lambda self, *a, **k: Check(0.0, 0)
-    rng = np.random.default_rng(0)
-    for n in batches:
-        x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
-        y = rng.integers(0, 10, n).astype(np.int32)
-        model = LeNet(max_batch=n, policy=Policy(engine="ours"), cuda_graph=True)
-        ahead, waited, host = time_steps(model, x, y, steps)
-        model.close()
+    print_steps(variant, batches, steps)
+
+
+def print_steps(variant: str, batches: list[int], steps: int) -> None:
+    """A child's lines: heuristic_rows.ours_steps at each batch, one JSON line each."""
+    import numpy as np
+
+    from heuristic_rows import ours_steps
+
+    for n, ahead, waited, host in ours_steps(batches, steps):
         print(json.dumps({"variant": variant, "n": n, "ahead": ahead, "waited": float(np.median(waited)),
                           "host": host}), flush=True)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 64])
-    ap.add_argument("--variants", nargs="+", default=["base", "empty"])
+def parser(doc: str, batches: list[int], variants: list[str], repeat: int) -> argparse.ArgumentParser:
+    """The command line of a probe whose variants each run in a child (this one's and head_weights.py's)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, nargs="+", default=batches)
+    ap.add_argument("--variants", nargs="+", default=variants)
     ap.add_argument("--steps", type=int, default=500)
-    ap.add_argument("--repeat", type=int, default=1, help="runs of the variant list, one after another")
+    ap.add_argument("--repeat", type=int, default=repeat, help="runs of the variant list, one after another")
     ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        child(args.child, args.batch, args.steps)
-        return 0
-    rows = []
+    return ap
+
+
+def run_variants(script: str, args) -> None:
+    """Each variant in a process of its own (``script --child VARIANT``), with a plan cache of its own (a
+    stored choice would outlive the variant that made it), ``args.repeat`` times over the list."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, LENET_PLAN_CACHE=str(Path(tmp) / "plans.json"))
         for _ in range(args.repeat):
-            for v in args.variants:
-                r = subprocess.run([sys.executable, __file__, "--child", v, "--steps", str(args.steps), "--batch",
+            for i, v in enumerate(args.variants):
+                env = dict(os.environ, LENET_PLAN_CACHE=str(Path(tmp) / f"{i}.json"))
+                r = subprocess.run([sys.executable, script, "--child", v, "--steps", str(args.steps), "--batch",
                                     *map(str, args.batch)], env=env, capture_output=True, text=True)
                 got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
                 if r.returncode != 0 or not got:
@@ -105,8 +105,20 @@ def main() -> int:
                 for g in got:
                     print(f"n={g['n']:<5} {v:<40} back-to-back {g['ahead']:6.1f} us  waited {g['waited']:6.1f} us  "
                           f"host {g['host']:6.1f} us", flush=True)
-                rows += got
+
+
+def probe_main(script: str, doc: str, child_fn, batches: list[int], variants: list[str], repeat: int) -> int:
+    """A variant probe's main: as a child, ``child_fn(variant, batches, steps)``; else every variant's child."""
+    args = parser(doc, batches, variants, repeat).parse_args()
+    if args.child:
+        child_fn(args.child, args.batch, args.steps)
+    else:
+        run_variants(script, args)
     return 0
+
+
+def main() -> int:
+    return probe_main(__file__, __doc__, child, [1, 64], ["base", "empty"], 1)
 
 
 if __name__ == "__main__":

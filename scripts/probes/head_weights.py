@@ -17,12 +17,7 @@ Note [the weights' loads in flight] in head_weights.cu has what it measured; doc
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,14 +35,10 @@ def kernel_text(kernel: str, tree: str) -> str:
 
 
 def child(variant: str, batches: list[int], steps: int) -> None:
-    import numpy as np
-
     import lenet.kernels as K
-    from heuristic_rows import time_steps
-    from lenet.engines import Policy
+    from chain import print_steps
     from lenet.engines.context import SideStream
     from lenet.kernels import head as H
-    from lenet.model import LeNet
 
     kernel, place = variant.rsplit("/", 1)
     tree = (K.FOLDER / "head_weights.cu").read_text()
@@ -60,39 +51,14 @@ def child(variant: str, batches: list[int], steps: int) -> None:
         H.HEAD_PER = (int(place[1:]),) + H.HEAD_PER
     elif place != "side":
         raise SystemExit(f"unknown place {place!r}: side, main or rN")
-    rng = np.random.default_rng(0)
-    for n in batches:
-        x = rng.standard_normal((n, 1, 28, 28)).astype(np.float32)
-        y = rng.integers(0, 10, n).astype(np.int32)
-        model = LeNet(max_batch=n, policy=Policy(engine="ours"), cuda_graph=True)
-        ahead, _, _ = time_steps(model, x, y, steps)
-        model.close()
-        print(json.dumps({"variant": variant, "n": n, "ahead": ahead}), flush=True)
+    print_steps(variant, batches, steps)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch", type=int, nargs="+", default=[128, 150, 256])
-    ap.add_argument("--variants", nargs="+", default=["tree/side", "a16/side", "a4/side", "tree/main", "tree/r32"])
-    ap.add_argument("--steps", type=int, default=500)
-    ap.add_argument("--repeat", type=int, default=2, help="runs of the variant list, one after another")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        child(args.child, args.batch, args.steps)
-        return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.repeat):
-            for i, v in enumerate(args.variants):   # a plan cache each: a stored head shape outlives ranges
-                env = dict(os.environ, LENET_PLAN_CACHE=str(Path(tmp) / f"{i}.json"))
-                r = subprocess.run([sys.executable, __file__, "--child", v, "--steps", str(args.steps), "--batch",
-                                    *map(str, args.batch)], env=env, capture_output=True, text=True)
-                got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-                if r.returncode != 0 or not got:
-                    print(f"{v}: failed (rc {r.returncode}): {r.stderr.strip().splitlines()[-1:]}", flush=True)
-                    continue
-                print(f"{v:<24} " + "  ".join(f"n={g['n']} {g['ahead']:6.1f} us" for g in got), flush=True)
-    return 0
+    from chain import probe_main
+
+    return probe_main(__file__, __doc__, child, [128, 150, 256],
+                      ["tree/side", "a16/side", "a4/side", "tree/main", "tree/r32"], 2)
 
 
 if __name__ == "__main__":
