@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,20 +89,18 @@ def parser(doc: str, batches: list[int], variants: list[str], repeat: int) -> ar
 
 
 def run_variants(script: str, args) -> None:
-    """Each variant in a process of its own (``script --child VARIANT``), with a plan cache of its own (a
-    stored choice would outlive the variant that made it), ``args.repeat`` times over the list."""
-    with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(args.repeat):
-            for i, v in enumerate(args.variants):
-                env = dict(os.environ, LENET_PLAN_CACHE=str(Path(tmp) / f"{i}.json"))
-                r = subprocess.run([sys.executable, script, "--child", v, "--steps", str(args.steps), "--batch",
-                                    *map(str, args.batch)], env=env, capture_output=True, text=True)
-                got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
-                if r.returncode != 0 or not got:
-                    print(f"{v}: failed (rc {r.returncode}): {r.stderr.strip().splitlines()[-1:]}", flush=True)
-                for g in got:
-                    print(f"n={g['n']:<5} {v:<40} back-to-back {g['ahead']:6.1f} us  waited {g['waited']:6.1f} us  "
-                          f"host {g['host']:6.1f} us", flush=True)
+    """Each variant in a process of its own (``script --child VARIANT``), ``args.repeat`` times over the list.
+    The children's models keep no plan cache (LeNet's default), so no choice outlives its variant."""
+    for _ in range(args.repeat):
+        for v in args.variants:
+            r = subprocess.run([sys.executable, script, "--child", v, "--steps", str(args.steps), "--batch",
+                                *map(str, args.batch)], capture_output=True, text=True)
+            got = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+            if r.returncode != 0 or not got:
+                print(f"{v}: failed (rc {r.returncode}): {r.stderr.strip().splitlines()[-1:]}", flush=True)
+            for g in got:
+                print(f"n={g['n']:<5} {v:<40} back-to-back {g['ahead']:6.1f} us  waited {g['waited']:6.1f} us  "
+                      f"host {g['host']:6.1f} us", flush=True)
 
 
 def probe_main(script: str, doc: str, child_fn, batches: list[int], variants: list[str], repeat: int) -> int:

@@ -29,28 +29,35 @@ def kernel_text(kernel: str, tree: str) -> str:
     """head_weights.cu's text under KERNEL (see the docstring)."""
     if kernel == "tree":
         return tree
-    if kernel[0] == "a" and kernel[1:].isdigit():
+    if kernel[:1] == "a" and kernel[1:].isdigit() and int(kernel[1:]) >= 1:
         return tree.replace("head_weight_sums<8,", f"head_weight_sums<{int(kernel[1:])},")
+    if not Path(kernel).is_file():
+        raise SystemExit(f"kernel {kernel!r}: tree, aN (N >= 1) or a file's path")
     return Path(kernel).read_text()
 
 
 def child(variant: str, batches: list[int], steps: int) -> None:
     import lenet.kernels as K
     from chain import print_steps
-    from lenet.engines.context import SideStream
     from lenet.kernels import head as H
 
-    kernel, place = variant.rsplit("/", 1)
+    kernel, _, place = variant.rpartition("/")
     tree = (K.FOLDER / "head_weights.cu").read_text()
     text, source = kernel_text(kernel, tree), K.source
     K.source = lambda name: source(name).replace(tree, text) if name.removesuffix("__pack") == "head_weights" \
         else source(name)
-    if place == "main":   # the head's grids are 120 blocks a range; the stages' reductions are not multiples of it
-        SideStream.fits = staticmethod(lambda blocks: blocks <= K.sm_count() and blocks % 120 != 0)
-    elif place.startswith("r"):
+    if place == "main":   # only the head's weight gradients: handed a side stream that never fits
+        weights = H.HeadLaunches._weight_gradients
+
+        class Main:
+            fits = staticmethod(lambda blocks: False)
+
+        H.HeadLaunches._weight_gradients = staticmethod(
+            lambda t, n, per, ranges, part, stream, side, *rest: weights(t, n, per, ranges, part, stream, Main, *rest))
+    elif place[:1] == "r" and place[1:].isdigit() and int(place[1:]) >= 1:
         H.HEAD_PER = (int(place[1:]),) + H.HEAD_PER
     elif place != "side":
-        raise SystemExit(f"unknown place {place!r}: side, main or rN")
+        raise SystemExit(f"variant {variant!r}: KERNEL/PLACE, PLACE side, main or rN (N >= 1)")
     print_steps(variant, batches, steps)
 
 

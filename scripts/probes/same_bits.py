@@ -6,7 +6,9 @@ change meant to keep every sum's order (Note [the weights' loads in flight] in h
 
     python3 scripts/probes/same_bits.py --trees OLD_CHECKOUT .
 
-Each tree runs in a process of its own, importing that tree's package and this file's copy of the steps.
+Each tree runs in a process of its own, importing that tree's package and this file's copy of the steps. At 1
+and 8 images the plan times the whole step's kernel against the chain of kernels (lenet/steps.py), which sum
+in different orders: there two trees can differ by their timing alone.
 """
 
 from __future__ import annotations
@@ -72,10 +74,8 @@ def main() -> int:
         got = []
         for i, tree in enumerate(args.trees):
             out = str(Path(tmp) / f"{i}.npz")
-            with tempfile.TemporaryDirectory() as cache:   # each tree's own plan cache
-                env = dict(os.environ, LENET_PLAN_CACHE=str(Path(cache) / "plans.json"))
-                r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--trees", *args.trees,
-                                    "--child", out], cwd=tree, env=env, capture_output=True, text=True)
+            r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--trees", *args.trees, "--child", out],
+                               cwd=tree, capture_output=True, text=True)
             if r.returncode != 0:
                 print(f"{tree}: failed (rc {r.returncode}): {r.stderr.strip().splitlines()[-3:]}")
                 return 1
