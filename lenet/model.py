@@ -106,8 +106,7 @@ class LeNet:
         self.loss_op, self.update_op = ops.loss, ops.update
         self.sgd = self.planner.plan(self.update_op, 0)
         self.runner = Runner(self.stream, self.planner.ctx.workspace, w.save, w.restore)
-        self.plans = Plans(self.planner, ops, self.max_batch, self.plan_cache, self.sgd)
-        self._steps: dict[int, Step] = self.plans.steps
+        self.plans = Plans(self.planner, ops, self.max_batch, self.plan_cache, self.sgd, superseded=self.runner.clear)
         self.inputs = Inputs(self.buf, w.lr_dev, self.stream, self.slots, self.max_batch)
         self.evaluation = Evaluation(self.plans, self.inputs, w, self.runner, self.cuda_graph)
 
@@ -126,15 +125,13 @@ class LeNet:
         return self.policy.fused
 
     def plan(self, n: int) -> Step:
-        """Every operation planned for batch size n (made once, then cached)."""
-        step = self.plans.steps.get(n)   # every step asks: one lookup
-        if step is not None:
-            return step
-        superseded = n in self.plans.forward_steps
-        step = self.plans.plan(n)
-        if superseded:   # an evaluation's graph captured with the forward-only Step: captured again with this one
-            self.runner.clear()
-        return step
+        """Every operation planned for batch size n (made once, then cached; an evaluation's graph captured
+        with a forward-only Step of n is captured again with this one: Plans.plan)."""
+        return self.plans.plan(n)
+
+    def planned(self, n: int) -> bool:
+        """Whether batch size n is planned for training (a step of it would not search)."""
+        return self.plans.planned(n)
 
     def plan_forward(self, n: int) -> Step:
         """What an evaluation at batch size n runs: the training Step where n has one, else the operations

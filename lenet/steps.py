@@ -107,14 +107,21 @@ class Plans:
     for batch sizes 1 to ``max_batch``; choices stored in ``store`` (lenet/plancache.py) when given. A batch
     size only evaluated is planned forward only (``plan_forward``; Note [forward-only plans] in lenet/ops.py)."""
 
-    def __init__(self, planner, operations, max_batch: int, store=None, update=None):
+    def __init__(self, planner, operations, max_batch: int, store=None, update=None, superseded=None):
         self.planner, self.operations, self.max_batch, self.store = planner, operations, max_batch, store
         self.update = update   # the planned update, which a training step runs after the chain
+        self.superseded = superseded   # called when a size planned forward only is planned for training
         self.steps: dict[int, Step] = {}
         self.forward_steps: dict[int, Step] = {}   # sizes planned forward only, and not (yet) for training
 
+    def planned(self, n: int) -> bool:
+        """Whether batch size n has its training Step (``plan`` would not search)."""
+        return n in self.steps
+
     def plan(self, n: int) -> Step:
-        """Every operation planned for batch size n (made once, then kept)."""
+        """Every operation planned for batch size n (made once, then kept). Where n was planned forward only,
+        that Step is let go and ``superseded`` called: what was captured with it (an evaluation's graph) must
+        be captured again with this one."""
         step = self.steps.get(n)
         if step is not None:
             return step
@@ -122,6 +129,8 @@ class Plans:
         if self.update is not None:
             step.whole = self.planner.plan_whole(self.operations.step, n, step.chain)
         self.steps[n] = step
+        if self.forward_steps.pop(n, None) is not None and self.superseded is not None:
+            self.superseded()
         self._flush()
         return step
 
@@ -159,7 +168,7 @@ class Plans:
 
     def replan(self) -> None:
         """Every planned batch size's Step made again (under the planner's policy now), in its form."""
-        sizes, forward = list(self.steps), [n for n in self.forward_steps if n not in self.steps]
+        sizes, forward = list(self.steps), list(self.forward_steps)
         self.clear()
         for n in sizes:
             self.plan(n)

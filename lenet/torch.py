@@ -182,7 +182,7 @@ class _Engine:
         return self.model
 
     def _step(self, model, n: int):
-        if n not in model._steps and torch.cuda.is_current_stream_capturing():
+        if not model.planned(n) and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"batch size {n} is new to this module inside a CUDA graph capture: run one "
                                f"forward and backward of that size before capturing (they plan it)")
         return model.plan(n)

@@ -274,3 +274,31 @@ def test_a_step_planned_forward_only_refuses_to_train_naming_it():
             what()
     assert not ran, ran   # refused before any launch
     assert "plan the batch size for training first" in str(forward_only_error("conv1", 7))
+
+
+def test_a_size_planned_forward_only_is_let_go_when_planned_for_training_and_the_model_told_once(monkeypatch):
+    """Plans.plan (Note [forward-only plans] in lenet/ops.py): an evaluation's size planned forward only, then
+    for training, keeps one Step, the training one, and calls ``superseded`` once (the model captures its
+    evaluation's graph again); a size planned for training first calls nothing; replan keeps each size's form."""
+    from lenet.steps import Plans
+
+    made = []
+
+    def make(self, n, forward):
+        step = SimpleNamespace(n=n, forward_only=forward, chain=None)
+        made.append((n, forward))
+        return step
+    monkeypatch.setattr(Plans, "_make", make)
+    told = []
+    plans = Plans(SimpleNamespace(), SimpleNamespace(), 1000, update=None, superseded=lambda: told.append(1))
+    evaluation = plans.plan_forward(1000)
+    assert evaluation.forward_only and plans.plan_forward(1000) is evaluation and not plans.planned(1000)
+    training = plans.plan(1000)
+    assert not training.forward_only and plans.planned(1000) and told == [1]
+    assert plans.forward_steps == {} and plans.plan_forward(1000) is training and plans.plan(1000) is training
+    plans.plan(150)
+    plans.plan_forward(45)
+    assert told == [1] and made == [(1000, True), (1000, False), (150, False), (45, True)]
+    made.clear()
+    plans.replan()
+    assert sorted(made) == [(45, True), (150, False), (1000, False)] and told == [1]
