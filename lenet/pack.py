@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .data import CUTOUT_MAX, epoch_order
-from .schedule import SCHEDULES, Schedule
+from .schedule import SCHEDULES, Schedule, batch_sizes
 
 MAX_PACK = 64   # models per pack by default: the step at 128 images per model fills 132 SMs from ~16 on
 
@@ -241,10 +241,10 @@ class Pack:
         self._turn = 0
         for k, c in enumerate(configs):
             self.assign(k, c, fresh=False)
-        steps = {self.B, train.size - (self.steps - 1) * self.B}
+        _, steps, evaluated = batch_sizes(self.batch_size, train.size, eval_batch, evals.size)
         for n in steps:
             m.plan(n)   # every batch size now: the search stays out of the epochs
-        for n in {self.eval_batch, evals.size % self.eval_batch or self.eval_batch} - steps:
+        for n in evaluated:
             m.plan_forward(n)   # Note [forward-only plans] in lenet/ops.py
 
     # ---------------------------------------------------------------- slots

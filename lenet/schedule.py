@@ -1,4 +1,5 @@
-"""Learning-rate schedules, as a function of the iteration (one SGD step = one iteration)."""
+"""Learning-rate schedules, as a function of the iteration (one SGD step = one iteration), and the batch sizes a
+run of a given batch size takes over its splits."""
 
 from __future__ import annotations
 
@@ -63,3 +64,14 @@ class Schedule:
         if self.warmup > 0:
             lr = lr * np.minimum(1.0, (it + 1) / self.warmup)
         return lr
+
+
+def batch_sizes(batch: int, train_images: int, eval_batch: int, test_images: int) \
+        -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(the largest batch a run takes, every batch size it steps at, every other one it evaluates at) for
+    splits of these sizes: an epoch's batches and its last, the evaluation's and its last. A batch larger
+    than its split is the whole split (a batch size of 1,000,000 on 200 images sizes no 45 GB model)."""
+    last = train_images - (math.ceil(train_images / batch) - 1) * batch
+    steps = tuple(dict.fromkeys((min(batch, train_images), last)))
+    evals = dict.fromkeys((min(eval_batch, test_images), test_images % eval_batch or eval_batch))
+    return max(min(batch, train_images), min(eval_batch, test_images)), steps, tuple(n for n in evals if n not in steps)

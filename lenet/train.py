@@ -44,7 +44,7 @@ from . import checkpoint as ckpt
 from . import cli, data, files, interrupt, startup
 from .background import Background
 from .plot import Plotter, can_plot, take_early
-from .schedule import SCHEDULES, Schedule
+from .schedule import SCHEDULES, Schedule, batch_sizes
 
 _NEW = object()   # a setting every checkpoint records
 
@@ -596,13 +596,8 @@ class Trainer:
 
 def run_shape(args, train_images: int, test_images: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """(the model's max_batch, every batch size the run steps at, every other one it evaluates at) for splits
-    of these sizes. A batch larger than its split is the whole split: the model is sized by what a step can
-    hold (a --batch-size of 1,000,000 on 200 images is no 45 GB model)."""
-    B, E = args.batch_size, args.eval_batch_size
-    most = max(min(B, train_images), min(E, test_images))
-    last = train_images - (math.ceil(train_images / B) - 1) * B
-    steps = tuple(dict.fromkeys((min(B, train_images), last)))
-    return most, steps, tuple(n for n in dict.fromkeys((min(E, test_images), test_images % E or E)) if n not in steps)
+    of these sizes (lenet.schedule.batch_sizes of the flags)."""
+    return batch_sizes(args.batch_size, train_images, args.eval_batch_size, test_images)
 
 
 def build_model(args, policy, shape):

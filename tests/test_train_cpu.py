@@ -422,6 +422,24 @@ def test_the_run_plans_every_batch_size_it_steps_or_evaluates_at(batch, eval_bat
     assert train.run_shape(args, train_n, test_n) == want
 
 
+def test_the_batch_sizes_a_run_plans_are_its_steps_and_evaluations_each_once():
+    """lenet.schedule.batch_sizes, which a lone run (train.run_shape) and a sweep's pack (lenet.pack.Pack) plan:
+    the model's size; the epoch's batch and its last, each once; the evaluation's and its last, each once and
+    none that a step has (a batch past its split is the whole split)."""
+    import itertools
+
+    from lenet.schedule import batch_sizes
+
+    for batch, eval_batch, train_n, test_n in itertools.product((1, 7, 96, 150, 10**6), (5, 1000, 10**6),
+                                                                (40, 60000), (20, 10000)):
+        most, steps, evals = batch_sizes(batch, train_n, eval_batch, test_n)
+        B, E = min(batch, train_n), min(eval_batch, test_n)
+        assert most == max(B, E)
+        assert set(steps) == {B, train_n - (-(-train_n // B) - 1) * B} and steps[0] == B
+        assert set(evals) == {E, test_n % E or E} - set(steps)
+        assert len(set(steps)) == len(steps) and len(set(evals)) == len(evals)
+
+
 # Two runs of train.main in one process, build_model and the GPU faked: the first stops at a check after its
 # model was made beside the data (--out holds another run), the second runs with another seed.
 _TWO_RUNS = """
