@@ -3,25 +3,21 @@ source files' digests, and the reads of a first run's gzipped images begun at a 
 standard library and lenet.files only, so that python -m lenet.train can start them before its own imports
 (lenet/startup.py: begin); lenet/data.py reads, validates and caches the IDX files through these.
 
-Note [the images read from the first line]: on a first run (the dataset cache empty), inflating Fashion-MNIST's
-training images (26 MB of gzip, 47 MB of pixels) took 0.41-0.52 s of an H200 machine's main thread, which
-reached it 0.7 s into the run, after its imports; with the plans on the preload thread no longer the longest
-way to the first step (Note [the heuristic's engine] in lenet/engines/registry.py), the main thread was, by
-0.10-0.28 s. So ``read_early`` starts, on a thread a file, the read, digest and inflate of the gzipped images
-files of the dataset folder a program's command line names (its --data-dir, else $LENET_DATA, else the first
-folder ``candidates`` lists that holds a whole dataset, as data.find_dataset looks) as the program starts,
-beside its imports: zlib and hashlib let go of the GIL for a whole call. Nothing is decided there: ``taken``
-hands data.read_idx_cached the bytes read, their digest and the inflated stream where the file there is still
-the one read (its inode, size, modification and change times), and the IDX checks are data.read_idx's, on the
-whole stream as the file's own inflate would give it (a stream cut short, of several gzip members, or followed
-by other bytes, a corrupt one, one larger than EARLY_LIMIT_BYTES: nothing taken, read as before). A later run,
-whose copy is in the dataset cache, reads nothing early (the index names the file's digest, the copy is there);
-data.load_splits lets go of the reads nobody took (a folder guessed wrong). Only regular files are opened (a
-pipe or a device never is: a writer waiting on a pipe stays waiting), nothing is written, and on a machine of
-fewer than EARLY_MIN_CPUS CPUs nothing is read early (on a 2-CPU machine the reads slowed the imports: a bad
-flag's one line came 0.15-0.3 s later). With it and the heuristic's engine, the installed package's first runs
-of the fast recipe took 1.74 / 1.74 / 1.55 s against 2.04 / 1.94 s before (docs/performance.md, "Time to
-accuracy").
+Note [the images read from the first line]: on a first run (the dataset cache empty), inflating the training
+images on the main thread, after its imports, was the longest way to the first step once the plans on the preload
+thread no longer were (Note [the heuristic's engine] in lenet/engines/registry.py). So ``read_early`` starts, on a
+thread a file, the read, digest and inflate of the gzipped images files of the dataset folder a program's command
+line names (its --data-dir, else $LENET_DATA, else the first folder ``candidates`` lists that holds a whole
+dataset, as data.find_dataset looks) as the program starts, beside its imports: zlib and hashlib let go of the GIL
+for a whole call. Nothing is decided there: ``taken`` hands data.read_idx_cached the bytes read, their digest and
+the inflated stream where the file there is still the one read (its inode, size, modification and change times),
+and the IDX checks are data.read_idx's, on the whole stream as the file's own inflate would give it (a stream cut
+short, of several gzip members, or followed by other bytes, a corrupt one, one larger than EARLY_LIMIT_BYTES:
+nothing taken, read as before). A later run, whose copy is in the dataset cache, reads nothing early (the index
+names the file's digest, the copy is there); data.load_splits lets go of the reads nobody took (a folder guessed
+wrong). Only regular files are opened (a pipe or a device never is: a writer waiting on a pipe stays waiting),
+nothing is written, and on a machine of fewer than EARLY_MIN_CPUS CPUs nothing is read early (there the reads
+slowed the imports: a bad flag's one line came later). The measurements: docs/performance.md, "Notes' numbers".
 """
 
 from __future__ import annotations
@@ -158,8 +154,8 @@ def source_digest(path: Path, cache: Path | None = None, data: bytes | None = No
     key, state, known = remembered(path, cache)
     if known is not None:
         return known
-    if digest is None:
-        digest = _digest(data) if data is not None else None
+    if digest is None and data is not None:
+        digest = _digest(data)
     if digest is None:
         h = hashlib.blake2b(digest_size=16)
         with files.open_input(path, "", "IDX file", DataError) as f:   # 16 MB a read: the GIL is taken back once a block

@@ -80,16 +80,12 @@ def serving_parts(kind: str, part, policy) -> list:
 # that passes its check without timing the others, as cuDNN's heuristic names an algorithm without timing one;
 # the other engines, in the registry's order, only where it offers none that passes. Keyed by generation (a
 # compute capability's tens: 90 is sm_90 and sm_9x), for the code our kernels are compiled for (LENET_KERNEL_ARCH's
-# where set: an H100 running generation 75's code times the engines, as a T4 does). Measured on H100 and H200
-# (2026-11-24 to 29, bench.py, --engine legacy / graph against auto): our stages and head against cuDNN's at 1 /
-# 64 / 128 / 8192 / 65536 images 20 / 29 / 40 / 365 / 2477 us a step against 76 / 142 / 146 / 2507 / 19237, and no
-# search under auto took a cuDNN stage or cuBLASLt's head (docs/performance.md); on a first run of the fast recipe
-# the timing of cuDNN's candidates was 0.15-0.25 s of the preload's plans. For one model: a pack's engines (lenet
-# sweep) were not timed against each other, and are still timed. A choice stored by a search before (timed) is
-# recalled as every stored choice is. --algo exhaustive still times every
-# engine's every candidate, --engine legacy|graph runs cuDNN alone, and --deterministic keeps the registry's
-# order (Note [reproducible choices] in lenet/plan.py). Other generations (75 and 80 were measured only as PTX
-# on an sm_90 GPU) keep the timing.
+# where set: an H100 running generation 75's code times the engines, as a T4 does). For one model only: a pack's
+# engines (lenet sweep) were never timed against each other, and are still timed. A choice stored by a search
+# before (timed) is recalled as every stored choice is. --algo exhaustive still times every engine's every
+# candidate, --engine legacy|graph runs cuDNN alone, and --deterministic keeps the registry's order (Note
+# [reproducible choices] in lenet/plan.py). Other generations (75 and 80 were measured only as PTX on an sm_90 GPU)
+# keep the timing. The measurements: docs/performance.md, "Notes' numbers".
 MEASURED_FIRST = {90: {"stage": "ours", "head": "ours"}}
 
 

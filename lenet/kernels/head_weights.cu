@@ -39,14 +39,12 @@ __device__ __forceinline__ int head_weight_sums(int n, int n1, const float* __re
 // flight]). Writes row s of `part` (width floats, the flat layout; a grid with one range is handed the
 // gradient buffer itself).
 //
-// Note [the weights' loads in flight]: below 257 images a model's head sums one range (150 images a block
-// at the fast recipe's batch), and the kernel waits on its loads: with four images' loads in flight and the
-// second sums after dW1's in a pass of their own, it took 20 us at 150 images (ncu, warm caches), stalled
-// on loads (long scoreboard) 6.9 cycles an instruction issued, and the update waited for it. Now the same
-// sums to the bit, in one pass, eight images' loads issued before the first is used (sixteen: more
-// registers, slower steps). Warp 0's lanes that have no second sum load valid addresses and drop the sum:
-// the branch stays per warp. A predicated form (any count of images, rotated starts) issued 6x the
-// instructions and was slower. Measured: docs/kernels.md, "head_weights.cu".
+// Note [the weights' loads in flight]: below 257 images a model's head sums one range, so each thread's sum
+// runs over every image of the batch and the kernel's time is its loads' latency; the update waits for it.
+// Eight images' loads are issued before the first is used, and warp 0's second sums ride in the same pass;
+// each sum keeps its image order (the same sums to the bit). Warp 0's lanes that have no second sum load valid
+// addresses and drop the sum: the branch stays per warp. Measured, and the forms that lost: docs/kernels.md,
+// "head_weights.cu".
 extern "C" __global__ void __launch_bounds__(H_THREADS)
 head_weights_kernel(const float* __restrict__ p2, const float* __restrict__ h1, const float* __restrict__ dh1,
                     const float* __restrict__ dlogits, float* __restrict__ part, int width, int off_b1, int off_w2,
