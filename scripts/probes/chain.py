@@ -8,10 +8,12 @@ LeNet of ``--engine ours`` under the heuristic:
                       (launches, programmatic-launch hand-offs, the side stream's join)
     empty:MODULE      that module's kernels return right after griddep_entry() (its share of the chain)
     empty:MODULE:K    only kernel K of that module
+    FILE=PATH         the package's FILE.cu (a module's own file or one it uses) replaced by PATH's text
+                      in every module that compiles it: a kernel's new form timed beside the old
     A+B               both (empty:head_split+empty:head_weights: the head's share of the step)
 
-The step's numbers are wrong in every variant but base (the check against cuDNN is switched off, the
-plan cache is a temporary file): only its time means anything. Each variant runs in a process of its own
+The step's numbers are wrong in every empty variant (the check against cuDNN is switched off there; a FILE
+variant keeps it, so a wrong kernel is refused as in a real plan). Each variant runs in a process of its own
 (the kernel cache keys binaries by source, so each variant compiles once).
 
     python3 scripts/probes/chain.py --batch 1 64 --variants base empty empty:head_split
@@ -40,6 +42,11 @@ def patch(variant: str, module: str, text: str) -> str:
             text = patch(v, module, text)
         return text
     base = module.removesuffix("__pack")
+    if "=" in variant:
+        name, path = variant.split("=", 1)
+        from lenet.kernels import FOLDER
+
+        return text.replace((FOLDER / f"{name}.cu").read_text(), Path(path).read_text())
     if variant == "empty":
         return text.replace(CALL, EMPTY)
     if variant.startswith("empty:"):
@@ -59,9 +66,13 @@ def child(variant: str, batches: list[int], steps: int) -> None:
     from lenet.engines.base import Check
     from lenet.engines.ours import Ours
 
+    for v in variant.split("+"):
+        name, eq, path = v.partition("=")
+        if eq and not ((K.FOLDER / f"{name}.cu").is_file() and Path(path).is_file()):
+            raise SystemExit(f"variant {v!r}: FILE=PATH needs lenet/kernels/FILE.cu and PATH to be files")
     source = K.source
     K.source = lambda name: patch(variant, name, source(name))
-    if variant != "base":
+    if "empty" in variant:   # an emptied kernel's outputs are wrong: only its time means anything
         Ours.check_stage = lambda self, *a, **k: Check(0.0, 0)
     print_steps(variant, batches, steps)
 
@@ -72,9 +83,9 @@ def print_steps(variant: str, batches: list[int], steps: int) -> None:
 
     from heuristic_rows import ours_steps
 
-    for n, ahead, waited, host in ours_steps(batches, steps):
+    for n, ahead, waited, host, plan in ours_steps(batches, steps):
         print(json.dumps({"variant": variant, "n": n, "ahead": ahead, "waited": float(np.median(waited)),
-                          "host": host}), flush=True)
+                          "host": host, "plan": plan}), flush=True)
 
 
 def parser(doc: str, batches: list[int], variants: list[str], repeat: int) -> argparse.ArgumentParser:
@@ -91,6 +102,7 @@ def parser(doc: str, batches: list[int], variants: list[str], repeat: int) -> ar
 def run_variants(script: str, args) -> None:
     """Each variant in a process of its own (``script --child VARIANT``), ``args.repeat`` times over the list.
     The children's models keep no plan cache (LeNet's default), so no choice outlives its variant."""
+    plans = {}   # a batch's first plan is printed, and a later variant's where it differs
     for _ in range(args.repeat):
         for v in args.variants:
             r = subprocess.run([sys.executable, script, "--child", v, "--steps", str(args.steps), "--batch",
@@ -101,6 +113,9 @@ def run_variants(script: str, args) -> None:
             for g in got:
                 print(f"n={g['n']:<5} {v:<40} back-to-back {g['ahead']:6.1f} us  waited {g['waited']:6.1f} us  "
                       f"host {g['host']:6.1f} us", flush=True)
+                if g["n"] not in plans or plans[g["n"]] != g["plan"]:
+                    print(f"      its plan: {g['plan']}", flush=True)
+                plans.setdefault(g["n"], g["plan"])
 
 
 def probe_main(script: str, doc: str, child_fn, batches: list[int], variants: list[str], repeat: int) -> int:

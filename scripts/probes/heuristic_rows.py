@@ -53,8 +53,8 @@ def time_steps(model, x, y, steps: int) -> tuple[float, list[float], float]:
 
 
 def ours_steps(batches, steps: int):
-    """For each batch n: (n, and time_steps' three numbers) of a fresh LeNet of ``--engine ours`` under the
-    heuristic, on random images (seed 0), closed after."""
+    """For each batch n: (n, time_steps' three numbers, and the plan: each operation's engine and kernel or
+    plan) of a fresh LeNet of ``--engine ours`` under the heuristic, on random images (seed 0), closed after."""
     import numpy as np
 
     from lenet.engines import Policy
@@ -66,7 +66,9 @@ def ours_steps(batches, steps: int):
         y = rng.integers(0, 10, n).astype(np.int32)
         model = LeNet(max_batch=n, policy=Policy(engine="ours"), cuda_graph=True)
         try:
-            yield (n, *time_steps(model, x, y, steps))
+            timed = time_steps(model, x, y, steps)
+            plan = "; ".join(f"{r['layer']}: {r['engine']} {r['algo']}" for r in model.describe(n))
+            yield (n, *timed, plan)
         finally:
             model.close()
 
