@@ -34,6 +34,7 @@ if compgen -G ".whl/*.whl" >/dev/null && [ -z "${GPU_CHECK_WHEELS_IN:-}" ]; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
+nproc > "$out/cpus.txt"   # the CPUs this part may use (a spread's worker: its share)
 
 part=${1:-all}
 test_rc=0 prog_rc=0 san_rc=0
@@ -42,7 +43,10 @@ test_rc=0 prog_rc=0 san_rc=0
 # (a part's checkout check sees only its own files) with the wheels installed once, here. Prints each part's
 # summary line, then one line for the whole. Run one by one on four H100s (2026-11-28), the parts took about
 # 2,400 GPU-seconds in all, the longest under 300 s: about ten minutes on four GPUs, where one GPU needs 40.
-# (The queue has run on two stand-in GPUs without a GPU, tests/test_gpu_check_cpu.py; not yet on four.)
+# (The queue runs on two stand-in GPUs without a GPU, tests/test_gpu_check_cpu.py. On four H200s, 2026-11-29,
+# each part took a thread a CPU of the machine's 64 and the four ran two to five times slower than one GPU runs
+# them alone: in 330 s tests-model had passed 55 of its 89 tests, tests-parity 3 of 4. The workers are pinned
+# since, below; not yet run so on four GPUs.)
 # GPU_CHECK_SLOTS=N: N workers a GPU (default 1). Each part then runs on a GPU that other processes share, as a
 # user's may be: each stream's work waits its turn there, so a read on one stream of what another has not
 # finished shows. Timing-driven choices (the planner's) see each other's work; the checks judge results, never
@@ -70,8 +74,15 @@ if [ "$part" = spread ]; then
         grep -E "^($(echo $GPU_CHECK_PARTS | tr ' ' '|'))\|" "$queue" > "$queue.some" && mv "$queue.some" "$queue"
     fi
     parts=$(cut -d'|' -f1 "$queue" | tr '\n' ' ')   # what this run's summary counts (not older runs' folders)
+    # Each worker on CPUs of its own (taskset): NumPy's BLAS and PyTorch's CPU threads count the CPUs a
+    # process may use, so unpinned parts each start a thread a CPU of the machine and wait on each other.
+    # Worker w takes the w-th share of the CPUs this script may use; fewer CPUs than workers: no pinning.
+    cpu_share() { python3 -c "import os, sys; c = sorted(os.sched_getaffinity(0)); k = len(c) // $2
+print(','.join(map(str, c[$1 * k:($1 + 1) * k])))"; }
     worker() {   # worker w runs on GPU w mod gpus
-        local w=$1 g=$(( $1 % gpus )) line name args
+        local w=$1 g=$(( $1 % gpus )) line name args pin=() share
+        share=$(cpu_share "$w" $((gpus * slots)))
+        [ -n "$share" ] && command -v taskset > /dev/null && pin=(taskset -c "$share")
         while line=$(flock "$queue.lock" sh -c 'head -1 "$0"; sed -i 1d "$0"' "$queue") && [ -n "$line" ]; do
             name=${line%%|*} args=${line#*|}
             rm -rf "$work/g$w"; mkdir "$work/g$w"
@@ -79,7 +90,7 @@ if [ "$part" = spread ]; then
             # pytest empties its --basetemp at start: a worker's own, after any the caller's PYTEST_ADDOPTS names
             (cd "$work/g$w" && CUDA_VISIBLE_DEVICES=$g GPU_CHECK_WHEELS_IN=1 PYTEST_ARGS="$args" OUT="$out/$name" \
                 PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --basetemp=$work/t$w" \
-                bash scripts/gpu_check.sh "$([ "${name#tests-}" = "$name" ] && echo "$name" || echo tests)" \
+                "${pin[@]}" bash scripts/gpu_check.sh "$([ "${name#tests-}" = "$name" ] && echo "$name" || echo tests)" \
                 > "$out/$name.txt" 2>&1)
         done
         rm -rf "$work/g$w"

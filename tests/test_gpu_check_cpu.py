@@ -53,6 +53,11 @@ def test_spread_runs_each_part_once_and_adds_their_counts(tmp_path):
     assert f"{sums[0]} passed, {sums[1]} failed, {sums[2]} skipped, {sums[3]} errors" in whole, whole
     assert sum(sums) > 200, sums   # every GPU test was collected by some part (and none ran: no GPU here)
     assert not list((tmp_path / "out").glob("*/.git")), "a copy of the checkout was left in the logs"
+    # each worker on its share of the CPUs (two workers: half each), where NumPy's and PyTorch's threads count
+    cpus = len(os.sched_getaffinity(0))
+    shares = {p.parent.name: int(p.read_text()) for p in (tmp_path / "out").glob("*/cpus.txt")}
+    assert sorted(shares) == sorted(PARTS), sorted(shares)
+    assert set(shares.values()) == {cpus // 2 if cpus >= 2 else cpus}, (cpus, shares)
 
 
 def test_a_part_it_does_not_have_is_one_line_and_runs_nothing(tmp_path):
