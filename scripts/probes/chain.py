@@ -8,6 +8,9 @@ LeNet of ``--engine ours`` under the heuristic:
                       (launches, programmatic-launch hand-offs, the side stream's join)
     empty:MODULE      that module's kernels return right after griddep_entry() (its share of the chain)
     empty:MODULE:K    only kernel K of that module
+    late, late:MODULE[:K]  the kernels' entry waits for the kernel before without letting the next one be
+                      scheduled first (griddepcontrol.launch_dependents dropped): the next kernel's blocks start
+                      as this one's end, not resident beside it while it runs (sm_90 only)
     FILE=PATH         the package's FILE.cu (a module's own file or one it uses) replaced by PATH's text
                       in every module that compiles it: a kernel's new form timed beside the old
     A+B               both (empty:head_split+empty:head_weights: the head's share of the step)
@@ -33,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CALL = "griddep_entry();"
 EMPTY = "{ griddep_entry(); return; }"
+LATE = 'asm volatile("griddepcontrol.wait;" ::: "memory");'   # no early trigger: the next kernel starts at the end
+ENTRIES = {"empty": EMPTY, "late": LATE}
 
 
 def patch(variant: str, module: str, text: str) -> str:
@@ -47,18 +52,15 @@ def patch(variant: str, module: str, text: str) -> str:
         from lenet.kernels import FOLDER
 
         return text.replace((FOLDER / f"{name}.cu").read_text(), Path(path).read_text())
-    if variant == "empty":
-        return text.replace(CALL, EMPTY)
-    if variant.startswith("empty:"):
-        parts = variant.split(":")
-        if parts[1] != base:
-            return text
-        if len(parts) == 2:
-            return text.replace(CALL, EMPTY)
-        at = text.index(parts[2] + "(")
-        i = text.index(CALL, at)
-        return text[:i] + EMPTY + text[i + len(CALL):]
-    return text
+    parts = variant.split(":")
+    if parts[0] not in ENTRIES or (len(parts) > 1 and parts[1] != base):
+        return text
+    entry = ENTRIES[parts[0]]
+    if len(parts) <= 2:
+        return text.replace(CALL, entry)
+    at = text.index(parts[2] + "(")
+    i = text.index(CALL, at)
+    return text[:i] + entry + text[i + len(CALL):]
 
 
 def child(variant: str, batches: list[int], steps: int) -> None:
