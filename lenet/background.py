@@ -1,6 +1,6 @@
 """Writing files off the training loop's critical path: one worker thread, jobs in order.
 
-Note [background writes]: a checkpoint (fsync of the file and its folder) and a matplotlib
+Note [background writes]: a checkpoint (fsync of the file and its folder) and a (then matplotlib)
 plot take tens to hundreds of milliseconds; written after every epoch on the loop's thread
 they cost more than an epoch of LeNet on a fast GPU. The loop now takes the host copy of the
 state (a device-to-host copy of ~250 KB, which must see the step's results) and hands the

@@ -31,13 +31,13 @@ _children_lock = threading.RLock()   # held while a leftover and the process wri
 _left_on_signal = threading.Event()   # a signal's discard_temporaries began: no child starts after it
 
 
-# Note [a child started as a signal came]: the plotting child is started with a temporary folder of the run's
-# own (Note [matplotlib's first import aside] in lenet/plot.py), and a signal is handled on its own thread
-# (lenet/interrupt.py) at any moment: one between the child's fork and its Popen's return found no process to
-# end, and the child, in a session of its own, imported matplotlib into the folder after it was removed (16 of
-# 120 runs interrupted 35-60 ms in left one in TMPDIR). So the folder, its record and the child are made while
-# ``_children_lock`` is held (``starting_child``), which a discard takes before it ends the children; and once a
-# signal's discard began, a thread that would start a child waits for the process's end instead.
+# Note [a child started as a signal came]: a signal is handled on its own thread (lenet/interrupt.py) at any
+# moment, and one between a child's fork and its Popen's return found no process to end: the plotting child,
+# in a session of its own, when it drew with matplotlib, then made its font list in the run's temporary folder
+# after that was removed (16 of 120 runs interrupted 35-60 ms in left one in TMPDIR). So a leftover, its record
+# and the process writing into it are made while ``_children_lock`` is held (``starting_child``), which a
+# discard takes before it ends the children; and once a signal's discard began, a thread that would start a
+# child (the plotting child too, which makes no folder now) waits for the process's end instead.
 @contextlib.contextmanager
 def starting_child():
     """Hold while making a leftover and starting the process that writes into it (Note [a child started as a
@@ -179,22 +179,18 @@ def library_caches() -> None:
     cache, ~/.cupy/kernel_cache or $CUPY_CACHE_DIR, made as it is imported: an import that fails where it
     cannot), the CUDA driver and NVRTC (their compute cache, ~/.nv/ComputeCache or $CUDA_CACHE_PATH, made
     on the GPU as kernels are compiled: HOME that did not exist was made, with .nv in it, on the GPU
-    machine) and matplotlib in the plotting child (its font cache, in $XDG_CACHE_HOME/matplotlib or
-    ~/.cache/matplotlib, or $MPLCONFIGDIR: HOME=/nonexistent made /nonexistent/.cache, a relative
-    XDG_CACHE_HOME a folder in the current one). Each keeps its own where that may be made (Note [cache
-    folders]); else <cache_root()>/<library>; else a folder of this run's own, removed when it ends.
+    machine). Each keeps its own where that may be made (Note [cache folders]); else
+    <cache_root()>/<library>; else a folder of this run's own, removed when it ends. (The plotting child
+    draws with Pillow, which keeps no cache: Note [charts on Pillow] in lenet/chart.py.)
     Called by every program before CuPy's import and the driver's start (lenet/startup.py,
     lenet.cli.run); our programs compile no kernel through CuPy's cache."""
     home = os.environ.get("HOME") or ""
-    xdg = os.environ.get("XDG_CACHE_HOME") or ""
     usable_home = os.path.isabs(home) and os.path.isdir(home)
     if not os.environ.get("CUDA_CACHE_DISABLE"):
         _keep_or_own("CUDA_CACHE_PATH", os.path.join(home, ".nv", "ComputeCache") if usable_home else "",
                      "nv-compute-cache")
     _keep_or_own("CUPY_CACHE_DIR", os.path.join(home, ".cupy", "kernel_cache") if usable_home else "", "cupy")
     _cupy_cache_aside()
-    _keep_or_own("MPLCONFIGDIR", os.path.join(xdg, "matplotlib") if os.path.isabs(xdg) else
-                 os.path.join(home, ".cache", "matplotlib") if usable_home and not xdg else "", "matplotlib")
 
 
 # Note [CuPy's cache folder after the checks]: CuPy 14 makes its kernel cache folder as it is imported (its
@@ -522,7 +518,7 @@ def _fsync_dir(folder: Path) -> None:
 _writes: list[threading.Thread] = []   # started by write_later, joined by wait_for_writes
 
 # Note [nothing written before the checks]: a program writes nothing of its own accord (a cache's entry, a
-# cache folder, the bytecode Python keeps for it, a study in --storage, CuPy's and matplotlib's folders)
+# cache folder, the bytecode Python keeps for it, a study in --storage, CuPy's folder)
 # before every check that needs no GPU has passed: a flag error, a bad dataset or an output in the way leaves
 # the user's HOME, TMPDIR and storage as they were. A program's start (``hold_writes``, lenet.startup.begin and
 # lenet.cli.run) holds such writes back; ``checks_passed``, which each program calls once its last check that

@@ -373,7 +373,7 @@ class Outputs:
         line, out = json.dumps(rec), self.out
         self.writer.submit(f"metrics {rec['epoch']}", lambda: files.append_line(out / "metrics.jsonl", line))
         self.written.add("metrics.jsonl")
-        if self.plotter is not None:   # every epoch, written at most every PLOT_SECONDS (Note [the last drawing])
+        if self.plotter is not None:   # every epoch, written at most every PLOT_SECONDS and at the end
             write = last or time.perf_counter() - self.last_plot >= PLOT_SECONDS
             self.plotter.draw(history, epochs=epochs, write=write)
             if write:
@@ -387,7 +387,7 @@ class Outputs:
             self.writer.close()
             self.clock["writing"] += time.perf_counter() - t
         if self.plotter is None:
-            return " (curves.png skipped: matplotlib is not installed)" if self.out else None
+            return " (curves.png skipped: Pillow 10.1 or later is not installed)" if self.out else None
         t = time.perf_counter()
         err = self.plotter.close()
         self.clock["writing"] += time.perf_counter() - t
@@ -653,11 +653,11 @@ def build_beside(args, policy) -> None:
 
 
 def start_plotter(args) -> Plotter | None:
-    """The plotting child for --out, started before the start-up so that matplotlib's import and
-    its first figure are done by the time the last epoch asks for a drawing (started when the loop
-    began, it kept a fast run waiting at its end: docs/model.md, "The plotting child"). The one lenet.startup.begin started before the imports when it saw --out (Note [the
-    plotting child's first run] in lenet/plot.py), else one started now. It draws nothing until
-    asked, and leaves when this process does, whatever happens before the loop."""
+    """The plotting child for --out, started before the start-up so that its interpreter and imports are
+    done by the time the last epoch asks for a drawing (started when the loop began, it kept a fast run
+    waiting at its end: docs/model.md, "The plotting child"). The one lenet.startup.begin started before the
+    imports when it saw --out (Note [the plotting child's first run] in lenet/plot.py), else one started now.
+    It draws nothing until asked, and leaves when this process does, whatever happens before the loop."""
     early = take_early()
     if not (args.out and can_plot()):
         if early is not None:
@@ -665,7 +665,6 @@ def start_plotter(args) -> Plotter | None:
         return None
     plotter = early or Plotter()
     plotter.path = Path(args.out) / "curves.png"
-    files.after_checks(plotter.ready)   # Note [the child's import once the checks passed] in lenet/plot.py
     return plotter
 
 

@@ -430,7 +430,7 @@ def test_the_data_caches_index_a_pipe_is_never_read(work, tmp_path):
 def test_a_flag_error_in_a_fresh_home_writes_nothing_anywhere(work, program):
     code, lines, err, made, _ = lenet(work, *program)
     one_line(code, lines, err)
-    assert not made, made   # no ~/.config/matplotlib, ~/.cupy/kernel_cache, ~/.cache/lenet/bytecode, no file in TMPDIR
+    assert not made, made   # no ~/.cupy/kernel_cache, ~/.cache/lenet/bytecode, no file in TMPDIR
 
 
 def test_names_in_messages_are_escaped_on_one_line():

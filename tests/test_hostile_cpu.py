@@ -163,7 +163,7 @@ _CACHES = """
 import json, os
 from lenet import files
 files.library_caches()
-print(json.dumps({k: os.environ.get(k) for k in ("CUDA_CACHE_PATH", "CUPY_CACHE_DIR", "MPLCONFIGDIR")}))
+print(json.dumps({k: os.environ.get(k) for k in ("CUDA_CACHE_PATH", "CUPY_CACHE_DIR")}))
 """
 
 
@@ -175,7 +175,7 @@ def test_the_cuda_compute_cache_goes_where_it_can_be_made(tmp_path, case):
         home.mkdir()
     env = {"HOME": "/proc" if case == "HOME=/proc" else str(home), "XDG_CACHE_HOME": None,
            "CUDA_CACHE_PATH": {"theirs": str(tmp_path / "nv"), "theirs unwritable": "/proc/nv"}.get(case),
-           "CUDA_CACHE_DISABLE": "1" if case == "disabled" else None, "CUPY_CACHE_DIR": None, "MPLCONFIGDIR": None}
+           "CUDA_CACHE_DISABLE": "1" if case == "disabled" else None, "CUPY_CACHE_DIR": None}
     out = subprocess.run([sys.executable, "-c", _CACHES], env=_env(**env), capture_output=True, text=True,
                          timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr

@@ -246,7 +246,7 @@ def test_interrupted_write_leaves_the_old_file_and_no_temporary(tmp_path, monkey
 # Top-level modules the programs import, and the distribution that provides each.
 PROVIDES = {"numpy": "numpy", "cupy": "cupy-cuda13x", "cupy_backends": "cupy-cuda13x", "cuda": "cuda-python",
             "nvmath": "nvmath-python", "cudnn": "nvidia-cudnn-frontend", "tqdm": "tqdm",
-            "matplotlib": "matplotlib", "safetensors": "safetensors", "PIL": "pillow"}
+            "safetensors": "safetensors", "PIL": "pillow"}
 
 
 def test_the_first_install_has_every_module_the_programs_import():

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -140,13 +139,13 @@ def test_export_safetensors_loads_in_torch(tmp_path):
 
 
 def test_plotter_draws_in_a_child(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("PIL")
     from lenet.plot import Plotter
 
     history = [{"epoch": e, "train_loss": 1 / e, "test_loss": 1 / e + 0.1, "test_accuracy": 0.8 + e / 100}
                for e in range(1, 4)]
     ready = Plotter(tmp_path / "ready.png")
-    ready.draw(history[:2], epochs=3, write=False)   # made ready, not written (Note [the last drawing])
+    ready.draw(history[:2], epochs=3, write=False)   # the records only, not written
     assert ready.close() is None and not (tmp_path / "ready.png").exists()
     p = Plotter(tmp_path / "curves.png")
     p.draw(history[:2], epochs=3, write=False)
@@ -174,88 +173,15 @@ def test_plotter_draws_in_a_child(tmp_path):
     assert unused._proc.wait(10) is not None
 
 
-def test_the_plotting_child_imports_matplotlib_once_told_the_checks_passed(tmp_path, monkeypatch):
-    """Note [the child's import once the checks passed] in lenet/plot.py: where matplotlib's import would write
-    (no font list yet), the child waits; told ``ready`` it imports and makes its figure before any drawing is
-    asked for (matplotlib's font list appears), then draws as before; a closed child's ready does not raise."""
-    pytest.importorskip("matplotlib")
-    import time
-
-    from lenet.plot import Plotter
-
-    config = tmp_path / "mpl"
-    monkeypatch.setenv("MPLCONFIGDIR", str(config))
-    p = Plotter(tmp_path / "curves.png")
-    time.sleep(1.0)
-    assert not config.exists(), "the child imported matplotlib before it was told the checks passed"
-    p.ready()
-    deadline = time.monotonic() + 90
-    while not list(config.glob("fontlist-v*.json")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert list(config.glob("fontlist-v*.json")), "told ready, the child did not import matplotlib"
-    p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
-    assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    p.ready()   # after close: nothing, no error
-
-
-def test_a_first_runs_child_imports_matplotlib_aside_and_keeps_its_font_list_once_ready(tmp_path, monkeypatch):
-    """Note [matplotlib's first import aside] in lenet/plot.py: in a fresh HOME the child imports matplotlib at
-    once, its folders pointed at the trainer's temporary one, writing nothing of the user's; told ``ready`` it
-    writes the font list into matplotlib's cache folder and makes its configuration folder; the temporary one
-    goes with the child. A child whose trainer ends before its checks passed is ended and leaves nothing."""
-    pytest.importorskip("matplotlib")
-    import time
-
-    from lenet import files
-    from lenet.plot import Plotter
-
-    home, tmp = tmp_path / "home", tmp_path / "tmp"
-    home.mkdir()
-    tmp.mkdir()
-    for var in ("MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-
-    def aside_font_lists():
-        return list(tmp.glob("lenet-matplotlib-*/fontlist-v*.json"))
-
-    def wait_for(cond, what):
-        deadline = time.monotonic() + 90
-        while not cond() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert cond(), what
-
-    p = Plotter(tmp_path / "curves.png")
-    wait_for(aside_font_lists, "the child did not import matplotlib aside before the checks passed")
-    assert not list(home.rglob("*")), "the child wrote into HOME before the checks passed"
-    p.ready()
-    cache, config = home / ".cache" / "matplotlib", home / ".config" / "matplotlib"
-    wait_for(lambda: list(cache.glob("fontlist-v*.json")) and config.is_dir(),
-             "told ready, the child did not keep the font list in matplotlib's folders")
-    p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
-    assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not list(tmp.iterdir()), "the temporary folder outlived its child"
-
-    fresh = tmp_path / "fresh"   # a trainer whose checks fail: the program leaves (cli.leave) without a ready
-    fresh.mkdir()
-    monkeypatch.setenv("HOME", str(fresh))
-    q = Plotter(tmp_path / "never.png")
-    assert list(tmp.iterdir()), "no temporary folder for a first import"
-    files.discard_temporaries()
-    assert q._proc.wait(10) is not None, "the child was not ended before its folder was removed"
-    assert not list(tmp.iterdir()) and not list(fresh.rglob("*")), "a child never told ready left files"
-
-
-def test_the_plotting_child_reads_matplotlibs_own_bytecode(tmp_path, monkeypatch):
+def test_the_plotting_child_reads_pillows_own_bytecode(tmp_path, monkeypatch):
     """Note [the plotting child's bytecode] in lenet/plot.py: where Python writes no bytecode and our bytecode
-    folder exists, a child whose matplotlib was installed with its own bytecode keeps none of ours (our folder
-    gets no matplotlib module); a package without bytecode of its own is told apart from one with it."""
-    pytest.importorskip("matplotlib")
+    folder exists, a child whose Pillow was installed with its own bytecode keeps none of ours (our folder
+    gets no PIL module); a package without bytecode of its own is told apart from one with it."""
+    pytest.importorskip("PIL")
     from lenet import plot
 
-    if not plot._site_bytecode("matplotlib"):
-        pytest.skip("this matplotlib has no bytecode of its own")
+    if not plot._site_bytecode("PIL"):
+        pytest.skip("this Pillow has no bytecode of its own")
     pkg = tmp_path / "pkgs" / "bare"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("X = 1\n")
@@ -270,42 +196,83 @@ def test_the_plotting_child_reads_matplotlibs_own_bytecode(tmp_path, monkeypatch
     ours.mkdir(parents=True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
     p = plot.Plotter(tmp_path / "curves.png")
-    p.ready()
     p.draw([{"epoch": 1, "train_loss": 1.0, "test_loss": 1.1, "test_accuracy": 0.8}], epochs=2)
     assert p.close() is None and (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    kept = [f for f in ours.rglob("*.pyc") if "matplotlib" in f.parts]
-    assert not kept, f"the child compiled matplotlib into our folder: {kept[:3]}"
+    kept = [f for f in ours.rglob("*.pyc") if "PIL" in f.parts]
+    assert not kept, f"the child compiled Pillow into our folder: {kept[:3]}"
 
 
-def test_a_drawing_over_its_static_layer_has_a_full_drawings_pixels():
-    """Note [the last drawing] in lenet/plot.py: the lines and spines drawn over the kept static layer
-    give the pixels a whole new drawing (savefig) gives, whether the layer was ready (limits
-    unchanged) or made again (the accuracy crossed a tick), and the x axis follows the run's epochs."""
-    pytest.importorskip("matplotlib")
+def _pixels(png: bytes):
     from PIL import Image
 
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(int)
+
+
+def _near(pixels, rgb, tol=40):
+    """Where a pixel is within ``tol`` of the colour ``rgb`` (each channel)."""
+    return (np.abs(pixels - np.array(rgb)) <= tol).all(axis=-1)
+
+
+def test_the_curves_figure_draws_each_curve_in_its_panel():
+    """lenet/chart.py through Curves: 1000 x 400 pixels, the losses' two colours in the left panel only and the
+    accuracy's in the right only, the x axis the run's epochs; a diverged run (inf and NaN losses) and a
+    history of one epoch draw too, the points that are not finite left out."""
+    pytest.importorskip("PIL")
+    from lenet import chart
     from lenet.plot import Curves
 
     history = [{"epoch": e, "train_loss": 1 / e ** 0.3, "test_loss": 1.1 / e ** 0.3, "test_accuracy": 0.8 + e / 150}
-               for e in range(1, 17)]
+               for e in range(1, 9)]
+    px = _pixels(Curves().png(history, 16))
+    assert px.shape == (400, 1000, 3)
+    left, right = px[:, :500], px[:, 500:]
+    for colour, panel, other in (("C0", left, right), ("C1", left, right), ("C2", right, left)):
+        assert _near(panel, chart.COLORS[colour]).sum() > 200, colour
+        assert _near(other, chart.COLORS[colour]).sum() == 0, colour
+    # the run's 16 epochs fix the x axis: eight epochs reach about halfway across the left panel
+    cols = np.nonzero(_near(left, chart.COLORS["C0"]).any(axis=0))[0]
+    assert 0.45 < (cols.max() - 70) / (480 - 70) < 0.6, cols.max()
 
-    def pixels(png):
-        return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))
+    diverged = [dict(h) for h in history]
+    diverged[5]["train_loss"], diverged[6]["train_loss"], diverged[7]["test_loss"] = float("inf"), float("nan"), 1e30
+    assert _pixels(Curves().png(diverged, 16)).shape == (400, 1000, 3)
+    one = _pixels(Curves().png(history[:1]))
+    assert _near(one, chart.COLORS["C2"]).sum() > 20   # a marker, no line
 
-    curves = Curves()
-    for n, ready in ((15, True), (16, True), (9, False)):   # 9 after 16: the limits shrink, a new layer
-        curves.prepare(history[:n - 1] if ready else history[:3], 16)
-        before = curves.static
-        got = curves.png(history[:n], 16)
-        assert (curves.static is before) == (curves.static[0] == before[0])
-        whole = Curves()
-        whole._set(history[:n], 16)
-        buf = io.BytesIO()
-        whole.fig.savefig(buf, format="png", dpi=100)
-        assert np.array_equal(pixels(got), pixels(buf.getvalue())), n
-        assert whole.axes[0].get_xlim() == (0.5, 16.5)
+
+def test_ticks_are_round_steps_that_span_the_range():
+    from lenet.chart import label, ticks
+
+    assert ticks(0.43, 1.1) == [0.4, 0.6, 0.8, 1.0, 1.2]
+    assert ticks(80.6, 90.7) == [80.0, 82.5, 85.0, 87.5, 90.0, 92.5]
+    assert ticks(0.5, 16.5, integer=True) == [0, 5, 10, 15, 20]
+    assert ticks(0.5, 2.5, integer=True) == [0, 1, 2, 3]
+    assert ticks(3.0, 3.0) == ticks(2.85, 3.15)   # one value: widened around it
+    for lo, hi in ((0.0, 1e-7), (-3.2, 7.9), (1e6, 1e6 + 3), (91.2, 91.9)):
+        t = ticks(lo, hi)
+        steps = {round(b - a, 12) for a, b in zip(t, t[1:])}
+        assert t[0] <= lo and t[-1] >= hi and len(t) <= 6 and len(steps) == 1, (lo, hi, t)
+    assert [label(v, 2.5) for v in (80.0, 82.5)] == ["80.0", "82.5"]
+    assert [label(v, 0.25) for v in (0.5, 0.75)] == ["0.50", "0.75"] and label(10.0, 5.0) == "10"
+    assert label(2e30, 1e30) == "2e+30" and label(3e-6, 1e-6) == "3e-06"
+    with pytest.raises(ValueError, match="not finite"):
+        ticks(0.0, float("inf"))
+
+
+def test_a_sweeps_figure_draws_the_best_over_the_rest():
+    pytest.importorskip("PIL")
+    from lenet import chart
+    from lenet.plot import sweep_png
+
+    curves = [{"label": f"seed {k}", "accuracy": [0.8 + 0.01 * e + 0.002 * k for e in range(8)], "best": k == 3}
+              for k in range(5)]
+    px = _pixels(sweep_png(curves, "validation"))
+    assert px.shape == (500, 800, 3)
+    inside = px[55:400, 85:770]   # the panel, above its legend: no text
+    assert _near(inside, chart.COLORS["C3"], 30).sum() > 300 and _near(inside, chart.COLORS["gray"], 40).sum() > 300
+    assert _near(_pixels(sweep_png([dict(c, best=False) for c in curves], "test")), chart.COLORS["C3"], 30).sum() == 0
+    assert _pixels(sweep_png([], "test")).shape == (500, 800, 3)
 
 
 def test_the_plotting_child_reads_what_waits_at_once():
@@ -326,7 +293,7 @@ def test_train_starts_its_plotting_child_before_its_imports(tmp_path):
     """python -m lenet.train with --out starts the plotting child in lenet.startup.begin, before the
     flags are parsed, and the run takes that child (Note [the plotting child's first run]); without
     --out none is started."""
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("PIL")
     code = ("from lenet import plot, startup; startup.begin(then=plot.start_early); p = plot.take_early(); "
             "print(type(p).__name__, p is not None and p.path is None); p and p.discard()")
     for argv, want in ((["--out", str(tmp_path / "o")], "Plotter True"), ([f"--out={tmp_path / 'o'}"], "Plotter True"),
@@ -380,9 +347,9 @@ time.sleep(10)
 
 def test_a_signal_as_the_plotting_child_starts_leaves_no_child_and_no_folder(tmp_path):
     """Note [a child started as a signal came] in lenet/files.py: a SIGINT handled while the plotting child's
-    Popen has not returned ends the child and removes its temporary folder (Note [matplotlib's first import
-    aside]); the child, in a session of its own, had lived on and made the folder again."""
-    pytest.importorskip("matplotlib")
+    Popen has not returned leaves no child running and nothing written in TMPDIR or HOME (the child, in a
+    session of its own, had lived on and made its folder again, when it drew with matplotlib)."""
+    pytest.importorskip("PIL")
     import time
 
     home, tmp = tmp_path / "home", tmp_path / "tmp"
@@ -393,7 +360,7 @@ def test_a_signal_as_the_plotting_child_starts_leaves_no_child_and_no_folder(tmp
                        timeout=60, cwd=ROOT, env={**env, "HOME": str(home), "TMPDIR": str(tmp)})
     assert p.returncode == 130 and "interrupted by SIGINT" in p.stderr, (p.returncode, p.stderr)
     child = int(p.stdout.split()[0])
-    time.sleep(2.0)   # what a child still running would have written by now (matplotlib's import: about 1 s)
+    time.sleep(2.0)   # what a child still running would have written by now
     try:
         os.kill(child, 0)
         alive = not open(f"/proc/{child}/stat").read().split()[2] == "Z"

@@ -242,8 +242,9 @@ def compiled(folder: Path, epoch_start: float) -> list:
 
 
 def plot_child(events_path: str) -> None:
-    """python -m lenet.plot, its phases timed: matplotlib's import, the font list kept, each batch of asks
-    read, each figure made and drawn; written to ``events_path`` on the trainer's clock (PROBE_EPOCH)."""
+    """python -m lenet.plot, its phases timed: each batch of asks read, each figure drawn (and, on an older
+    tree, matplotlib's import, the font list kept, the figure made); written to ``events_path`` on the
+    trainer's clock (PROBE_EPOCH)."""
     t_base = float(os.environ.pop("PROBE_EPOCH"))
     events = [("plot child: interpreter start to probe", 0.0, 0.0)]
     first = time.time() - t_base
@@ -278,6 +279,12 @@ def plot_child(events_path: str) -> None:
             yield got
     plot._asks = timed_asks
     plot.child_start()   # as python -m lenet.plot does
+    if (ROOT / "lenet" / "chart.py").exists():   # what main imports first (Note [charts on Pillow])
+        t0 = at()
+        import importlib
+
+        importlib.import_module("lenet.chart")
+        events.append(("plot child: import lenet.chart (Pillow)", t0, at()))
     try:
         code = plot.main([])
     finally:

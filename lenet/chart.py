@@ -1,0 +1,178 @@
+"""Line charts drawn with Pillow: the training curves (lenet/plot.py's Curves) and a sweep's figure.
+
+Note [charts on Pillow]: the plotting child (Note [plotting in a child] in lenet/plot.py) drew with
+matplotlib, whose import and first figure took 0.47-0.61 s on a 2-CPU machine and 0.84 s in a warm run's child
+on an H200 machine, begun at 0.19 s: that run's end waited 0.27 s for it (docs/performance.md, "Time to
+accuracy"). A first run's child made matplotlib's font list too (0.9-1.25 s on a fresh machine), in a folder
+of the trainer's until the checks passed, and each drawing was split into a kept static layer and the lines
+so that the last one came soon enough. Pillow, which lenet predict reads images with, imports in 0.025 s and
+draws a whole figure of this kind, PNG included, in about 0.04 s (the same machine): nothing is kept between
+drawings and nothing but the file is written. The figure is drawn at SCALE times its size and reduced
+(Lanczos), which smooths lines and text.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+from PIL import Image, ImageDraw, ImageFont
+
+SCALE = 2
+COLORS = {"C0": (31, 119, 180), "C1": (255, 127, 14), "C2": (44, 160, 44), "C3": (214, 39, 40),
+          "gray": (160, 160, 160)}   # matplotlib's first four and a grey
+GRID = (232, 232, 232)
+INK = (34, 34, 34)
+STEPS = (1.0, 2.0, 2.5, 5.0, 10.0)   # a tick step is one of these times a power of ten
+
+
+def ticks(lo: float, hi: float, nbins: int = 5, integer: bool = False) -> list[float]:
+    """The values of at most ``nbins`` + 1 evenly spaced ticks whose first is at or under ``lo`` and last at or
+    over ``hi``, their step the smallest of STEPS times a power of ten that makes that few (whole numbers
+    only with ``integer``). An empty or reversed range is widened around ``lo``."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"ticks of a range that is not finite: {lo} .. {hi}")
+    if hi <= lo:
+        pad = max(abs(lo) * 0.05, 1.0 if integer else 1e-3)
+        lo, hi = lo - pad, hi + pad
+    raw = (hi - lo) / nbins
+    power = 10.0 ** math.floor(math.log10(raw))
+    for step in [s * power for s in STEPS] + [10.0 * s * power for s in STEPS]:
+        if integer and (step < 1 or step != int(step)):
+            continue
+        first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+        if last - first <= nbins:
+            return [round(k * step, 12) for k in range(first, last + 1)]
+    raise AssertionError("unreachable: the last step spans the range in one")
+
+
+def label(value: float, step: float) -> str:
+    """A tick's text: as many decimals as the step needs (0.25 two, 0.5 one, 5 none); three significant
+    digits with an exponent where that would run long (a diverged run's losses)."""
+    if abs(value) >= 1e6 or 0 < abs(step) < 1e-4:
+        return f"{value:.3g}"
+    decimals = 0
+    while decimals < 8 and abs(step * 10 ** decimals - round(step * 10 ** decimals)) > 1e-6:
+        decimals += 1
+    return f"{value:.{decimals}f}"
+
+
+def _font(size: float):
+    """Pillow's own scalable font at ``size`` pixels (Pillow 10.1 or later: lenet.plot.can_plot)."""
+    return ImageFont.load_default(size=size)
+
+
+class Axes:
+    """A panel of the figure: a data range mapped onto a box of pixels, its lines clipped to the box."""
+
+    def __init__(self, fig: "Figure", box: tuple, x: tuple, y: tuple):
+        self.fig, self.box, self.x, self.y = fig, box, x, y
+        self.layer = Image.new("RGBA", fig.image.size, (255, 255, 255, 0))   # the lines, cropped to the box
+        self.draw = ImageDraw.Draw(self.layer)
+
+    def at(self, x: float, y: float) -> tuple[float, float]:
+        (l, t, r, b), (x0, x1), (y0, y1) = self.box, self.x, self.y
+        return l + (x - x0) / (x1 - x0) * (r - l), b - (y - y0) / (y1 - y0) * (b - t)
+
+    def line(self, xs, ys, color, width: float = 1.5, marker: float = 0.0) -> None:
+        """A line through the points with finite coordinates (a gap at any other), with round markers of
+        radius ``marker`` pixels."""
+        s = SCALE
+        run: list[tuple[float, float]] = []
+        for x, y in list(zip(xs, ys)) + [(math.nan, math.nan)]:
+            if math.isfinite(x) and math.isfinite(y):
+                run.append(self.at(x, y))
+                continue
+            if len(run) > 1:
+                self.draw.line(run, fill=color, width=max(1, round(width * s)), joint="curve")
+            for px, py in run if marker else ():
+                m = marker * s
+                self.draw.ellipse([px - m, py - m, px + m, py + m], fill=color)
+            run = []
+
+
+class Figure:
+    """A white figure of ``size`` pixels with an optional title; ``axes`` adds a panel, ``png`` draws it."""
+
+    def __init__(self, size: tuple[int, int], title: str | None = None):
+        self.size = size
+        self.image = Image.new("RGB", (size[0] * SCALE, size[1] * SCALE), "white")
+        self.draw = ImageDraw.Draw(self.image)
+        self.font, self.title_font = _font(11 * SCALE), _font(13 * SCALE)
+        self.panels: list[Axes] = []
+        if title:
+            self.text((self.image.width / 2, 8 * SCALE), title, self.title_font, anchor="mt")
+
+    def text(self, at, text: str, font=None, anchor: str = "la", fill=INK) -> None:
+        self.draw.text(at, text, fill=fill, font=font or self.font, anchor=anchor)
+
+    def axes(self, box: tuple, x: tuple, y: tuple, xlabel: str, ylabel: str, x_integer: bool = False,
+             nbins: int = 5) -> Axes:
+        """A panel in ``box`` (left, top, right, bottom as fractions of the figure, from its top-left corner)
+        showing ``x`` and ``y`` (data ranges, each widened to its outer ticks), with a grid at the ticks,
+        the axes' labels and a frame. Returns it for its lines."""
+        w, h = self.image.size
+        px = (box[0] * w, box[1] * h, box[2] * w, box[3] * h)
+        xt, yt = ticks(*x, nbins, x_integer), ticks(*y, nbins)
+        xr = (min(x[0], xt[0]), max(x[1], xt[-1])) if not x_integer else x
+        xt = [v for v in xt if xr[0] <= v <= xr[1]]
+        ax = Axes(self, px, xr, (yt[0], yt[-1]))
+        l, t, r, b = px
+        s, tick = SCALE, 4 * SCALE
+        for v in xt:
+            gx, _ = ax.at(v, yt[0])
+            self.draw.line([(gx, t), (gx, b)], fill=GRID, width=s)
+            self.draw.line([(gx, b), (gx, b + tick)], fill=INK, width=s)
+            self.text((gx, b + tick + 2 * s), label(v, xt[1] - xt[0] if len(xt) > 1 else 1.0), anchor="mt")
+        for v in yt:
+            _, gy = ax.at(xr[0], v)
+            self.draw.line([(l, gy), (r, gy)], fill=GRID, width=s)
+            self.draw.line([(l - tick, gy), (l, gy)], fill=INK, width=s)
+            self.text((l - tick - 3 * s, gy), label(v, yt[1] - yt[0]), anchor="rm")
+        self.text(((l + r) / 2, b + tick + 17 * s), xlabel, anchor="mt")
+        widest = max(self.draw.textlength(label(v, yt[1] - yt[0]), font=self.font) for v in yt)
+        self._vertical(ylabel, l - tick - 8 * s - widest, (t + b) / 2)
+        self.panels.append(ax)
+        return ax
+
+    def _vertical(self, text: str, right: float, middle: float) -> None:
+        """``text`` turned a quarter to the left, its right edge at ``right``, centred on ``middle``."""
+        box = self.draw.textbbox((0, 0), text, font=self.font)
+        im = Image.new("RGBA", (box[2] - box[0] + 2, box[3] - box[1] + 2), (255, 255, 255, 0))
+        ImageDraw.Draw(im).text((-box[0] + 1, -box[1] + 1), text, fill=INK, font=self.font)
+        im = im.rotate(90, expand=True)
+        self.image.paste(im, (round(right - im.width), round(middle - im.height / 2)), im)
+
+    def legend(self, ax: Axes, entries: list[tuple[str, tuple]], where: str = "above") -> None:
+        """A row of (label, colour) samples: ``above`` the panel's left corner, or ``inside`` its lower right."""
+        s = SCALE
+        widths = [22 * s + self.draw.textlength(text, font=self.font) + 12 * s for text, _ in entries]
+        l, t, r, b = ax.box
+        x, y = (l, t - 10 * s) if where == "above" else (r - sum(widths) - 6 * s, b - 12 * s)
+        for (text, color), width in zip(entries, widths):
+            self.draw.line([(x, y), (x + 18 * s, y)], fill=color, width=round(1.5 * s))
+            self.draw.ellipse([x + 9 * s - 3 * s, y - 3 * s, x + 9 * s + 3 * s, y + 3 * s], fill=color)
+            self.text((x + 22 * s, y), text, anchor="lm")
+            x += width
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes: each panel's lines over its grid, cropped to its box, then its frame."""
+        for ax in self.panels:
+            box = tuple(round(v) for v in ax.box)
+            self.image.paste(ax.layer.crop(box), box[:2], ax.layer.crop(box))
+            self.draw.rectangle(box, outline=INK, width=SCALE)
+        small = self.image.resize(self.size, Image.LANCZOS)
+        buf = io.BytesIO()
+        small.save(buf, format="png", compress_level=1)   # 6 (the default) doubles the encoding
+        return buf.getvalue()
+
+
+def data_range(values, lo: float | None = None, hi: float | None = None) -> tuple[float, float]:
+    """The finite values' smallest and largest (0 .. 1 where there is none), clamped to ``lo`` / ``hi``."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(v)]
+    a, b = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    if lo is not None:
+        a, b = max(a, lo), max(b, lo)
+    if hi is not None:
+        a, b = min(a, hi), min(b, hi)
+    return a, b
