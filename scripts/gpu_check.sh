@@ -19,6 +19,8 @@
 # Wheels in .whl/ (packages the machine lacks, e.g. nvmath-python) are installed to /tmp/site.
 # The GPU machine lacks nvmath-python, nvidia-cudnn-frontend (1.28.0) and the sweep extra: Optuna with alembic, colorlog,
 # mako, markupsafe, pyyaml and sqlalchemy (cp312 wheels); without the latter the sweep's GPU tests skip, which fails.
+# A Pillow wheel (10.1 or later: the plot's scalable font, lenet/chart.py) goes with them wherever the machine's
+# own Pillow may be older: without one that can plot, a run writes no curves.png and the tests that read it fail.
 set -u -o pipefail
 case "${1:-all}" in   # a part not named here would run nothing and pass
     all|tests|programs|racecheck|synccheck|initcheck|sanitizers|packs|packs-racecheck|packs-synccheck|packs-initcheck|arch|spread) ;;
