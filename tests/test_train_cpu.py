@@ -139,14 +139,14 @@ def test_export_safetensors_loads_in_torch(tmp_path):
 
 
 def test_plotter_draws_in_a_child(tmp_path):
-    pytest.importorskip("PIL")
+    pytest.importorskip("PIL", minversion="10.1")
     from lenet.plot import Plotter
 
     history = [{"epoch": e, "train_loss": 1 / e, "test_loss": 1 / e + 0.1, "test_accuracy": 0.8 + e / 100}
                for e in range(1, 4)]
-    ready = Plotter(tmp_path / "ready.png")
-    ready.draw(history[:2], epochs=3, write=False)   # the records only, not written
-    assert ready.close() is None and not (tmp_path / "ready.png").exists()
+    unwritten = Plotter(tmp_path / "unwritten.png")
+    unwritten.draw(history[:2], epochs=3, write=False)   # the records only, not written
+    assert unwritten.close() is None and not (tmp_path / "unwritten.png").exists()
     p = Plotter(tmp_path / "curves.png")
     p.draw(history[:2], epochs=3, write=False)
     p.draw(history, epochs=3)   # sends the third record only
@@ -173,11 +173,27 @@ def test_plotter_draws_in_a_child(tmp_path):
     assert unused._proc.wait(10) is not None
 
 
+def test_a_pillow_older_than_10_1_cannot_plot(tmp_path):
+    """lenet.plot.can_plot reads Pillow's version from its dist-info folder's name (release candidates and local
+    versions too): before 10.1 (no scalable font for lenet/chart.py) a run writes no curves.png, saying so."""
+    (tmp_path / "PIL").mkdir()
+    (tmp_path / "PIL" / "__init__.py").write_text("")
+    code = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from lenet.plot import can_plot; print(can_plot())"
+    for name, want in (("Pillow-9.5.0", "False"), ("pillow-10.0.1", "False"), ("pillow-10.1.0", "True"),
+                       ("pillow-10.1rc1", "True"), ("pillow-13.0.0+local", "True")):
+        info = tmp_path / f"{name}.dist-info"
+        info.mkdir()
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, PYTHONPATH=str(ROOT)))
+        info.rmdir()
+        assert out.stdout.strip() == want, (name, out.stdout, out.stderr)
+
+
 def test_the_plotting_child_reads_pillows_own_bytecode(tmp_path, monkeypatch):
     """Note [the plotting child's bytecode] in lenet/plot.py: where Python writes no bytecode and our bytecode
     folder exists, a child whose Pillow was installed with its own bytecode keeps none of ours (our folder
     gets no PIL module); a package without bytecode of its own is told apart from one with it."""
-    pytest.importorskip("PIL")
+    pytest.importorskip("PIL", minversion="10.1")
     from lenet import plot
 
     if not plot._site_bytecode("PIL"):
@@ -218,7 +234,7 @@ def test_the_curves_figure_draws_each_curve_in_its_panel():
     """lenet/chart.py through Curves: 1000 x 400 pixels, the losses' two colours in the left panel only and the
     accuracy's in the right only, the x axis the run's epochs; a diverged run (inf and NaN losses) and a
     history of one epoch draw too, the points that are not finite left out."""
-    pytest.importorskip("PIL")
+    pytest.importorskip("PIL", minversion="10.1")
     from lenet import chart
     from lenet.plot import Curves
 
@@ -239,6 +255,17 @@ def test_the_curves_figure_draws_each_curve_in_its_panel():
     assert _pixels(Curves().png(diverged, 16)).shape == (400, 1000, 3)
     one = _pixels(Curves().png(history[:1]))
     assert _near(one, chart.COLORS["C2"]).sum() > 20   # a marker, no line
+    # the first and last accuracies drawn whole where they fall on ticks (80 .. 85: the frame cut them in half
+    # with no margin)
+    on_ticks = [dict(h, test_accuracy=0.80 + 0.05 * (h["epoch"] - 1) / 7) for h in history]
+    acc = _near(_pixels(Curves().png(on_ticks, 8))[:, 500:], chart.COLORS["C2"])
+    rows = np.nonzero(acc.any(axis=1))[0]
+    assert rows.min() > 0.12 * 400 + 3 and rows.max() < 0.88 * 400 - 3, (rows.min(), rows.max())
+    flat = [{"epoch": 1, "train_loss": 1e-13, "test_loss": 3e-13, "test_accuracy": 1.0}]   # no range to speak of
+    assert _pixels(Curves().png(flat, 2)).shape == (400, 1000, 3)
+    far = [dict(h) for h in history]
+    far[3]["test_loss"] = 1.7e308   # a segment to a point far outside, cut to the panel
+    assert _near(_pixels(Curves().png(far, 16))[:, :500], chart.COLORS["C1"]).sum() > 200
 
 
 def test_ticks_are_round_steps_that_span_the_range():
@@ -255,13 +282,18 @@ def test_ticks_are_round_steps_that_span_the_range():
         assert t[0] <= lo and t[-1] >= hi and len(t) <= 6 and len(steps) == 1, (lo, hi, t)
     assert [label(v, 2.5) for v in (80.0, 82.5)] == ["80.0", "82.5"]
     assert [label(v, 0.25) for v in (0.5, 0.75)] == ["0.50", "0.75"] and label(10.0, 5.0) == "10"
-    assert label(2e30, 1e30) == "2e+30" and label(3e-6, 1e-6) == "3e-06"
+    assert label(2e30, 1e30) == "2e+30" and label(3e-6, 1e-6) == "0.000003" and label(3e-7, 1e-7) == "3e-07"
+    for lo, hi, integer in ((0.25101, 0.25119, False), (1e6, 1e6 + 3, False), (1e-13, 3e-13, False),
+                            (2.0, 1.0, False), (0.5, 0.52, True), (0.0, 1e-323, False), (0.0, 1.7e308, False)):
+        t = ticks(lo, hi, integer=integer)   # close, huge, tiny, reversed: each tick its own text, finite
+        texts = [label(v, t[1] - t[0]) for v in t]
+        assert len(set(texts)) == len(t) > 1 and all(map(np.isfinite, t)), (lo, hi, texts)
     with pytest.raises(ValueError, match="not finite"):
         ticks(0.0, float("inf"))
 
 
 def test_a_sweeps_figure_draws_the_best_over_the_rest():
-    pytest.importorskip("PIL")
+    pytest.importorskip("PIL", minversion="10.1")
     from lenet import chart
     from lenet.plot import sweep_png
 
@@ -273,6 +305,16 @@ def test_a_sweeps_figure_draws_the_best_over_the_rest():
     assert _near(inside, chart.COLORS["C3"], 30).sum() > 300 and _near(inside, chart.COLORS["gray"], 40).sum() > 300
     assert _near(_pixels(sweep_png([dict(c, best=False) for c in curves], "test")), chart.COLORS["C3"], 30).sum() == 0
     assert _pixels(sweep_png([], "test")).shape == (500, 800, 3)
+    assert _pixels(sweep_png([{"label": "a", "accuracy": []}], "test")).shape == (500, 800, 3)
+    # the legend over the lines: grey curves through the lower right leave its box white behind the text
+    # the legend over the lines: grey curves level with it (75.7% on an axis of 75 .. 95) leave it as it is
+    # without them, and show beside it
+    rest = [{"label": "best", "accuracy": [0.9] * 8, "best": True}] + \
+        [{"label": f"seed {k}", "accuracy": [0.8] * 8, "best": False} for k in range(20)]
+    low = [{"label": f"low {k}", "accuracy": [0.9] * 5 + [0.757] * 3, "best": False} for k in range(10)]
+    with_low, without = _pixels(sweep_png(rest + low, "test")), _pixels(sweep_png(rest, "test"))
+    assert not np.array_equal(with_low[430:442, 560:660], without[430:442, 560:660])
+    assert np.array_equal(with_low[428:444, 685:772], without[428:444, 685:772])
 
 
 def test_the_plotting_child_reads_what_waits_at_once():
@@ -293,7 +335,7 @@ def test_train_starts_its_plotting_child_before_its_imports(tmp_path):
     """python -m lenet.train with --out starts the plotting child in lenet.startup.begin, before the
     flags are parsed, and the run takes that child (Note [the plotting child's first run]); without
     --out none is started."""
-    pytest.importorskip("PIL")
+    pytest.importorskip("PIL", minversion="10.1")
     code = ("from lenet import plot, startup; startup.begin(then=plot.start_early); p = plot.take_early(); "
             "print(type(p).__name__, p is not None and p.path is None); p and p.discard()")
     for argv, want in ((["--out", str(tmp_path / "o")], "Plotter True"), ([f"--out={tmp_path / 'o'}"], "Plotter True"),
@@ -349,7 +391,7 @@ def test_a_signal_as_the_plotting_child_starts_leaves_no_child_and_no_folder(tmp
     """Note [a child started as a signal came] in lenet/files.py: a SIGINT handled while the plotting child's
     Popen has not returned leaves no child running and nothing written in TMPDIR or HOME (the child, in a
     session of its own, had lived on and made its folder again, when it drew with matplotlib)."""
-    pytest.importorskip("PIL")
+    pytest.importorskip("PIL", minversion="10.1")
     import time
 
     home, tmp = tmp_path / "home", tmp_path / "tmp"

@@ -267,9 +267,8 @@ def plot_child(events_path: str) -> None:
         setattr(owner, name, timed)
 
     for owner, name, label in ((plot, "_import_matplotlib", "import matplotlib"), (plot, "_keep_aside", "font list kept"),
-                               (plot.Curves, "__init__", "figure made"), (plot.Curves, "png", "drawn + png"),
-                               (plot.Curves, "prepare", "drawn (not written)")):
-        if hasattr(owner, name):   # an older tree may lack one
+                               (plot.Curves, "png", "drawn + png"), (plot.Curves, "prepare", "drawn (not written)")):
+        if name in vars(owner):   # a tree may lack one (the matplotlib ones are an older tree's)
             wrap(owner, name, label)
     asks = plot._asks
 
