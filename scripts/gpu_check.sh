@@ -82,11 +82,11 @@ if [ "$part" = spread ]; then
     cpu_share() { python3 -c "import os, sys; c = sorted(os.sched_getaffinity(0)); k = len(c) // $2
 print(','.join(map(str, c[$1 * k:($1 + 1) * k])))"; }
     worker() {   # worker w runs on GPU w mod gpus
-        local w=$1 g=$(( $1 % gpus )) line name args pin=() share
+        local w=$1 g=$(( $1 % gpus )) line name args pin=() share t0
         share=$(cpu_share "$w" $((gpus * slots)))
         [ -n "$share" ] && command -v taskset > /dev/null && pin=(taskset -c "$share")
         while line=$(flock "$queue.lock" sh -c 'head -1 "$0"; sed -i 1d "$0"' "$queue") && [ -n "$line" ]; do
-            name=${line%%|*} args=${line#*|}
+            name=${line%%|*} args=${line#*|} t0=$(date +%s)
             rm -rf "$work/g$w"; mkdir "$work/g$w"
             tar -C . --exclude="./${out#"$PWD"/}" -cf - . | tar -C "$work/g$w" -xf -   # without the logs
             # pytest empties its --basetemp at start: a worker's own, after any the caller's PYTEST_ADDOPTS names
@@ -94,6 +94,7 @@ print(','.join(map(str, c[$1 * k:($1 + 1) * k])))"; }
                 PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --basetemp=$work/t$w" \
                 "${pin[@]}" bash scripts/gpu_check.sh "$([ "${name#tests-}" = "$name" ] && echo "$name" || echo tests)" \
                 > "$out/$name.txt" 2>&1)
+            mkdir -p "$out/$name" && echo $(( $(date +%s) - t0 )) > "$out/$name/seconds"   # the part's wall clock
         done
         rm -rf "$work/g$w"
     }

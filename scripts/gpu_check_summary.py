@@ -2,7 +2,8 @@
 
     python3 scripts/gpu_check_summary.py OUT "PART PART ..."
 
-Reads OUT/PART/summary.txt of the parts this run ran (not older folders in OUT). The whole passes where every
+Reads OUT/PART/summary.txt of the parts this run ran (not older folders in OUT), and OUT/PART/seconds, the
+part's wall clock, into its line. The whole passes where every
 part passed and, where a test part ran, some test passed: a check that ran no test never passes, while a run of
 sanitizer or program parts alone (GPU_CHECK_PARTS) has no test to count. Exit status 0 on a pass, else 1."""
 
@@ -21,7 +22,8 @@ def summary(out: Path, ran: list[str]) -> tuple[list[str], bool]:
     for name in ran:
         f = out / name / "summary.txt"
         s = f.read_text().strip() if f.exists() else f"gpu-check ({name}): FAIL | no summary"
-        lines.append(f"{name}: {s}")
+        took = out / name / "seconds"   # the part's wall clock, where the spread wrote it
+        lines.append(f"{name}: {s}" + (f" | {took.read_text().strip()} s" if took.exists() else ""))
         ok &= " PASS " in s
         m = re.search(r"(\d+) passed, (\d+) failed, (\d+) skipped, (\d+) errors", s)
         counts = [a + int(b) for a, b in zip(counts, m.groups())] if m else counts

@@ -58,6 +58,8 @@ def test_spread_runs_each_part_once_and_adds_their_counts(tmp_path):
     shares = {p.parent.name: int(p.read_text()) for p in (tmp_path / "out").glob("*/cpus.txt")}
     assert sorted(shares) == sorted(PARTS), sorted(shares)
     assert set(shares.values()) == {cpus // 2 if cpus >= 2 else cpus}, (cpus, shares)
+    part_lines = [line for line in lines if re.match(r"^[a-z-]+: gpu-check", line)]
+    assert part_lines and all(re.search(r" \| \d+ s$", line) for line in part_lines), lines   # each one's wall clock
 
 
 def test_a_part_it_does_not_have_is_one_line_and_runs_nothing(tmp_path):
