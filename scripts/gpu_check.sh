@@ -36,7 +36,8 @@ if compgen -G ".whl/*.whl" >/dev/null && [ -z "${GPU_CHECK_WHEELS_IN:-}" ]; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/nvidia-smi.txt"
-nproc > "$out/cpus.txt"   # the CPUs this part may use (a spread's worker: its share)
+python3 -c "import os; print(len(os.sched_getaffinity(0)))" > "$out/cpus.txt" 2>/dev/null \
+    || nproc > "$out/cpus.txt"   # the CPUs this part may use (a spread's worker: its share)
 
 part=${1:-all}
 test_rc=0 prog_rc=0 san_rc=0
@@ -78,22 +79,25 @@ if [ "$part" = spread ]; then
     parts=$(cut -d'|' -f1 "$queue" | tr '\n' ' ')   # what this run's summary counts (not older runs' folders)
     # Each worker on CPUs of its own (taskset): NumPy's BLAS and PyTorch's CPU threads count the CPUs a
     # process may use, so unpinned parts each start a thread a CPU of the machine and wait on each other.
-    # Worker w takes the w-th share of the CPUs this script may use; fewer CPUs than workers: no pinning.
-    cpu_share() { python3 -c "import os, sys; c = sorted(os.sched_getaffinity(0)); k = len(c) // $2
-print(','.join(map(str, c[$1 * k:($1 + 1) * k])))"; }
+    # Worker w takes the w-th of W even shares of the CPUs this script may use (fewer CPUs than workers: one
+    # each, shared); where taskset or python3 is missing or refuses, the parts run unpinned and say so.
+    mapfile -t shares < <(python3 -c "import os; c = sorted(os.sched_getaffinity(0)); n, W = len(c), $((gpus * slots))
+for w in range(W): print(','.join(map(str, c[w * n // W:(w + 1) * n // W] or [c[w * n // W]])))" 2>/dev/null)
     worker() {   # worker w runs on GPU w mod gpus
-        local w=$1 g=$(( $1 % gpus )) line name args pin=() share t0
-        share=$(cpu_share "$w" $((gpus * slots)))
-        [ -n "$share" ] && command -v taskset > /dev/null && pin=(taskset -c "$share")
+        local w=$1 g=$(( $1 % gpus )) line name args pin=() t0 share=${shares[$1]:-}
+        if [ -n "$share" ] && taskset -c "$share" true 2>/dev/null; then
+            pin=(taskset -c "$share")
+        fi
         while line=$(flock "$queue.lock" sh -c 'head -1 "$0"; sed -i 1d "$0"' "$queue") && [ -n "$line" ]; do
             name=${line%%|*} args=${line#*|} t0=$(date +%s)
-            rm -rf "$work/g$w"; mkdir "$work/g$w"
+            rm -rf "$work/g$w" "$out/$name"; mkdir "$work/g$w"   # no earlier run's summary left to count
+            { [ -n "${pin[*]:-}" ] || echo "gpu-check (spread): $name runs unpinned (no taskset share)"; } > "$out/$name.txt"
             tar -C . --exclude="./${out#"$PWD"/}" -cf - . | tar -C "$work/g$w" -xf -   # without the logs
             # pytest empties its --basetemp at start: a worker's own, after any the caller's PYTEST_ADDOPTS names
             (cd "$work/g$w" && CUDA_VISIBLE_DEVICES=$g GPU_CHECK_WHEELS_IN=1 PYTEST_ARGS="$args" OUT="$out/$name" \
                 PYTEST_ADDOPTS="${PYTEST_ADDOPTS:-} --basetemp=$work/t$w" \
-                "${pin[@]}" bash scripts/gpu_check.sh "$([ "${name#tests-}" = "$name" ] && echo "$name" || echo tests)" \
-                > "$out/$name.txt" 2>&1)
+                ${pin[@]+"${pin[@]}"} bash scripts/gpu_check.sh "$([ "${name#tests-}" = "$name" ] && echo "$name" || echo tests)" \
+                >> "$out/$name.txt" 2>&1)
             mkdir -p "$out/$name" && echo $(( $(date +%s) - t0 )) > "$out/$name/seconds"   # the part's wall clock
         done
         rm -rf "$work/g$w"
