@@ -55,6 +55,9 @@ test_rc=0 prog_rc=0 san_rc=0
 # finished shows. Timing-driven choices (the planner's) see each other's work; the checks judge results, never
 # times. What it found: docs/probes.md, "The GPU check on a shared GPU".
 if [ "$part" = spread ]; then
+    if [ -n "${GPU_CHECK_GPUS:-}" ] && ! [[ $GPU_CHECK_GPUS =~ ^[1-9][0-9]*$ ]]; then   # 08 is no number to bash
+        echo "gpu-check (spread): GPU_CHECK_GPUS must be a whole number >= 1, not '$GPU_CHECK_GPUS'"; exit 2
+    fi
     gpus=${GPU_CHECK_GPUS:-$(nvidia-smi -L | grep -c '^GPU')}
     out=$(cd "$out" && pwd)
     [ "$gpus" -ge 1 ] 2>/dev/null || { echo "gpu-check (spread): no GPU"; exit 1; }

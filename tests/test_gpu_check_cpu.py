@@ -131,6 +131,12 @@ def test_spread_runs_several_workers_a_gpu_each_part_once(tmp_path):
         last = out.stdout.strip().splitlines()[-1]
         assert out.returncode == 2 and f"GPU_CHECK_SLOTS must be a whole number >= 1, not '{bad}'" in last, out
         assert not any(p.is_dir() for p in (tmp_path / bad / "out").iterdir()), bad   # the GPUs' listing only
+        (tmp_path / f"gpus-{bad}").mkdir()
+        env = _stand_ins(tmp_path / f"gpus-{bad}", GPU_CHECK_GPUS=bad)
+        out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=60)
+        last = out.stdout.strip().splitlines()[-1]
+        assert out.returncode == 2 and f"GPU_CHECK_GPUS must be a whole number >= 1, not '{bad}'" in last, out
 
 
 def _summarize(tmp_path, parts: dict[str, str]):
