@@ -109,8 +109,9 @@ def test_spread_runs_several_workers_a_gpu_each_part_once(tmp_path):
     env = _stand_ins(tmp_path, GPU_CHECK_PARTS="tests-stages tests-torch tests-train programs", GPU_CHECK_GPUS="2",
                      GPU_CHECK_SLOTS="2")
     log = tmp_path / "spans"
+    # each part held 5 s at its start: a loaded machine started a GPU's two parts 2.1 s apart
     (tmp_path / "bin" / "nvidia-smi").write_text(
-        '#!/bin/sh\nif [ -n "$CUDA_VISIBLE_DEVICES" ]; then s=$(date +%s.%N); sleep 2; '
+        '#!/bin/sh\nif [ -n "$CUDA_VISIBLE_DEVICES" ]; then s=$(date +%s.%N); sleep 5; '
         f'echo "$CUDA_VISIBLE_DEVICES $s $(date +%s.%N)" >> {log}; fi\n'
         'echo "GPU 0: stand-in"\necho "GPU 1: stand-in"\n')
     out = subprocess.run(["bash", str(SCRIPT), "spread"], cwd=ROOT, env=env, capture_output=True, text=True,
