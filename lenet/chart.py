@@ -1,14 +1,12 @@
 """Line charts drawn with Pillow: the training curves (lenet/plot.py's Curves) and a sweep's figure.
 
 Note [charts on Pillow]: the plotting child (Note [plotting in a child] in lenet/plot.py) drew with
-matplotlib, whose import and first figure took 0.47-0.61 s on a 2-CPU machine and 0.84 s in a warm run's child
-on an H200 machine, begun at 0.19 s: that run's end waited 0.27 s for it (docs/performance.md, "Time to
-accuracy"). A first run's child made matplotlib's font list too (0.9-1.25 s on a fresh machine), in a folder
-of the trainer's until the checks passed, and each drawing was split into a kept static layer and the lines
-so that the last one came soon enough. Pillow, which lenet predict reads images with, imports in 0.025 s and
-draws a whole figure of this kind, PNG included, in about 0.04 s (the same machine): nothing is kept between
-drawings and nothing but the file is written. The figure is drawn at SCALE times its size and reduced
-(Lanczos), which smooths lines and text.
+matplotlib, whose import and first figure were a fast run's end where the child was slower than the run, and
+whose first import made a font list that needed a folder of the trainer's until the checks passed. Pillow, which
+lenet predict reads images with, imports in a few hundredths of a second and draws a whole figure of this kind,
+PNG included, in about as long: nothing is kept between drawings and nothing but the file is written. The figure
+is drawn at SCALE times its size and reduced (Lanczos), which smooths lines and text. The measurements:
+docs/performance.md, "Notes' numbers: writing".
 """
 
 from __future__ import annotations

@@ -71,10 +71,9 @@ def can_plot() -> bool:
 # keep theirs in a cache folder (Note [bytecode cache] in lenet/startup.py), and Python then reads bytecode from
 # that folder alone, not from the __pycache__ folders an installer wrote. The plotting child's import is mostly
 # its drawing library's, which its installer compiled: with matplotlib a first run's child compiled it after the
-# checks (into our folder) and the trainer's end waited for that, "writing" 0.37-1.22 s (1.0 s more in a cold
-# fast recipe on an H200 machine), and the second run's child imported it from source. So where the library
-# (Pillow now) has its own bytecode the child keeps none of ours (LENET_BYTECODE_CACHE=off in its environment):
-# its import reads the installer's.
+# checks (into our folder) and the trainer's end waited for that, and the second run's child imported it from
+# source (docs/performance.md, "Time to accuracy"). So where the library (Pillow now) has its own bytecode the
+# child keeps none of ours (LENET_BYTECODE_CACHE=off in its environment): its import reads the installer's.
 def _site_bytecode(package: str) -> bool:
     """Whether ``package`` is installed with its own bytecode (its __init__'s, for this interpreter, in
     __pycache__ beside it), read without importing it."""

@@ -44,12 +44,9 @@ test_rc=0 prog_rc=0 san_rc=0
 # `spread`: the whole check over every GPU of the machine (or $GPU_CHECK_GPUS of them), the parts longest first
 # from one queue, each GPU taking the next part when it is free; each part runs in its own copy of the checkout
 # (a part's checkout check sees only its own files) with the wheels installed once, here. Prints each part's
-# summary line, then one line for the whole. Run one by one on four H100s (2026-11-28), the parts took about
-# 2,400 GPU-seconds in all, the longest under 300 s: about ten minutes on four GPUs, where one GPU needs 40.
-# (The queue runs on two stand-in GPUs without a GPU, tests/test_gpu_check_cpu.py. On four H200s, 2026-11-29,
-# each part took a thread a CPU of the machine's 64 and the four ran two to five times slower than one GPU runs
-# them alone: in 330 s tests-model had passed 55 of its 89 tests, tests-parity 3 of 4. The workers are pinned
-# since, below; not yet run so on four GPUs.)
+# summary line (ending with its wall clock), then one line for the whole. The queue runs on two stand-in GPUs
+# without a GPU (tests/test_gpu_check_cpu.py); the parts' times on H100s and H200s, and the four-GPU run that
+# led to the workers' pinning below: docs/probes.md, "The GPU check on four GPUs".
 # GPU_CHECK_SLOTS=N: N workers a GPU (default 1). Each part then runs on a GPU that other processes share, as a
 # user's may be: each stream's work waits its turn there, so a read on one stream of what another has not
 # finished shows. Timing-driven choices (the planner's) see each other's work; the checks judge results, never
